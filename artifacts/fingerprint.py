@@ -1,0 +1,56 @@
+"""Stage fingerprints: hash(stage name, its resolved config keys, its inputs' identities, its code)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+
+def config_subset(config: BaseModel, keys: tuple[str, ...]) -> dict[str, Any]:
+    """`{"sft": {...}, "infra.zero_stage": 2}` for the dotted `keys`, as plain JSON values."""
+    dumped = config.model_dump(mode="json")
+    subset = {}
+    for key in keys:
+        node: Any = dumped
+        for part in key.split("."):
+            node = node[part]
+        subset[key] = node
+    return subset
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> `{"a.b": value}` (for MLflow params)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def code_version(modules: tuple[str, ...]) -> str:
+    """A hash of the source files of the given modules (a package counts all its .py files)."""
+    digest = hashlib.sha256()
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ValueError(f"cannot find module {name}")
+        origin = Path(spec.origin)
+        files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
+        for file in files:
+            digest.update(file.name.encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def fingerprint(stage: str, config: dict[str, Any], inputs: dict[str, str], code: str) -> str:
+    """Deterministic: key order never matters; any change to any part changes the result."""
+    payload = json.dumps({"stage": stage, "config": config, "inputs": inputs, "code": code}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]

@@ -1,0 +1,27 @@
+"""The `log_metrics(dict, step)` callback stages receive: picklable, so it travels to Ray workers,
+and it writes to the stage's MLflow run (called from rank 0 only)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+
+class MlflowMetrics:
+    def __init__(self, tracking_uri: str, run_id: str):
+        self.tracking_uri, self.run_id = tracking_uri, run_id
+        self._client = None
+
+    def __call__(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow import MlflowClient
+        from mlflow.entities import Metric
+
+        if self._client is None:
+            self._client = MlflowClient(self.tracking_uri)
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if not math.isnan(float(v))]
+        if batch:
+            self._client.log_batch(self.run_id, metrics=batch)
+
+    def __getstate__(self):
+        return {"tracking_uri": self.tracking_uri, "run_id": self.run_id, "_client": None}

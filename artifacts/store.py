@@ -1,0 +1,129 @@
+"""Stage runs in MLflow: the cache look-up by fingerprint, publishing a finished stage's outputs
+(artifacts + registered models), and downloading an upstream output for a consumer.
+
+A stage run is a cache entry only once it is FINISHED and tagged `rlhf.status=complete`, which
+is set after every output is logged, so a failed or killed stage is never consumed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.entities import RunStatus
+
+TAG_STAGE = "rlhf.stage"
+TAG_FINGERPRINT = "rlhf.fingerprint"
+TAG_STATUS = "rlhf.status"
+TAG_OUTPUTS = "rlhf.outputs"
+TAG_PARENT = "mlflow.parentRunId"
+TAG_INPUT_PREFIX = "rlhf.input."
+COMPLETE = "complete"
+MODEL_PREFIX = "rlhf-"
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    """A named output of a finished stage run; `identity` is what consumers fingerprint."""
+
+    name: str
+    run_id: str
+
+    @property
+    def identity(self) -> str:
+        return f"runs:/{self.run_id}/{self.name}"
+
+
+def registered_name(artifact: str) -> str:
+    """`sft_model` -> `rlhf-sft`."""
+    return MODEL_PREFIX + artifact.removesuffix("_model").replace("_", "-")
+
+
+def _local_path(artifact_uri: str) -> Path | None:
+    parsed = urlparse(artifact_uri)
+    return Path(unquote(parsed.path)) if parsed.scheme in ("", "file") else None
+
+
+def artifacts_present(client: MlflowClient, run, names: list[str]) -> bool:
+    """Every named output still exists in the artifact store (a deleted one means a rerun)."""
+    local = _local_path(run.info.artifact_uri)
+    for name in names:
+        if local is not None:
+            path = local / name
+            if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+                return False
+        elif not client.list_artifacts(run.info.run_id, name):
+            return False
+    return True
+
+
+def find_cached(client: MlflowClient, experiment_id: str, stage: str, fingerprint: str):
+    """The newest complete run of `stage` with this fingerprint whose outputs still exist, else None."""
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=(
+            f"tags.`{TAG_STAGE}` = '{stage}' and tags.`{TAG_FINGERPRINT}` = '{fingerprint}' "
+            f"and tags.`{TAG_STATUS}` = '{COMPLETE}' and attributes.status = 'FINISHED'"
+        ),
+        order_by=["attributes.start_time DESC"],
+        max_results=5,
+    )
+    for run in runs:
+        names = [n for n in run.data.tags.get(TAG_OUTPUTS, "").split(",") if n]
+        if names and artifacts_present(client, run, names):
+            return run
+    return None
+
+
+def publish(client: MlflowClient, run_id: str, outputs: dict[str, Path], register: tuple[str, ...]) -> dict[str, ArtifactRef]:
+    """Log each output directory under its name, register model outputs, then mark the run complete."""
+    refs = {}
+    for name, path in outputs.items():
+        client.log_artifacts(run_id, str(path), name)
+        refs[name] = ArtifactRef(name, run_id)
+    artifact_uri = client.get_run(run_id).info.artifact_uri
+    for name in register:
+        if name in outputs:
+            register_model(client, registered_name(name), f"{artifact_uri}/{name}", run_id)
+    client.set_tag(run_id, TAG_OUTPUTS, ",".join(outputs))
+    client.set_tag(run_id, TAG_STATUS, COMPLETE)
+    return refs
+
+
+def register_model(client: MlflowClient, name: str, source: str, run_id: str):
+    """A new version of `name` pointing at the logged checkpoint directory (`models:/name/latest` is the newest)."""
+    try:
+        client.get_registered_model(name)
+    except mlflow.exceptions.MlflowException:
+        try:
+            client.create_registered_model(name, description="Checkpoints produced by the rlhf-pipeline stage")
+        except mlflow.exceptions.MlflowException:
+            pass  # created concurrently
+    return client.create_model_version(name, source=source, run_id=run_id)
+
+
+def download(ref: ArtifactRef, cache_root: Path) -> Path:
+    """A local copy of an upstream output, kept per run so repeated consumers copy once.
+
+    The copy is made in a temp dir and renamed into place, so an interrupted download is never reused.
+    """
+    target = cache_root / ref.run_id / ref.name
+    if target.exists():
+        return target
+    tmp = cache_root / ref.run_id / f".{ref.name}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    mlflow.artifacts.download_artifacts(run_id=ref.run_id, artifact_path=ref.name, dst_path=str(tmp))
+    (tmp / ref.name).rename(target)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def mark_failed(client: MlflowClient, run_id: str, error: str) -> None:
+    client.set_tag(run_id, TAG_STATUS, "failed")
+    client.set_tag(run_id, "rlhf.error", error[:4000])
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))

@@ -1,0 +1,15 @@
+"""Pipeline configuration: the typed schema, the YAML presets and their loader."""
+
+from configs.errors import CheckpointError, ConfigError, DataError, PipelineError
+from configs.loader import load_config, preset_path
+from configs.schema import PipelineConfig
+
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "DataError",
+    "PipelineConfig",
+    "PipelineError",
+    "load_config",
+    "preset_path",
+]

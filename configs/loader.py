@@ -1,0 +1,116 @@
+"""Load a YAML preset, apply dotted command-line overrides, validate against the schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from configs.errors import ConfigError
+from configs.schema import PipelineConfig
+
+PRESET_DIR = Path(__file__).parent
+DEFAULT_PRESET = "tiny"
+
+
+def preset_path(name_or_path: str | None) -> Path:
+    """A preset name (`tiny`) or a path to a YAML file."""
+    name = name_or_path or DEFAULT_PRESET
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file not found")
+        return path
+    packaged = PRESET_DIR / f"{name}.yaml"
+    if not packaged.is_file():
+        known = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+        raise ConfigError(f"{name}: no such preset (known: {', '.join(known)}) and not a .yaml path")
+    return packaged
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any, model: type[BaseModel], origin: str) -> None:
+    """Set `a.b.c=value` in a nested dict, refusing keys the schema does not have."""
+    keys = dotted.split(".")
+    node, schema = tree, model
+    for i, key in enumerate(keys):
+        fields = schema.model_fields if schema is not None else {}
+        if schema is not None and key not in fields:
+            raise ConfigError(f"{origin}: unknown key {'.'.join(keys[: i + 1])!r} (expected one of: {', '.join(fields)})")
+        if i == len(keys) - 1:
+            node[key] = value
+            return
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+        schema = _section_type(fields[key].annotation) if schema is not None else None
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    """The Section class inside an annotation such as `DatasetConfig | None`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _section_type(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`sft.lr=3e-4` -> ("sft.lr", "3e-4" parsed as YAML)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {text!r}: expected KEY=VALUE, e.g. sft.lr=3e-4")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({exc.problem})") from None
+    return key.strip(), value
+
+
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    """Validate a preset plus overrides; every error names the file or override and the key."""
+    file = preset_path(path)
+    try:
+        raw = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: expected a mapping of sections at the top level")
+
+    # Check the file's own keys first so an error names the file, not an override.
+    try:
+        PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, str(file))) from None
+
+    origins: dict[str, str] = {}
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(raw, key, value, PipelineConfig, f"override {text!r}")
+        origins[key] = f"override {text!r}"
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        loc = ".".join(str(p) for p in exc.errors()[0]["loc"])
+        origin = next((o for k, o in origins.items() if loc.startswith(k) or k.startswith(loc)), str(file))
+        raise ConfigError(_describe(exc, origin)) from None
+
+
+def _describe(exc: ValidationError, origin: str) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        schema: type[BaseModel] | None = PipelineConfig
+        for part in err["loc"][:-1]:
+            if schema is not None and isinstance(part, str) and part in schema.model_fields:
+                schema = _section_type(schema.model_fields[part].annotation)
+        expected = f" (expected one of: {', '.join(schema.model_fields)})" if schema is not None else ""
+        return f"{origin}: unknown key {loc!r}{expected}"
+    got = err.get("input")
+    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    return f"{origin}: {loc}: {err['msg']}{shown}"

@@ -1,0 +1,89 @@
+"""The `rlhf` command line.
+
+  rlhf run [--config PRESET|FILE] [--force STAGE ...] [KEY=VALUE ...]
+  rlhf ui  [--config PRESET|FILE] [--port N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from configs.errors import PipelineError
+
+
+QUIET_DEFAULTS = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "RAY_DEDUP_LOGS": "0",
+}
+
+
+def _prefect_home(state_dir: str) -> None:
+    # Keep Prefect's own database beside the MLflow store unless the user points Prefect elsewhere.
+    home = Path(state_dir).expanduser().resolve() / "prefect"
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PREFECT_HOME", str(home))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from configs import load_config
+    from stages import data_prep
+
+    cfg = load_config(args.config, args.overrides)
+    data_prep.preflight(cfg)
+    _prefect_home(cfg.tracking.state_dir)
+    from flows.pipeline import check_force, rlhf_pipeline
+
+    force = [s for item in args.force for s in item.split(",") if s]
+    check_force(force)
+    rlhf_pipeline(config=args.config or "tiny", overrides=args.overrides, force=force)
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from artifacts import tracking
+    from configs import load_config
+
+    setup = tracking.resolve(load_config(args.config).tracking)
+    print(f"MLflow UI on http://127.0.0.1:{args.port}  ({setup.uri})", flush=True)
+    return subprocess.call(["mlflow", "ui", "--backend-store-uri", setup.uri, "--host", "127.0.0.1", "--port", str(args.port)])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlhf", description="Cached, re-runnable LLM post-training pipeline.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the pipeline (stages whose fingerprint is unchanged are reused)")
+    run.add_argument("--config", default=None, help="preset name in configs/ or a YAML path (default: tiny)")
+    run.add_argument("--force", action="append", default=[], metavar="STAGE",
+                     help="rerun this stage and its downstream (repeatable, or comma-separated)")
+    run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. sft.lr=3e-4 seed=7")
+    run.set_defaults(func=cmd_run)
+    ui = sub.add_parser("ui", help="open the MLflow UI on the pipeline's store")
+    ui.add_argument("--config", default=None)
+    ui.add_argument("--port", type=int, default=5000)
+    ui.set_defaults(func=cmd_ui)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    for key, value in QUIET_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

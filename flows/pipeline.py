@@ -1,0 +1,94 @@
+"""The `rlhf-pipeline` Prefect flow: every stage of `stages.dag.STAGES` as a task, each started
+as soon as its upstream stages are done, inside one MLflow parent run and one Ray session."""
+
+from __future__ import annotations
+
+import time
+
+from mlflow import MlflowClient
+from mlflow.entities import Param, RunStatus
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import wait
+from prefect.states import Completed, Failed
+
+from artifacts import fingerprint as fp
+from artifacts import tracking
+from configs import load_config
+from configs.schema import PipelineConfig
+from flows.ray_cluster import RaySession
+from flows.stage_task import StageOutcome, execute_stage
+from flows.summary import markdown, print_summary, summary_rows
+from stages import dag
+
+FLOW_NAME = "rlhf-pipeline"
+
+
+# MLflow, not Prefect, is the cache (it survives a wiped Prefect DB); see stages/dag.py and artifacts/.
+@task(name="stage", cache_policy=NO_CACHE)
+def stage_task(stage: str, cfg: PipelineConfig, setup, experiment_id: str, parent_run_id: str,
+               upstream: dict[str, StageOutcome], force: bool, ray_session: RaySession):
+    outcome = execute_stage(dag.BY_NAME[stage], cfg, setup, experiment_id, parent_run_id, upstream, force, ray_session)
+    if outcome.status == "failed":
+        return Failed(message=f"{stage}: {outcome.error}", data=outcome)
+    return Completed(name="Cached" if outcome.status == "cached" else "Completed", data=outcome)
+
+
+def check_force(force: list[str]) -> None:
+    from configs.errors import ConfigError
+
+    unknown = [s for s in force if s not in dag.BY_NAME]
+    if unknown:
+        raise ConfigError(f"--force {' '.join(unknown)}: unknown stage (stages: {', '.join(dag.BY_NAME)})")
+
+
+@flow(name=FLOW_NAME)
+def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, force: list[str] | None = None) -> list[dict]:
+    """Run the whole DAG; returns the summary rows. Raises the first failed stage's error."""
+    started = time.monotonic()
+    cfg = load_config(config, overrides or [])
+    check_force(force or [])
+    forced = dag.downstream(force or [])
+    setup = tracking.resolve(cfg.tracking)
+    client = MlflowClient(setup.uri)
+    experiment_id = tracking.experiment_id(client, setup)
+    parent = client.create_run(
+        experiment_id,
+        run_name=f"pipeline {config}",
+        tags={"rlhf.kind": "pipeline", "rlhf.config": config, "rlhf.overrides": " ".join(overrides or []),
+              "rlhf.force": ",".join(force or [])},
+    )
+    parent_id = parent.info.run_id
+    params = fp.flatten(cfg.model_dump(mode="json"))
+    client.log_batch(parent_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+
+    ray_session = RaySession(cfg.infra)
+    futures = {}
+    try:
+        for spec in dag.STAGES:  # declared in dependency order
+            upstream = {name: futures[name] for name in dag.upstream(spec)}
+            futures[spec.name] = stage_task.with_options(name=spec.name, task_run_name=spec.name).submit(
+                spec.name, cfg, setup, experiment_id, parent_id, upstream, spec.name in forced, ray_session
+            )
+        wait(list(futures.values()))
+    finally:
+        ray_session.shutdown()
+
+    outcomes: dict[str, StageOutcome] = {}
+    for name, future in futures.items():
+        state = future.state
+        if state.is_completed() or state.is_failed():
+            data = state.result(raise_on_failure=False)
+            if isinstance(data, StageOutcome):
+                outcomes[name] = data
+    for outcome in outcomes.values():
+        client.set_tag(parent_id, f"stage.{outcome.stage}", f"{outcome.status} {outcome.run_id or ''}".strip())
+    rows = summary_rows(outcomes)
+    client.log_text(parent_id, markdown(rows), "summary.md")
+    failed = [o for o in outcomes.values() if o.status == "failed"]
+    client.set_terminated(parent_id, RunStatus.to_string(RunStatus.FAILED if failed else RunStatus.FINISHED))
+    eval_metrics = outcomes["eval"].metrics if "eval" in outcomes else None
+    print_summary(rows, parent_id, setup.ui_command(), time.monotonic() - started, eval_metrics)
+    if failed:
+        raise failed[0].error
+    return rows

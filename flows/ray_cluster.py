@@ -1,0 +1,61 @@
+"""One Ray cluster per flow run: `RAY_ADDRESS` / `infra.ray_address` when set, else a local one.
+
+It is joined lazily, by the first stage that has work to do, so a fully cached run starts no Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from configs.schema import InfraConfig
+from stages.contract import StageContext, StageResult
+from stages.dag import StageSpec
+
+
+LOG_FLUSH_S = 1.0
+
+
+class RaySession:
+    def __init__(self, infra: InfraConfig):
+        self.infra = infra
+        self.where: str | None = None
+        self._lock = threading.Lock()
+        self._owned = False
+
+    def ensure(self) -> None:
+        import ray
+
+        with self._lock:
+            if self.where is not None:
+                return
+            if ray.is_initialized():  # joined by the caller (e.g. a test or a notebook)
+                self.where = "existing"
+                return
+            address = os.environ.get("RAY_ADDRESS") or self.infra.ray_address
+            if address:
+                ray.init(address=address, log_to_driver=True)
+                self.where = f"cluster at {address}"
+            else:
+                ray.init(num_cpus=self.infra.num_cpus, include_dashboard=False, log_to_driver=True)
+                self.where = "local cluster"
+            self._owned = True
+            print(f"[ray] connected to {self.where}: {ray.cluster_resources().get('CPU', 0):g} CPU, "
+                  f"{ray.cluster_resources().get('GPU', 0):g} GPU", flush=True)
+
+    def run_stage(self, spec: StageSpec, ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+        from stages.common.ray_workers import run_stage
+
+        self.ensure()
+        return run_stage(spec.entrypoint, ctx, inputs, self.infra, spec.distributed)
+
+    def shutdown(self) -> None:
+        import ray
+
+        with self._lock:
+            if self._owned:
+                time.sleep(LOG_FLUSH_S)  # let Ray's log monitor forward the last worker lines
+                ray.shutdown()
+            self._owned, self.where = False, None

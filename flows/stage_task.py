@@ -1,0 +1,134 @@
+"""Running one stage inside the flow: fingerprint, cache look-up, MLflow run, Ray launch, publish.
+
+The MLflow store is the cache: a stage whose fingerprint matches a complete run is not run again.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from mlflow import MlflowClient
+from mlflow.entities import Param, RunStatus
+
+from artifacts import fingerprint as fp
+from artifacts import store
+from artifacts.metrics import MlflowMetrics
+from artifacts.tracking import TrackingSetup
+from configs.errors import PipelineError
+from configs.schema import PipelineConfig
+from flows.ray_cluster import RaySession
+from stages import dag
+from stages.contract import StageContext
+
+
+@dataclass
+class StageOutcome:
+    stage: str
+    status: str  # ran | cached | failed
+    seconds: float
+    run_id: str | None = None
+    fingerprint: str | None = None
+    outputs: dict[str, store.ArtifactRef] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: BaseException | None = None
+
+    @property
+    def key_metric(self) -> tuple[str, float] | None:
+        name = dag.BY_NAME[self.stage].key_metric
+        return (name, self.metrics[name]) if name in self.metrics else None
+
+
+def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome]) -> dict[str, store.ArtifactRef]:
+    available = {name: ref for outcome in upstream.values() for name, ref in outcome.outputs.items()}
+    missing = [name for name in spec.inputs if name not in available]
+    if missing:
+        producers = ", ".join(f"{m} (from {dag.producer(m).name})" for m in missing)
+        raise PipelineError(f"stage {spec.name} needs {producers}, which upstream did not produce")
+    return {name: available[name] for name in spec.inputs}
+
+
+def stage_fingerprint(spec: dag.StageSpec, cfg: PipelineConfig, inputs: dict[str, store.ArtifactRef]) -> str:
+    return fp.fingerprint(
+        spec.name,
+        fp.config_subset(cfg, spec.config_keys),
+        {name: ref.identity for name, ref in inputs.items()},
+        fp.code_version(spec.code),
+    )
+
+
+def execute_stage(
+    spec: dag.StageSpec,
+    cfg: PipelineConfig,
+    setup: TrackingSetup,
+    experiment_id: str,
+    parent_run_id: str,
+    upstream: dict[str, StageOutcome],
+    force: bool,
+    ray_session: RaySession,
+) -> StageOutcome:
+    """Reuse a cached run or run the stage on Ray; never raises (a failure is an outcome)."""
+    started = time.monotonic()
+    client = MlflowClient(setup.uri)
+    run_id = fingerprint = None
+    try:
+        inputs = resolve_inputs(spec, upstream)
+        fingerprint = stage_fingerprint(spec, cfg, inputs)
+        cached = None if force else store.find_cached(client, experiment_id, spec.name, fingerprint)
+        if cached is not None:
+            outcome = StageOutcome(
+                spec.name, "cached", time.monotonic() - started, cached.info.run_id, fingerprint,
+                outputs={n: store.ArtifactRef(n, cached.info.run_id) for n in cached.data.tags[store.TAG_OUTPUTS].split(",")},
+                metrics=dict(cached.data.metrics),
+            )
+            print(f"[{spec.name}] cached: reusing MLflow run {cached.info.run_id}", flush=True)
+            return outcome
+
+        run = client.create_run(
+            experiment_id,
+            run_name=spec.name,
+            tags={
+                store.TAG_PARENT: parent_run_id,
+                store.TAG_STAGE: spec.name,
+                store.TAG_FINGERPRINT: fingerprint,
+                store.TAG_STATUS: "running",
+                **{store.TAG_INPUT_PREFIX + n: ref.identity for n, ref in inputs.items()},
+            },
+        )
+        run_id = run.info.run_id
+        params = fp.flatten(fp.config_subset(cfg, spec.config_keys))
+        client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+        print(f"[{spec.name}] running (MLflow run {run_id}, fingerprint {fingerprint})", flush=True)
+
+        local_inputs = {n: store.download(ref, setup.state_dir / "downloads") for n, ref in inputs.items()}
+        work_dir = setup.state_dir / "work" / f"{spec.name}-{fingerprint}"
+        output_dir = work_dir / "output"
+        shutil.rmtree(output_dir, ignore_errors=True)  # a previous, interrupted attempt's partial outputs
+        output_dir.mkdir(parents=True)
+        ctx = StageContext(
+            stage=spec.name, config=cfg, output_dir=output_dir, work_dir=work_dir,
+            log_metrics=MlflowMetrics(setup.uri, run_id),
+        )
+        result = ray_session.run_stage(spec, ctx, local_inputs)
+
+        refs = store.publish(client, run_id, result.outputs, spec.register)
+        MlflowMetrics(setup.uri, run_id)(result.metrics, 0)
+        client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+        shutil.rmtree(work_dir, ignore_errors=True)
+        return StageOutcome(spec.name, "ran", time.monotonic() - started, run_id, fingerprint, refs, result.metrics)
+    except BaseException as exc:  # noqa: BLE001 - reported as the stage's outcome, re-raised by the flow
+        error = unwrap(exc)
+        if run_id is not None:
+            store.mark_failed(client, run_id, "".join(traceback.format_exception(error)))
+        return StageOutcome(spec.name, "failed", time.monotonic() - started, run_id, fingerprint, error=error)
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The stage's own exception behind Ray's wrapper (so a DataError stays a DataError)."""
+    from ray.exceptions import RayTaskError
+
+    while isinstance(exc, RayTaskError) and exc.cause is not None:
+        exc = exc.cause
+    return exc

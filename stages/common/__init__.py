@@ -1,0 +1,1 @@
+"""Machinery shared by the stages: checkpoints, DeepSpeed engines, tokenization, generation, progress."""

@@ -1,0 +1,19 @@
+"""Final-answer extraction and checking for tasks with a reference answer."""
+
+from __future__ import annotations
+
+import re
+
+
+def extract_answer(text: str, pattern: str) -> str | None:
+    """The first group of the last match of `pattern` in `text`, stripped; None when absent."""
+    matches = re.findall(pattern, text)
+    if not matches:
+        return None
+    last = matches[-1]
+    return (last[0] if isinstance(last, tuple) else last).strip()
+
+
+def is_correct(text: str, label: str, pattern: str) -> bool:
+    answer = extract_answer(text, pattern)
+    return answer is not None and answer == label.strip()

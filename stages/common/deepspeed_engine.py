@@ -1,0 +1,136 @@
+"""DeepSpeed engines for the training stages: config from the pipeline's infra section,
+resumable checkpoints (model, optimizer, scheduler, step, RNG) and HF export (ZeRO-3 gathered)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from configs.schema import InfraConfig
+
+RESUME_TAG = "latest"
+
+
+def init_distributed() -> None:
+    """Join the process group the launcher described in the environment (gloo on CPU, nccl on GPU)."""
+    import deepspeed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+
+
+def engine_config(
+    infra: InfraConfig,
+    *,
+    micro_batch_size: int,
+    grad_accum_steps: int,
+    grad_clip: float,
+    lr: float,
+    weight_decay: float,
+    total_steps: int,
+    warmup_steps: int,
+    min_lr_ratio: float,
+) -> dict[str, Any]:
+    """The DeepSpeed JSON config: AdamW (torch implementation, which runs on CPU) and warm-up + cosine decay."""
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": grad_accum_steps,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": {"stage": infra.zero_stage},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": lr, "weight_decay": weight_decay, "betas": [0.9, 0.95], "torch_adam": True},
+        },
+        "scheduler": {
+            "type": "WarmupCosineLR",
+            "params": {
+                "total_num_steps": max(total_steps, 1),
+                "warmup_num_steps": warmup_steps,
+                "warmup_min_ratio": 0.0,
+                "cos_min_ratio": min_lr_ratio,
+                "warmup_type": "linear",
+            },
+        },
+        "steps_per_print": 10**9,  # progress is ours; keep DeepSpeed's own log quiet
+        "wall_clock_breakdown": False,
+    }
+    if infra.precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif infra.precision == "fp16":
+        config["fp16"] = {"enabled": True}
+    return config
+
+
+def initialize(model: torch.nn.Module, config: dict[str, Any]):
+    import deepspeed
+
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    return engine
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_resumable(engine, ckpt_dir: Path, step: int, extra: dict[str, Any] | None = None) -> None:
+    """Model, optimizer, scheduler and our own counters; DeepSpeed writes `latest` last, so a kill mid-save
+    leaves the previous checkpoint as the one that loads."""
+    client_state = {"step": step, "rng": rng_state(), **(extra or {})}
+    engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state=client_state)
+    _prune_old_tags(ckpt_dir, keep=f"step{step}")
+
+
+def _prune_old_tags(ckpt_dir: Path, keep: str) -> None:
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    import shutil
+
+    for child in ckpt_dir.iterdir():
+        if child.is_dir() and child.name.startswith("step") and child.name != keep:
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def load_resumable(engine, ckpt_dir: Path) -> dict[str, Any] | None:
+    """The client state of the newest complete checkpoint, restoring engine and RNG; None when there is none."""
+    if not (ckpt_dir / RESUME_TAG).is_file():
+        return None
+    path, client_state = engine.load_checkpoint(str(ckpt_dir))
+    if path is None:
+        return None
+    set_rng_state(client_state["rng"])
+    return client_state
+
+
+def full_state_dict(engine) -> dict[str, torch.Tensor] | None:
+    """The whole model's weights on rank 0 (gathering ZeRO-3 partitions); None on other ranks."""
+    module = engine.module
+    if engine.zero_optimization_stage() == 3:
+        import deepspeed
+
+        state = {}
+        for name, param in module.named_parameters():
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                if engine.global_rank == 0:
+                    state[name] = param.detach().cpu().clone()
+        persistent = set(module.state_dict())
+        for name, buf in module.named_buffers():
+            if name in persistent:
+                state[name] = buf.detach().cpu().clone()
+        return state if engine.global_rank == 0 else None
+    return module.state_dict() if engine.global_rank == 0 else None

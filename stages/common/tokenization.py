@@ -1,0 +1,36 @@
+"""Turn the pipeline's dataset rows into token ids and loss masks, and pad them into batches."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+IGNORE_INDEX = -100
+
+
+def encode_segments(tokenizer: PreTrainedTokenizerBase, texts: list[str], train: list[bool]) -> tuple[list[int], list[int]]:
+    """Token ids of the concatenated segments and labels that keep only the trained segments' tokens.
+
+    Segments are tokenized one by one, so a prompt's tokens never merge with its response's:
+    the ids trained on are the ids the model sees when it generates after that prompt.
+    """
+    ids: list[int] = []
+    labels: list[int] = []
+    for text, trained in zip(texts, train, strict=True):
+        seg = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids.extend(seg)
+        labels.extend(seg if trained else [IGNORE_INDEX] * len(seg))
+    return ids, labels
+
+
+def pad_batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad (ids, labels) pairs into `input_ids`, `attention_mask`, `labels` tensors."""
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (ids, labs) in enumerate(rows):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        labels[i, : len(labs)] = torch.tensor(labs)
+        attention_mask[i, : len(ids)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}

@@ -1,0 +1,43 @@
+"""The stage contract: what a stage receives and what it hands back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from configs.schema import PipelineConfig
+
+MetricsCallback = Callable[[dict[str, float], int], None]
+
+
+def _no_metrics(metrics: dict[str, float], step: int) -> None:
+    """Default sink when a stage runs outside a tracked pipeline."""
+
+
+@dataclass
+class StageContext:
+    """Everything a stage needs besides its inputs.
+
+    `output_dir` is a fresh directory: a stage writes each named output to `output_dir / name`
+    and nothing of it is published unless the stage returns normally. `work_dir` survives a
+    failed or killed run with the same fingerprint, so long stages keep resumable state there.
+    """
+
+    stage: str
+    config: PipelineConfig
+    output_dir: Path
+    work_dir: Path
+    log_metrics: MetricsCallback = _no_metrics
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass
+class StageResult:
+    outputs: dict[str, Path]
+    metrics: dict[str, float] = field(default_factory=dict)

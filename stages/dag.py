@@ -1,0 +1,96 @@
+"""The pipeline DAG, declared once: each stage, the named artifacts it consumes and produces,
+the config keys its result depends on, and how it runs. Flow, CLI and tests all read this."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    entrypoint: str  # "module:function" taking (StageContext, inputs) and returning StageResult
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    config_keys: tuple[str, ...]  # dotted config paths that determine the result (fingerprinted)
+    code: tuple[str, ...]  # modules or packages whose source is the stage's code version
+    key_metric: str
+    distributed: bool = False  # a DeepSpeed stage: runs on infra.num_workers workers
+    register: tuple[str, ...] = ()  # outputs registered as MLflow models
+    optional_outputs: tuple[str, ...] = ()
+
+    def load(self):
+        module, func = self.entrypoint.split(":")
+        return getattr(importlib.import_module(module), func)
+
+
+COMMON_CODE = ("stages.contract", "stages.common")
+TRAINING_INFRA = ("infra.zero_stage", "infra.precision", "infra.num_workers")
+
+STAGES: tuple[StageSpec, ...] = (
+    StageSpec(
+        name="data_prep",
+        entrypoint="stages.data_prep:run",
+        inputs=(),
+        outputs=("base_model", "sft_data", "pref_data", "prm_data", "prompts", "eval_data"),
+        optional_outputs=("pref_data", "prm_data"),
+        config_keys=("seed", "model", "data"),
+        code=(*COMMON_CODE, "stages.data_prep", "stages.data_files", "stages.synthetic_task", "stages.tiny_model"),
+        key_metric="sft_data_train_rows",
+    ),
+    StageSpec(
+        name="sft",
+        entrypoint="stages.sft:run",
+        inputs=("base_model", "sft_data"),
+        outputs=("sft_model",),
+        config_keys=("seed", "model.attn_implementation", "sft", *TRAINING_INFRA),
+        code=(*COMMON_CODE, "stages.sft"),
+        key_metric="eval_loss",
+        distributed=True,
+        register=("sft_model",),
+    ),
+    StageSpec(
+        name="eval",
+        entrypoint="stages.evaluate:run",
+        inputs=("base_model", "sft_model", "sft_data", "eval_data"),
+        outputs=("eval_report",),
+        config_keys=("seed", "model.attn_implementation", "eval"),
+        code=(*COMMON_CODE, "stages.evaluate"),
+        key_metric="accuracy",
+    ),
+)
+
+BY_NAME = {spec.name: spec for spec in STAGES}
+
+
+def producer(artifact: str) -> StageSpec:
+    for spec in STAGES:
+        if artifact in spec.outputs:
+            return spec
+    raise KeyError(f"no stage produces {artifact!r}")
+
+
+def upstream(spec: StageSpec) -> list[str]:
+    """Names of the stages whose outputs `spec` consumes, in pipeline order."""
+    names = {producer(a).name for a in spec.inputs}
+    return [s.name for s in STAGES if s.name in names]
+
+
+def downstream(names: set[str] | list[str]) -> set[str]:
+    """The given stages and every stage that consumes their outputs, transitively."""
+    closed = set(names)
+    for spec in STAGES:  # declared in dependency order, so one pass suffices
+        if closed & set(upstream(spec)):
+            closed.add(spec.name)
+    return closed
+
+
+def check_order() -> None:
+    """Every stage's producers are declared before it (the flow relies on it)."""
+    seen: set[str] = set()
+    for spec in STAGES:
+        missing = set(upstream(spec)) - seen
+        if missing:
+            raise AssertionError(f"{spec.name} is declared before its upstream {sorted(missing)}")
+        seen.add(spec.name)

@@ -1,0 +1,93 @@
+"""Real datasets through HF `datasets`: hub names, local json/jsonl/parquet/csv files, `json@DIR`
+folders; key mapping, `max_samples`, train/eval split and mixing with probabilities."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import datasets
+from datasets import Dataset
+
+from configs.errors import DataError
+from configs.schema import DatasetConfig
+
+FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def load_source(path: str, split: str) -> Dataset:
+    """One source as a `Dataset`; a missing file or an unreachable hub name is a one-line DataError."""
+    if path.startswith("json@"):
+        folder = Path(path.removeprefix("json@")).expanduser()
+        files = sorted(str(p) for p in folder.glob("*.json*")) if folder.is_dir() else []
+        if not files:
+            raise DataError(f"{path}: no .json/.jsonl files in {folder}")
+        return _load("json", path, data_files=files, split="train")
+    local = Path(path).expanduser()
+    if local.suffix in FILE_BUILDERS:
+        if not local.is_file():
+            raise DataError(f"{path}: no such file")
+        return _load(FILE_BUILDERS[local.suffix], path, data_files=str(local), split="train")
+    if local.is_dir():
+        if (local / "dataset_info.json").is_file() or (local / "state.json").is_file():
+            loaded = datasets.load_from_disk(str(local))
+            return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+        return _load(str(local), path, split=split)
+    return _load(path, path, split=split)
+
+
+def _load(builder: str, shown: str, **kwargs) -> Dataset:
+    try:
+        return datasets.load_dataset(builder, **kwargs)
+    except Exception as exc:  # datasets raises many types (FileNotFound, ConnectionError, ValueError, ...)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"{shown}: cannot load dataset ({first})") from exc
+
+
+def require_columns(ds: Dataset, source: str, needed: dict[str, str]) -> None:
+    """`needed` maps a config field (e.g. `data.sft.input_key`) to the column it names."""
+    for field, column in needed.items():
+        if column not in ds.column_names:
+            raise DataError(f"{source}: missing column {column!r} (set by {field}); columns are: {', '.join(ds.column_names)}")
+
+
+def load_mixed(
+    cfg: DatasetConfig, section: str, columns: dict[str, str], seed: int, optional: list[str] = ()
+) -> tuple[Dataset, Dataset]:
+    """Train and eval splits of every source, reduced to `columns` (config field -> column, required)
+    and the `optional` columns a source has, then mixed.
+
+    Mixing follows `probs` with `interleave_datasets` (until every source is exhausted), as OpenRLHF's
+    `--dataset_probs` does; without `probs` the sources are concatenated.
+    """
+    trains, evals = [], []
+    for path in cfg.paths:
+        ds = load_source(path, cfg.split)
+        needed = {f"data.{section}.{field}": col for field, col in columns.items()}
+        require_columns(ds, path, needed)
+        keep = list(dict.fromkeys([*columns.values(), *(c for c in optional if c in ds.column_names)]))
+        ds = ds.select_columns(keep)
+        if len(ds) == 0:
+            raise DataError(f"{path}: dataset is empty (split {cfg.split!r})")
+        if cfg.max_samples is not None:
+            ds = ds.select(range(min(cfg.max_samples, len(ds))))
+        if cfg.eval_split is not None:
+            ev = load_source(path, cfg.eval_split).select_columns(ds.column_names)
+        elif cfg.eval_ratio > 0 and len(ds) > 1:
+            parts = ds.train_test_split(test_size=cfg.eval_ratio, seed=seed)
+            ds, ev = parts["train"], parts["test"]
+        else:
+            ev = ds.select([])
+        trains.append(ds)
+        evals.append(ev)
+    return _mix(trains, cfg.probs, seed), datasets.concatenate_datasets(evals)
+
+
+def _mix(parts: list[Dataset], probs: list[float] | None, seed: int) -> Dataset:
+    if len(parts) == 1:
+        return parts[0]
+    if probs is None:
+        return datasets.concatenate_datasets(parts)
+    total = sum(probs)
+    return datasets.interleave_datasets(
+        parts, probabilities=[p / total for p in probs], seed=seed, stopping_strategy="all_exhausted"
+    )

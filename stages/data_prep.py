@@ -1,0 +1,270 @@
+"""Data prep stage: the base model and tokenizer, and every dataset later stages train or evaluate on.
+
+Outputs (each a directory; datasets hold `train.jsonl` and/or `eval.jsonl`):
+  base_model  HF checkpoint with tokenizer and chat template (the tiny preset builds one), or a
+              pointer to `model.name_or_path`
+  sft_data    rows {"texts": [...], "train": [...]}: rendered segments, `train` marks the loss
+  pref_data   rows {"prompt", "chosen", "rejected", "margin"}: prompt rendered, responses end with EOS
+  prm_data    rows {"prompt", "response", "labels"}: a step placeholder ends each step, one label each
+  prompts     rows {"prompt", "label"}: RL prompts, rendered, with their reference answers
+  eval_data   rows {"prompt", "label"}: held-out prompts for the eval stage
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from transformers import PreTrainedTokenizerBase, set_seed
+
+from configs.errors import DataError
+from configs.schema import DatasetConfig, PipelineConfig
+from stages import data_files, synthetic_task, tiny_model
+from stages.common import checkpoint
+from stages.common.tokenization import encode_segments
+from stages.contract import StageContext, StageResult
+
+DATASET_OUTPUTS = ("sft_data", "pref_data", "prm_data", "prompts", "eval_data")
+
+
+# --- rendering: plain prompts/responses -> the text the model sees -------------------------------
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict], cfg: DatasetConfig | None) -> str:
+    """A user prompt (or a conversation so far) as the text generation continues from."""
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    use_template = cfg is None or cfg.apply_chat_template
+    if use_template and tokenizer.chat_template:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = "\n".join(m["content"] for m in messages)
+    return cfg.input_template.format(text) if cfg is not None and cfg.input_template else text
+
+
+def conversation_segments(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> tuple[list[str], list[bool]]:
+    """Segments of a chat-templated conversation; every assistant turn is a trained segment.
+
+    Each assistant turn's text is what the template adds between the generation prompt before it
+    and the conversation including it, so the trained text is exactly what the model must generate.
+    """
+    texts, train, done = [], [], ""
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prefix = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        if not prefix.startswith(done) or not full.startswith(prefix):
+            raise DataError("chat template is not prefix-stable; set apply_chat_template: false and an input_template")
+        texts += [prefix[len(done) :], full[len(prefix) :]]
+        train += [False, True]
+        done = full
+    return texts, train
+
+
+def sft_row(tokenizer, prompt: str | list[dict], response: str | None, cfg: DatasetConfig | None) -> dict:
+    """One SFT row; `response=None` means `prompt` is a whole conversation (multi-turn)."""
+    if response is None:
+        if not isinstance(prompt, list):
+            raise DataError("multiturn rows need a list of {role, content} messages")
+        texts, train = conversation_segments(tokenizer, prompt)
+        return {"texts": texts, "train": train}
+    if (cfg is None or cfg.apply_chat_template) and tokenizer.chat_template:
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        texts, train = conversation_segments(tokenizer, messages + [{"role": "assistant", "content": response}])
+        return {"texts": texts, "train": train}
+    return {"texts": [render_prompt(tokenizer, prompt, cfg), response + tokenizer.eos_token], "train": [False, True]}
+
+
+def prm_response(steps: list[str]) -> str:
+    return "".join(f"{step}{tiny_model.STEP}\n" for step in steps)
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+
+def check_rows(name: str, rows: list[dict], tokenizer, max_len: int, text_fields: tuple[str, ...]) -> None:
+    """Every row non-empty and within `data.max_len` tokens; the error names the dataset and row."""
+    if not rows:
+        raise DataError(f"{name}: dataset is empty")
+    for i, row in enumerate(rows):
+        for field in text_fields:
+            value = row[field]
+            if value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
+                raise DataError(f"{name} row {i}: empty {field!r}")
+        if "texts" in row:
+            n_tokens = len(encode_segments(tokenizer, row["texts"], row["train"])[0])
+        else:
+            n_tokens = sum(len(tokenizer(row[f], add_special_tokens=False)["input_ids"]) for f in text_fields)
+        if n_tokens > max_len:
+            raise DataError(f"{name} row {i}: {n_tokens} tokens, longer than data.max_len={max_len}")
+
+
+def write_split(out_dir: Path, split: str, rows: list[dict]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / f"{split}.jsonl", "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def read_split(dataset_dir: Path, split: str) -> list[dict]:
+    path = Path(dataset_dir) / f"{split}.jsonl"
+    if not path.is_file():
+        raise DataError(f"{path}: missing (expected a dataset written by data prep)")
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# --- the two sources -----------------------------------------------------------------------------
+
+
+def synthetic_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, list[dict]]]:
+    splits = synthetic_task.generate(cfg.data.synthetic, cfg.seed)
+
+    def sft(rows):
+        return [sft_row(tokenizer, r["prompt"], r["response"], None) for r in rows]
+
+    def pref(rows):
+        eos = tokenizer.eos_token
+        return [
+            {"prompt": render_prompt(tokenizer, r["prompt"], None), "chosen": r["chosen"] + eos,
+             "rejected": r["rejected"] + eos, "margin": 0.0}
+            for r in rows
+        ]
+
+    def prm(rows):
+        return [
+            {"prompt": render_prompt(tokenizer, r["prompt"], None), "response": prm_response(r["steps"]),
+             "labels": r["labels"]}
+            for r in rows
+        ]
+
+    def prompts(rows):
+        return [{"prompt": render_prompt(tokenizer, r["prompt"], None), "label": r["label"]} for r in rows]
+
+    return {
+        "sft_data": {"train": sft(splits.sft_train), "eval": sft(splits.sft_eval)},
+        "pref_data": {"train": pref(splits.preference_train), "eval": pref(splits.preference_eval)},
+        "prm_data": {"train": prm(splits.prm_train), "eval": prm(splits.prm_eval)},
+        "prompts": {"train": prompts(splits.prompts_train)},
+        "eval_data": {"eval": prompts(splits.eval_prompts)},
+    }
+
+
+def file_columns(section: str, cfg: DatasetConfig) -> dict[str, str]:
+    """Config field -> column each dataset kind reads."""
+    if section == "sft":
+        return {"input_key": cfg.input_key} if cfg.multiturn else {"input_key": cfg.input_key, "output_key": cfg.output_key}
+    if section == "preference":
+        cols = {"chosen_key": cfg.chosen_key, "rejected_key": cfg.rejected_key}
+        if cfg.margin_key:
+            cols["margin_key"] = cfg.margin_key
+        return cols
+    return {"input_key": cfg.input_key, "label_key": cfg.label_key}
+
+
+def _pref_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
+    chosen, rejected = row[cfg.chosen_key], row[cfg.rejected_key]
+    if isinstance(chosen, list):  # whole conversations: the prompt is all but the last turn
+        prompt, chosen, rejected = chosen[:-1], chosen[-1]["content"], rejected[-1]["content"]
+    else:
+        prompt = row.get(cfg.input_key, "")
+    return {
+        "prompt": render_prompt(tokenizer, prompt, cfg),
+        "chosen": chosen + tokenizer.eos_token,
+        "rejected": rejected + tokenizer.eos_token,
+        "margin": float(row[cfg.margin_key]) if cfg.margin_key else 0.0,
+    }
+
+
+def file_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, list[dict]]]:
+    out: dict[str, dict[str, list[dict]]] = {}
+    data = cfg.data
+    if data.sft is not None:
+        s = data.sft
+        train, ev = data_files.load_mixed(s, "sft", file_columns("sft", s), cfg.seed)
+
+        def sft(ds):
+            return [sft_row(tokenizer, r[s.input_key], None if s.multiturn else r[s.output_key], s) for r in ds]
+
+        out["sft_data"] = {"train": sft(train), "eval": sft(ev)}
+    if data.preference is not None:
+        p = data.preference
+        # the prompt column is optional: conversation-style chosen/rejected carry their prompt
+        train, ev = data_files.load_mixed(p, "preference", file_columns("preference", p), cfg.seed, optional=[p.input_key])
+        out["pref_data"] = {split: [_pref_row(tokenizer, r, p) for r in ds] for split, ds in (("train", train), ("eval", ev))}
+    if data.prompts is not None:
+        q = data.prompts
+        train, ev = data_files.load_mixed(q, "prompts", file_columns("prompts", q), cfg.seed)
+
+        def prompts(ds):
+            return [{"prompt": render_prompt(tokenizer, r[q.input_key], q), "label": str(r[q.label_key])} for r in ds]
+
+        out["prompts"] = {"train": prompts(train)}
+        out["eval_data"] = {"eval": prompts(ev)}
+        if not out["eval_data"]["eval"]:
+            raise DataError("data.prompts: no eval rows (set eval_split or a positive eval_ratio)")
+    return out
+
+
+TEXT_FIELDS = {
+    "sft_data": ("texts",),
+    "pref_data": ("prompt", "chosen", "rejected"),
+    "prm_data": ("prompt", "response"),
+    "prompts": ("prompt",),
+    "eval_data": ("prompt",),
+}
+
+
+# --- the stage -----------------------------------------------------------------------------------
+
+
+def preflight(cfg: PipelineConfig) -> None:
+    """Cheap checks that must fail before any work starts: the model path and local dataset files."""
+    if cfg.model.name_or_path:
+        checkpoint.validate(cfg.model.name_or_path)
+    if cfg.data.source == "files":
+        for section in ("sft", "preference", "prompts"):
+            ds_cfg: DatasetConfig | None = getattr(cfg.data, section)
+            if ds_cfg is None or not all(_is_local(p) for p in ds_cfg.paths):
+                continue
+            columns = file_columns(section, ds_cfg)
+            data_files.load_mixed(ds_cfg, section, columns, cfg.seed)
+
+
+def _is_local(path: str) -> bool:
+    return path.startswith("json@") or Path(path).expanduser().exists() or Path(path).suffix in data_files.FILE_BUILDERS
+
+
+def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+    cfg = ctx.config
+    set_seed(cfg.seed)
+    base_dir = ctx.output_dir / "base_model"
+
+    if cfg.model.name_or_path:
+        checkpoint.validate(cfg.model.name_or_path)
+        tokenizer = checkpoint.load_tokenizer(cfg.model.name_or_path)
+        checkpoint.write_pointer(base_dir, cfg.model.name_or_path)
+    if cfg.data.source == "synthetic":
+        if not cfg.model.name_or_path:
+            splits = synthetic_task.generate(cfg.data.synthetic, cfg.seed)
+            corpus = [r["prompt"] + "\n" + r["response"] for r in splits.sft_train]
+            tokenizer = tiny_model.train_tokenizer(corpus, cfg.model.tiny.vocab_size)
+            model = tiny_model.build_model(cfg.model.tiny, tokenizer, cfg.seed)
+            checkpoint.save(model, tokenizer, base_dir)
+            print(f"[data_prep] built tokenizer ({len(tokenizer)} tokens) and model "
+                  f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params)", flush=True)
+        datasets_by_name = synthetic_datasets(cfg, tokenizer)
+    else:
+        if not cfg.model.name_or_path:
+            raise DataError("data.source=files needs model.name_or_path (the tiny model only knows the synthetic task)")
+        datasets_by_name = file_datasets(cfg, tokenizer)
+
+    outputs: dict[str, Path] = {"base_model": base_dir}
+    metrics: dict[str, float] = {}
+    for name, splits_of in datasets_by_name.items():
+        for split, rows in splits_of.items():
+            check_rows(f"{name}/{split}", rows, tokenizer, cfg.data.max_len, TEXT_FIELDS[name])
+            write_split(ctx.output_dir / name, split, rows)
+            metrics[f"{name}_{split}_rows"] = float(len(rows))
+        outputs[name] = ctx.output_dir / name
+    print("[data_prep] " + ", ".join(f"{k}={int(v)}" for k, v in metrics.items()), flush=True)
+    ctx.log_metrics(metrics, 0)
+    return StageResult(outputs=outputs, metrics=metrics)
