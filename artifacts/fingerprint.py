@@ -45,7 +45,7 @@ def code_version(modules: tuple[str, ...]) -> str:
         origin = Path(spec.origin)
         files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
         for file in files:
-            digest.update(file.name.encode())
+            digest.update(f"{name}:{file.relative_to(origin.parent)}".encode())
             digest.update(file.read_bytes())
     return digest.hexdigest()[:16]
 

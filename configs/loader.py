@@ -97,7 +97,9 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
         return PipelineConfig.model_validate(raw)
     except ValidationError as exc:
         loc = ".".join(str(p) for p in exc.errors()[0]["loc"])
-        origin = next((o for k, o in origins.items() if loc.startswith(k) or k.startswith(loc)), str(file))
+        # the newest override at, above or below the failing key (a section-level check fails at the section)
+        related = [o for k, o in origins.items() if k == loc or k.startswith(loc + ".") or loc.startswith(k + ".")]
+        origin = related[-1] if related else str(file)
         raise ConfigError(_describe(exc, origin)) from None
 
 

@@ -21,16 +21,27 @@ def load_source(path: str, split: str) -> Dataset:
         files = sorted(str(p) for p in folder.glob("*.json*")) if folder.is_dir() else []
         if not files:
             raise DataError(f"{path}: no .json/.jsonl files in {folder}")
-        return _load("json", path, data_files=files, split="train")
+        return _load("json", path, data_files=files, split=split)  # files are split "train"
     local = Path(path).expanduser()
     if local.suffix in FILE_BUILDERS:
         if not local.is_file():
             raise DataError(f"{path}: no such file")
-        return _load(FILE_BUILDERS[local.suffix], path, data_files=str(local), split="train")
+        if local.stat().st_size == 0:
+            raise DataError(f"{path}: file is empty")
+        return _load(FILE_BUILDERS[local.suffix], path, data_files=str(local), split=split)
     if local.is_dir():
-        if (local / "dataset_info.json").is_file() or (local / "state.json").is_file():
-            loaded = datasets.load_from_disk(str(local))
-            return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+        if any((local / f).is_file() for f in ("dataset_info.json", "state.json", "dataset_dict.json")):
+            try:
+                loaded = datasets.load_from_disk(str(local))
+            except Exception as exc:
+                raise DataError(f"{path}: cannot load dataset saved with save_to_disk ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0]})") from exc
+            if not isinstance(loaded, datasets.DatasetDict):
+                if split != "train":  # one saved Dataset is one split; reusing it would leak train rows into eval
+                    raise DataError(f"{path}: a saved Dataset has only the 'train' split, not {split!r}")
+                return loaded
+            if split not in loaded:
+                raise DataError(f"{path}: no split {split!r}; splits are: {', '.join(loaded)}")
+            return loaded[split]
         return _load(str(local), path, split=split)
     return _load(path, path, split=split)
 
@@ -71,7 +82,9 @@ def load_mixed(
         if cfg.max_samples is not None:
             ds = ds.select(range(min(cfg.max_samples, len(ds))))
         if cfg.eval_split is not None:
-            ev = load_source(path, cfg.eval_split).select_columns(ds.column_names)
+            ev = load_source(path, cfg.eval_split)
+            require_columns(ev, f"{path} (split {cfg.eval_split!r})", needed)
+            ev = ev.select_columns([c for c in ds.column_names if c in ev.column_names])
         elif cfg.eval_ratio > 0 and len(ds) > 1:
             parts = ds.train_test_split(test_size=cfg.eval_ratio, seed=seed)
             ds, ev = parts["train"], parts["test"]
@@ -79,7 +92,10 @@ def load_mixed(
             ev = ds.select([])
         trains.append(ds)
         evals.append(ev)
-    return _mix(trains, cfg.probs, seed), datasets.concatenate_datasets(evals)
+    try:
+        return _mix(trains, cfg.probs, seed), datasets.concatenate_datasets(evals)
+    except ValueError as exc:  # e.g. a column that is text in one source and a number in another
+        raise DataError(f"data.{section}: cannot mix {', '.join(cfg.paths)} ({str(exc).splitlines()[0]})") from exc
 
 
 def _mix(parts: list[Dataset], probs: list[float] | None, seed: int) -> Dataset:

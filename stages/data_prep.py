@@ -165,7 +165,7 @@ def _pref_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
     if isinstance(chosen, list):  # whole conversations: the prompt is all but the last turn
         prompt, chosen, rejected = chosen[:-1], chosen[-1]["content"], rejected[-1]["content"]
     else:
-        prompt = row.get(cfg.input_key, "")
+        prompt = row.get(cfg.input_key) or ""  # None where a mixed-in source lacks the prompt column
     return {
         "prompt": render_prompt(tokenizer, prompt, cfg),
         "chosen": chosen + tokenizer.eos_token,
@@ -174,31 +174,60 @@ def _pref_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
     }
 
 
+def _checked_rows(name: str, ds, section: str, columns: dict[str, str], make) -> list[dict]:
+    """`make(row)` for every row whose `columns` (config field -> column) are non-empty; a bad row is
+    a DataError naming the dataset, the row and the column. Rendered rows always hold template text,
+    so an empty prompt or response must be caught here, before rendering."""
+    out = []
+    for i, row in enumerate(ds):
+        for field, column in columns.items():
+            value = row[column]
+            if value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
+                raise DataError(f"{name} row {i}: empty {column!r} (set by data.{section}.{field})")
+        try:
+            out.append(make(row))
+        except DataError as exc:
+            raise DataError(f"{name} row {i}: {exc}") from exc
+    return out
+
+
 def file_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, list[dict]]]:
     out: dict[str, dict[str, list[dict]]] = {}
     data = cfg.data
     if data.sft is not None:
         s = data.sft
-        train, ev = data_files.load_mixed(s, "sft", file_columns("sft", s), cfg.seed)
+        columns = file_columns("sft", s)
+        train, ev = data_files.load_mixed(s, "sft", columns, cfg.seed)
 
-        def sft(ds):
-            return [sft_row(tokenizer, r[s.input_key], None if s.multiturn else r[s.output_key], s) for r in ds]
+        def sft(name, ds):
+            return _checked_rows(
+                name, ds, "sft", columns,
+                lambda r: sft_row(tokenizer, r[s.input_key], None if s.multiturn else r[s.output_key], s),
+            )
 
-        out["sft_data"] = {"train": sft(train), "eval": sft(ev)}
+        out["sft_data"] = {"train": sft("sft_data/train", train), "eval": sft("sft_data/eval", ev)}
     if data.preference is not None:
         p = data.preference
+        columns = file_columns("preference", p)
         # the prompt column is optional: conversation-style chosen/rejected carry their prompt
-        train, ev = data_files.load_mixed(p, "preference", file_columns("preference", p), cfg.seed, optional=[p.input_key])
-        out["pref_data"] = {split: [_pref_row(tokenizer, r, p) for r in ds] for split, ds in (("train", train), ("eval", ev))}
+        train, ev = data_files.load_mixed(p, "preference", columns, cfg.seed, optional=[p.input_key])
+        out["pref_data"] = {
+            split: _checked_rows(f"pref_data/{split}", ds, "preference", columns, lambda r: _pref_row(tokenizer, r, p))
+            for split, ds in (("train", train), ("eval", ev))
+        }
     if data.prompts is not None:
         q = data.prompts
-        train, ev = data_files.load_mixed(q, "prompts", file_columns("prompts", q), cfg.seed)
+        columns = file_columns("prompts", q)
+        train, ev = data_files.load_mixed(q, "prompts", columns, cfg.seed)
 
-        def prompts(ds):
-            return [{"prompt": render_prompt(tokenizer, r[q.input_key], q), "label": str(r[q.label_key])} for r in ds]
+        def prompts(name, ds):
+            return _checked_rows(
+                name, ds, "prompts", columns,
+                lambda r: {"prompt": render_prompt(tokenizer, r[q.input_key], q), "label": str(r[q.label_key])},
+            )
 
-        out["prompts"] = {"train": prompts(train)}
-        out["eval_data"] = {"eval": prompts(ev)}
+        out["prompts"] = {"train": prompts("prompts/train", train)}
+        out["eval_data"] = {"eval": prompts("eval_data/eval", ev)}
         if not out["eval_data"]["eval"]:
             raise DataError("data.prompts: no eval rows (set eval_split or a positive eval_ratio)")
     return out

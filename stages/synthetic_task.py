@@ -88,11 +88,15 @@ def random_problem(rng: random.Random, cfg: SyntheticTaskConfig) -> Problem:
 
 
 def random_slip(rng: random.Random, problem: Problem) -> tuple[int, int]:
-    """Where the flawed solution slips and by how much (never zero, never below zero)."""
-    slip_at = rng.randrange(len(problem.ops))
-    correct = step_values(problem)[slip_at]
-    choices = [d for d in (-2, -1, 1, 2) if correct + d >= 0]
-    return slip_at, rng.choice(choices)
+    """Where the flawed solution slips and by how much: never zero, and no running value (the slipped
+    one or any carried on from it) goes below zero, so a negative number never gives a flaw away."""
+    options = [
+        (at, delta)
+        for at in range(len(problem.ops))
+        for delta in (-2, -1, 1, 2)
+        if min(step_values(problem, at, delta)[at:]) >= 0
+    ]
+    return rng.choice(options)  # never empty: +1 at the last step is always allowed
 
 
 def unique_problems(rng: random.Random, cfg: SyntheticTaskConfig, count: int, exclude: set[str]) -> list[Problem]:

@@ -1,0 +1,94 @@
+"""Bad input ends in one clear line and a non-zero exit, before any work starts."""
+
+from pathlib import Path
+
+import pytest
+
+from configs.schema import TinyModelConfig
+from stages.common import checkpoint
+from stages.tiny_model import build_model, train_tokenizer
+from tests.flow.conftest import run_cli
+
+
+def assert_one_line_error(result, *fragments: str) -> str:
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def assert_no_work_started(workdir: Path):
+    assert not (workdir / ".rlhf" / "mlflow.db").exists()
+    assert not (workdir / ".rlhf" / "work").exists()
+
+
+@pytest.fixture(scope="module")
+def local_checkpoint(tmp_path_factory) -> Path:
+    tok = train_tokenizer(["Compute 1+2\n1+2=3\nAnswer: 3", "hello world"], 64)
+    model = build_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2), tok, seed=0)
+    return checkpoint.save(model, tok, tmp_path_factory.mktemp("ckpt") / "model")
+
+
+def files_config(workdir: Path, model: Path, sft_file: Path, prompts_file: Path) -> Path:
+    path = workdir / "files.yaml"
+    path.write_text(
+        f"model:\n  name_or_path: {model}\n"
+        f"data:\n  source: files\n"
+        f"  sft:\n    paths: [{sft_file}]\n    input_key: question\n    output_key: answer\n"
+        f"  prompts:\n    paths: [{prompts_file}]\n    input_key: question\n    label_key: label\n"
+    )
+    return path
+
+
+def test_unknown_override_key(workdir):
+    line = assert_one_line_error(run_cli(workdir, "run", "sft.lrr=3e-4"), "sft.lrr", "override", "expected one of")
+    assert "lr" in line
+    assert_no_work_started(workdir)
+
+
+def test_unknown_key_in_config_file(workdir):
+    bad = workdir / "bad.yaml"
+    bad.write_text("sft:\n  lrr: 0.1\n")
+    assert_one_line_error(run_cli(workdir, "run", "--config", str(bad)), str(bad), "sft.lrr")
+    assert_no_work_started(workdir)
+
+
+def test_wrong_type(workdir):
+    assert_one_line_error(run_cli(workdir, "run", "sft.micro_batch_size=many"), "sft.micro_batch_size", "many")
+    assert_no_work_started(workdir)
+
+
+def test_unknown_forced_stage(workdir):
+    assert_one_line_error(run_cli(workdir, "run", "--force", "sftt"), "sftt", "unknown stage")
+    assert_no_work_started(workdir)
+
+
+def test_model_path_that_is_not_a_checkpoint(workdir):
+    empty = workdir / "not_a_model"
+    empty.mkdir()
+    assert_one_line_error(run_cli(workdir, "run", f"model.name_or_path={empty}"), str(empty), "not a checkpoint")
+    assert_no_work_started(workdir)
+
+
+def test_dataset_file_missing_its_key(workdir, local_checkpoint):
+    sft = workdir / "sft.jsonl"
+    sft.write_text('{"question": "Compute 1+2", "response": "3"}\n' * 3)
+    prompts = workdir / "prompts.jsonl"
+    prompts.write_text('{"question": "Compute 1+2", "label": "3"}\n' * 3)
+    cfg = files_config(workdir, local_checkpoint, sft, prompts)
+    assert_one_line_error(run_cli(workdir, "run", "--config", str(cfg)), str(sft), "'answer'", "data.sft.output_key")
+    assert_no_work_started(workdir)
+
+
+def test_empty_dataset(workdir, local_checkpoint):
+    sft = workdir / "sft.jsonl"
+    sft.write_text('{"question": "Compute 1+2", "answer": "3"}\n' * 3)
+    prompts = workdir / "prompts.jsonl"
+    prompts.write_text("")
+    cfg = files_config(workdir, local_checkpoint, sft, prompts)
+    assert_one_line_error(run_cli(workdir, "run", "--config", str(cfg)), str(prompts))
+    assert_no_work_started(workdir)

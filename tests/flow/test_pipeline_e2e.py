@@ -1,0 +1,120 @@
+"""The tiny pipeline end to end through the real CLI, as one scenario on one MLflow store:
+
+1. killed during SFT, then re-run: SFT resumes from its last checkpoint, nothing half-written is published
+2. the SFT model beats the base model on held-out accuracy
+3. the MLflow store holds the runs, params, loss curves and a loadable registered checkpoint
+4. a second identical run is all cached; a changed SFT setting reruns SFT and eval only;
+   `--force sft` reruns SFT and what depends on it
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import mlflow
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from artifacts import store
+from tests.flow.conftest import CLI, cli_env, mlflow_client, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    return tmp_path_factory.mktemp("pipeline")
+
+
+def stage_statuses(ws) -> dict[str, str]:
+    """`{"sft": "ran", ...}` from the newest pipeline run's tags."""
+    client = mlflow_client(ws)
+    exp = client.get_experiment_by_name("rlhf-pipeline")
+    parent = client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'", order_by=["attributes.start_time DESC"])[0]
+    return {k.removeprefix("stage."): v.split()[0] for k, v in parent.data.tags.items() if k.startswith("stage.")}
+
+
+def stage_runs(ws, stage: str):
+    client = mlflow_client(ws)
+    exp = client.get_experiment_by_name("rlhf-pipeline")
+    return client.search_runs([exp.experiment_id], f"tags.`rlhf.stage` = '{stage}'")
+
+
+def test_killed_during_sft_then_resumed(ws):
+    proc = subprocess.Popen([*CLI, "run"], cwd=ws, env=cli_env(ws), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    latest = None
+    while time.monotonic() < deadline and latest is None:
+        found = list((ws / ".rlhf" / "work").glob("sft-*/checkpoints/latest"))
+        latest = found[0] if found else None
+        time.sleep(0.5)
+    assert latest is not None, "SFT never wrote a checkpoint"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    # Nothing of the killed SFT is published: no complete run, no registered version.
+    sft_runs = stage_runs(ws, "sft")
+    assert sft_runs and all(r.data.tags.get(store.TAG_STATUS) != store.COMPLETE for r in sft_runs)
+    assert mlflow_client(ws).search_model_versions("name = 'rlhf-sft'") == []
+
+    result = run_cli(ws, "run")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "[sft] resumed from step" in result.stdout
+    statuses = stage_statuses(ws)
+    assert statuses == {"data_prep": "cached", "sft": "ran", "eval": "ran"}
+
+
+def test_sft_beats_base_on_held_out_accuracy(ws):
+    (eval_run,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    base, sft = eval_run.data.metrics["base/accuracy"], eval_run.data.metrics["sft/accuracy"]
+    print(f"held-out accuracy: base {base:.3f}, sft {sft:.3f}")
+    assert sft >= base + 0.2
+
+
+def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path):
+    client = mlflow_client(ws)
+    exp = client.get_experiment_by_name("rlhf-pipeline")
+    parents = client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'")
+    (sft_run,) = [r for r in stage_runs(ws, "sft") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    assert sft_run.data.tags[store.TAG_PARENT] in {p.info.run_id for p in parents}
+    assert float(sft_run.data.params["sft.lr"]) == 2e-3
+    assert sft_run.data.tags[store.TAG_INPUT_PREFIX + "base_model"].startswith("runs:/")
+    curve = client.get_metric_history(sft_run.info.run_id, "train/loss")
+    assert len(curve) >= 10 and curve[-1].value < curve[0].value
+    assert [a.path for a in client.list_artifacts(sft_run.info.run_id)] == ["sft_model"]
+
+    (version,) = client.search_model_versions("name = 'rlhf-sft'")
+    assert version.run_id == sft_run.info.run_id
+    path = mlflow.artifacts.download_artifacts(artifact_uri="models:/rlhf-sft/latest", dst_path=str(tmp_path),
+                                               tracking_uri=client.tracking_uri)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Compute 12+7"}], tokenize=False, add_generation_prompt=True)
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=False)
+    out = model.generate(**ids, max_new_tokens=20, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert "Answer:" in tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def test_identical_rerun_is_all_cached_and_trains_nothing(ws):
+    before = len(stage_runs(ws, "sft"))
+    result = run_cli(ws, "run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "eval": "cached"}
+    assert "[sft] step" not in result.stdout and "[ray] connected" not in result.stdout
+    assert len(stage_runs(ws, "sft")) == before
+
+
+def test_changed_sft_setting_reruns_sft_and_eval_only(ws):
+    result = run_cli(ws, "run", "sft.lr=1e-3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "eval": "ran"}
+
+
+def test_force_reruns_the_stage_and_its_downstream(ws):
+    result = run_cli(ws, "run", "--force", "sft", "sft.lr=1e-3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "eval": "ran"}
+    assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-sft'")) == 3

@@ -1,0 +1,62 @@
+"""Stages run in-process (no Prefect, no MLflow): tiny synthetic data and a tiny model."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from configs import load_config
+from stages import data_prep
+from stages.contract import StageContext
+
+# Small enough that each stage runs in seconds; the flow tests run the real preset.
+FAST = [
+    "data.synthetic.num_train=400",
+    "data.synthetic.num_eval=40",
+    "data.synthetic.num_prompts=40",
+    "eval.max_samples=40",
+    "sft.max_steps=30",
+    "sft.save_every=10",
+    "sft.eval_every=10",
+    "sft.micro_batch_size=16",
+]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def single_rank_env():
+    """The torch.distributed environment a Ray worker would set for a one-rank stage."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_RANK": "0", "DS_ACCELERATOR": "cpu"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def fast_config():
+    return load_config(None, FAST)
+
+
+def make_ctx(stage: str, cfg, root, log_metrics=None) -> StageContext:
+    ctx = StageContext(stage=stage, config=cfg, output_dir=root / "output", work_dir=root / "work")
+    ctx.output_dir.mkdir(parents=True, exist_ok=True)
+    if log_metrics is not None:
+        ctx.log_metrics = log_metrics
+    return ctx
+
+
+@pytest.fixture(scope="session")
+def prepared(fast_config, tmp_path_factory):
+    """data_prep's outputs for the fast config."""
+    root = tmp_path_factory.mktemp("data_prep")
+    return data_prep.run(make_ctx("data_prep", fast_config, root), {}).outputs

@@ -1,0 +1,114 @@
+"""stages/dag.py: the declared DAG is well formed and its helpers compute the right closures."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from artifacts.fingerprint import config_subset
+from configs.schema import PipelineConfig
+from stages import dag
+from stages.dag import BY_NAME, STAGES, check_order, downstream, producer, upstream
+
+
+def test_stage_names_and_order():
+    assert [s.name for s in STAGES] == ["data_prep", "sft", "eval"]
+    assert list(BY_NAME) == ["data_prep", "sft", "eval"]
+    assert all(BY_NAME[s.name] is s for s in STAGES)
+
+
+def test_check_order_passes():
+    check_order()
+
+
+def test_check_order_detects_misordering(monkeypatch):
+    monkeypatch.setattr(dag, "STAGES", (BY_NAME["sft"], BY_NAME["data_prep"], BY_NAME["eval"]))
+    with pytest.raises(AssertionError, match=r"sft is declared before its upstream \['data_prep'\]"):
+        dag.check_order()
+
+
+def test_every_input_has_a_producer_declared_earlier():
+    for i, spec in enumerate(STAGES):
+        for artifact in spec.inputs:
+            prod = producer(artifact)
+            assert artifact in prod.outputs
+            assert STAGES.index(prod) < i
+
+
+def test_outputs_are_unique_and_optional_or_registered_outputs_are_outputs():
+    all_outputs = [a for s in STAGES for a in s.outputs]
+    assert len(all_outputs) == len(set(all_outputs))
+    for spec in STAGES:
+        assert set(spec.optional_outputs) <= set(spec.outputs)
+        assert set(spec.register) <= set(spec.outputs)
+
+
+def test_producer():
+    assert producer("base_model").name == "data_prep"
+    assert producer("eval_data").name == "data_prep"
+    assert producer("sft_model").name == "sft"
+    assert producer("eval_report").name == "eval"
+    with pytest.raises(KeyError, match="no stage produces 'nope'"):
+        producer("nope")
+
+
+def test_upstream():
+    assert upstream(BY_NAME["data_prep"]) == []
+    assert upstream(BY_NAME["sft"]) == ["data_prep"]
+    assert upstream(BY_NAME["eval"]) == ["data_prep", "sft"]
+
+
+def test_downstream():
+    assert downstream({"sft"}) == {"sft", "eval"}
+    assert downstream({"data_prep"}) == {"data_prep", "sft", "eval"}
+    assert downstream({"data_prep"}) == {s.name for s in STAGES}
+    assert downstream({"eval"}) == {"eval"}
+    assert downstream(["sft", "eval"]) == {"sft", "eval"}
+    assert downstream(set()) == set()
+
+
+def test_downstream_does_not_mutate_its_argument():
+    names = {"sft"}
+    downstream(names)
+    assert names == {"sft"}
+
+
+@pytest.mark.parametrize("spec", STAGES, ids=lambda s: s.name)
+def test_entrypoint_loads_a_callable(spec):
+    module, func = spec.entrypoint.split(":")
+    fn = spec.load()
+    assert callable(fn)
+    assert fn.__name__ == func
+    assert fn.__module__ == module
+
+
+@pytest.mark.parametrize("spec", STAGES, ids=lambda s: s.name)
+def test_config_keys_resolve_in_default_config(spec):
+    cfg = PipelineConfig()
+    subset = config_subset(cfg, spec.config_keys)
+    assert list(subset) == list(spec.config_keys)
+    assert "seed" in spec.config_keys and subset["seed"] == 42
+
+
+def test_sft_config_keys_values():
+    subset = config_subset(PipelineConfig(), BY_NAME["sft"].config_keys)
+    assert subset["model.attn_implementation"] == "sdpa"
+    assert subset["infra.zero_stage"] == 2
+    assert subset["infra.precision"] == "fp32"
+    assert subset["infra.num_workers"] == 1
+    assert subset["sft"]["lr"] == 0.001
+
+
+@pytest.mark.parametrize("spec", STAGES, ids=lambda s: s.name)
+def test_code_modules_exist(spec):
+    for name in spec.code:
+        assert importlib.util.find_spec(name) is not None, name
+
+
+def test_distributed_and_metrics():
+    assert [s.name for s in STAGES if s.distributed] == ["sft"]
+    assert BY_NAME["sft"].register == ("sft_model",)
+    assert BY_NAME["data_prep"].key_metric == "sft_data_train_rows"
+    assert BY_NAME["sft"].key_metric == "eval_loss"
+    assert BY_NAME["eval"].key_metric == "accuracy"

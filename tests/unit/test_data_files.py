@@ -1,0 +1,511 @@
+"""Data prep on real files: loading through HF `datasets`, column checks, splits, mixing, rendering,
+row validation, and the stage's `preflight`/`run` on `data.source: files`.
+
+Everything is local and tiny: a BPE tokenizer trained on a few lines and a 1-layer Llama checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import datasets
+import pytest
+
+from configs.errors import DataError
+from configs.schema import DatasetConfig, PipelineConfig, TinyModelConfig
+from stages import data_files, data_prep, tiny_model
+from stages.common import checkpoint
+from stages.common.tokenization import IGNORE_INDEX, encode_segments
+from stages.contract import StageContext
+
+EOS = tiny_model.EOS
+
+
+# --- fixtures ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _isolated_datasets_cache(tmp_path_factory):
+    """Keep HF `datasets` caches out of the home directory and its progress bars out of the log."""
+    old_cache = datasets.config.HF_DATASETS_CACHE
+    datasets.config.HF_DATASETS_CACHE = tmp_path_factory.mktemp("hf_datasets_cache")
+    datasets.disable_progress_bars()
+    yield
+    datasets.enable_progress_bars()
+    datasets.config.HF_DATASETS_CACHE = old_cache
+
+
+@pytest.fixture(scope="module")
+def tok():
+    # every printable character is in the corpus, so decoding is lossless for the texts used here
+    corpus = [string.printable, "some corpus text 123", "User: Assistant: question answer hello world"]
+    return tiny_model.train_tokenizer(corpus, 96)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tok, tmp_path_factory):
+    cfg = TinyModelConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2
+    )
+    model = tiny_model.build_model(cfg, tok, seed=0)
+    return checkpoint.save(model, tok, tmp_path_factory.mktemp("ckpt") / "model")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def qa_rows(n: int, tag: str = "q") -> list[dict]:
+    return [{"input": f"{tag}{i}", "output": f"a{i}"} for i in range(n)]
+
+
+def load(paths, seed: int = 0, section: str = "sft", columns=None, **kw):
+    cfg = DatasetConfig(paths=[str(p) for p in paths], **kw)
+    columns = columns or {"input_key": cfg.input_key, "output_key": cfg.output_key}
+    return data_files.load_mixed(cfg, section, columns, seed)
+
+
+def files_config(model_dir: Path, sft: dict, prompts: dict, **data) -> PipelineConfig:
+    return PipelineConfig.model_validate(
+        {
+            "seed": 0,
+            "model": {"name_or_path": str(model_dir)},
+            "data": {"source": "files", "sft": sft, "prompts": prompts, **data},
+        }
+    )
+
+
+def run_stage(cfg: PipelineConfig, tmp_path: Path):
+    ctx = StageContext(stage="data_prep", config=cfg, output_dir=tmp_path / "out", work_dir=tmp_path / "work")
+    return data_prep.run(ctx, {})
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl", ".parquet", ".csv"])
+def test_load_source_reads_each_file_format(tmp_path, suffix):
+    rows = qa_rows(3)
+    path = tmp_path / f"data{suffix}"
+    if suffix == ".json":
+        path.write_text(json.dumps(rows))
+    elif suffix == ".jsonl":
+        write_jsonl(path, rows)
+    elif suffix == ".parquet":
+        datasets.Dataset.from_list(rows).to_parquet(str(path))
+    else:
+        path.write_text("input,output\n" + "".join(f"{r['input']},{r['output']}\n" for r in rows))
+    ds = data_files.load_source(str(path), "train")
+    assert ds.column_names == ["input", "output"]
+    assert ds.to_list() == rows
+
+
+def test_load_source_json_folder_reads_every_json_file_in_name_order(tmp_path):
+    folder = tmp_path / "folder"
+    write_jsonl(folder / "b.jsonl", qa_rows(2, "b"))
+    (folder / "a.json").write_text(json.dumps(qa_rows(1, "a")))
+    (folder / "notes.txt").write_text("not data")
+    ds = data_files.load_source(f"json@{folder}", "train")
+    assert list(ds["input"]) == ["a0", "b0", "b1"]
+
+
+def test_json_folder_without_json_files_is_a_data_error(tmp_path):
+    (tmp_path / "x.txt").write_text("hi")
+    with pytest.raises(DataError, match=r"json@.*: no \.json/\.jsonl files in"):
+        data_files.load_source(f"json@{tmp_path}", "train")
+    with pytest.raises(DataError, match="no .json/.jsonl files"):
+        data_files.load_source(f"json@{tmp_path / 'missing'}", "train")
+
+
+def test_missing_file_names_the_path(tmp_path):
+    path = tmp_path / "nope.jsonl"
+    with pytest.raises(DataError) as err:
+        load([path])
+    assert str(err.value) == f"{path}: no such file"
+
+
+def test_missing_column_names_column_and_config_field(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"input": "q", "answer": "a"}])
+    with pytest.raises(DataError) as err:
+        load([path])
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{path}: missing column 'output' (set by data.sft.output_key)")
+    assert "columns are: input, answer" in msg
+
+
+def test_renamed_keys_are_read(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "a", "extra": 1}])
+    train, ev = load([path], columns={"input_key": "question", "output_key": "answer"}, eval_ratio=0.0)
+    assert train.to_list() == [{"question": "q", "answer": "a"}]  # only the needed columns are kept
+    assert len(ev) == 0
+
+
+def test_empty_file_is_a_data_error(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    with pytest.raises(DataError) as err:
+        load([path])
+    assert str(err.value) == f"{path}: file is empty"
+
+
+def test_sources_with_columns_but_no_rows_are_data_errors(tmp_path):
+    path = tmp_path / "empty.parquet"
+    datasets.Dataset.from_dict({"input": [], "output": []}).to_parquet(str(path))
+    with pytest.raises(DataError) as err:  # HF `datasets` itself refuses a file without rows
+        load([path])
+    assert str(err.value) == f'{path}: cannot load dataset (Instruction "train" corresponds to no data!)'
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_dict({"input": [], "output": []}).save_to_disk(str(saved))
+    with pytest.raises(DataError) as err:
+        load([saved])
+    assert str(err.value).startswith(f"{saved}: cannot load dataset saved with save_to_disk (")
+
+
+def test_unreadable_file_is_a_one_line_data_error(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(DataError) as err:
+        load([path])
+    assert str(err.value).startswith(f"{path}: cannot load dataset (")
+    assert "\n" not in str(err.value)
+
+
+def test_max_samples_keeps_the_first_rows(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", qa_rows(10))
+    train, ev = load([path], max_samples=4, eval_ratio=0.0)
+    assert list(train["input"]) == ["q0", "q1", "q2", "q3"]
+    assert len(ev) == 0
+    train, _ = load([path], max_samples=50, eval_ratio=0.0)  # more than there are: all rows
+    assert len(train) == 10
+
+
+def test_eval_ratio_split_sizes_disjoint_and_seeded(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", qa_rows(20))
+    train, ev = load([path], eval_ratio=0.25, seed=3)
+    assert (len(train), len(ev)) == (15, 5)
+    assert sorted(list(train["input"]) + list(ev["input"])) == sorted(f"q{i}" for i in range(20))
+    again_train, again_ev = load([path], eval_ratio=0.25, seed=3)
+    assert list(again_train["input"]) == list(train["input"]) and list(again_ev["input"]) == list(ev["input"])
+    # max_samples applies before the split
+    train, ev = load([path], eval_ratio=0.25, max_samples=8)
+    assert (len(train), len(ev)) == (6, 2)
+    assert set(train["input"]) | set(ev["input"]) == {f"q{i}" for i in range(8)}
+
+
+def test_eval_split_from_a_folder_of_split_files(tmp_path):
+    folder = tmp_path / "ds"
+    write_jsonl(folder / "train.jsonl", qa_rows(5))
+    write_jsonl(folder / "test.jsonl", qa_rows(2, "t"))
+    train, ev = load([folder], eval_split="test", eval_ratio=0.25)  # eval_split wins over eval_ratio
+    assert list(train["input"]) == ["q0", "q1", "q2", "q3", "q4"]
+    assert list(ev["input"]) == ["t0", "t1"]
+
+
+def test_eval_split_from_a_saved_dataset_dict(tmp_path):
+    saved = tmp_path / "saved"
+    datasets.DatasetDict(
+        train=datasets.Dataset.from_list([{"input": "x", "output": "y", "extra": 1}] * 3),
+        test=datasets.Dataset.from_list([{"input": "u", "output": "v"}]),
+    ).save_to_disk(str(saved))
+    train, ev = load([saved], eval_split="test")
+    assert train.to_list() == [{"input": "x", "output": "y"}] * 3
+    assert ev.to_list() == [{"input": "u", "output": "v"}]
+    with pytest.raises(DataError, match=r"no split 'validation'; splits are: train, test"):
+        load([saved], eval_split="validation")
+
+
+def test_eval_split_missing_a_column_names_split_and_field(tmp_path):
+    saved = tmp_path / "saved"
+    datasets.DatasetDict(
+        train=datasets.Dataset.from_list([{"input": "x", "output": "y"}]),
+        test=datasets.Dataset.from_list([{"input": "u"}]),
+    ).save_to_disk(str(saved))
+    with pytest.raises(DataError, match=r"\(split 'test'\): missing column 'output' \(set by data\.sft\.output_key\)"):
+        load([saved], eval_split="test")
+
+
+def test_eval_split_on_a_single_file_is_an_error_not_the_train_rows(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", qa_rows(4))
+    with pytest.raises(DataError, match=r"cannot load dataset \(Unknown split \"test\""):
+        load([path], eval_split="test")
+
+
+def test_two_sources_mixed_with_probs_use_every_row_and_are_seeded(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", qa_rows(3, "a"))
+    b = write_jsonl(tmp_path / "b.jsonl", qa_rows(6, "b"))
+    train, ev = load([a, b], probs=[3.0, 1.0], eval_ratio=0.0, seed=7)
+    inputs = list(train["input"])
+    # all_exhausted: sampling goes on until every source has been used up at least once
+    assert {f"a{i}" for i in range(3)} | {f"b{i}" for i in range(6)} <= set(inputs)
+    assert set(inputs) <= {f"a{i}" for i in range(3)} | {f"b{i}" for i in range(6)}
+    assert len(inputs) >= 9
+    assert len(ev) == 0
+    again, _ = load([a, b], probs=[3.0, 1.0], eval_ratio=0.0, seed=7)
+    assert list(again["input"]) == inputs
+
+
+def test_two_sources_without_probs_are_concatenated_in_order(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", qa_rows(2, "a"))
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps(qa_rows(4, "b")))
+    train, ev = load([a, b], eval_ratio=0.25)
+    assert (len(train), len(ev)) == (1 + 3, 1 + 1)
+    assert [x[0] for x in train["input"]] == ["a", "b", "b", "b"]
+
+
+def test_sources_with_clashing_column_types_are_a_data_error(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", [{"input": "q", "label": "1"}])
+    b = write_jsonl(tmp_path / "b.jsonl", [{"input": "q", "label": 2}])
+    with pytest.raises(DataError, match=r"^data\.prompts: cannot mix .*a\.jsonl, .*b\.jsonl \("):
+        load([a, b], section="prompts", columns={"input_key": "input", "label_key": "label"}, eval_ratio=0.0)
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+
+def test_render_prompt_chat_template_and_input_template(tok):
+    assert data_prep.render_prompt(tok, "hi", None) == "<|user|>\nhi\n<|assistant|>\n"
+    chat = DatasetConfig(paths=["x.jsonl"])
+    assert data_prep.render_prompt(tok, "hi", chat) == "<|user|>\nhi\n<|assistant|>\n"
+    templ = DatasetConfig(paths=["x.jsonl"], apply_chat_template=False, input_template="User: {}\nAssistant: ")
+    assert data_prep.render_prompt(tok, "hi", templ) == "User: hi\nAssistant: "
+    assert data_prep.render_prompt(tok, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], templ) == (
+        "User: a\nb\nAssistant: "
+    )
+    plain = DatasetConfig(paths=["x.jsonl"], apply_chat_template=False)
+    assert data_prep.render_prompt(tok, "hi", plain) == "hi"
+
+
+def test_sft_row_with_input_template(tok):
+    cfg = DatasetConfig(paths=["x.jsonl"], apply_chat_template=False, input_template="User: {}\nAssistant: ")
+    row = data_prep.sft_row(tok, "question", "answer", cfg)
+    assert row == {"texts": ["User: question\nAssistant: ", "answer" + EOS], "train": [False, True]}
+
+
+def test_sft_row_with_chat_template(tok):
+    row = data_prep.sft_row(tok, "question", "answer", DatasetConfig(paths=["x.jsonl"]))
+    assert row == {"texts": ["<|user|>\nquestion\n<|assistant|>\n", "answer<|end|>\n"], "train": [False, True]}
+
+
+def test_multiturn_segments_train_exactly_the_assistant_turns(tok):
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi there"},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    row = data_prep.sft_row(tok, messages, None, DatasetConfig(paths=["x.jsonl"], multiturn=True))
+    texts, train = row["texts"], row["train"]
+    assert train == [False, True, False, True]
+    assert "".join(texts) == tok.apply_chat_template(messages, tokenize=False)
+    assert [t for t, tr in zip(texts, train) if tr] == ["hi there<|end|>\n", "4<|end|>\n"]
+    assert [t for t, tr in zip(texts, train) if not tr] == [
+        "<|system|>\nbe brief\n<|user|>\nhello\n<|assistant|>\n",
+        "<|user|>\n2+2?\n<|assistant|>\n",
+    ]
+    ids, labels = encode_segments(tok, texts, train)
+    assert tok.decode(ids) == "".join(texts)
+    trained_ids = [t for t in labels if t != IGNORE_INDEX]
+    assert tok.decode(trained_ids) == "hi there<|end|>\n4<|end|>\n"
+    # the trained tokens are exactly the two assistant answers, each ending with EOS
+    assert trained_ids.count(tok.eos_token_id) == 2
+
+
+def test_multiturn_needs_a_conversation(tok):
+    with pytest.raises(DataError, match="multiturn rows need a list"):
+        data_prep.sft_row(tok, "just text", None, DatasetConfig(paths=["x.jsonl"], multiturn=True))
+
+
+def test_pref_row_plain_and_conversation(tok):
+    cfg = DatasetConfig(paths=["x.jsonl"], input_key="prompt", margin_key="m")
+    row = data_prep._pref_row(tok, {"prompt": "q", "chosen": "good", "rejected": "bad", "m": 2}, cfg)
+    assert row == {
+        "prompt": "<|user|>\nq\n<|assistant|>\n", "chosen": "good" + EOS, "rejected": "bad" + EOS, "margin": 2.0,
+    }
+    conv = DatasetConfig(paths=["x.jsonl"], apply_chat_template=False, input_template="User: {}\nAssistant: ")
+    user = {"role": "user", "content": "q"}
+    row = data_prep._pref_row(
+        tok,
+        {"chosen": [user, {"role": "assistant", "content": "good"}], "rejected": [user, {"role": "assistant", "content": "bad"}]},
+        conv,
+    )
+    assert row == {"prompt": "User: q\nAssistant: ", "chosen": "good" + EOS, "rejected": "bad" + EOS, "margin": 0.0}
+
+
+# --- row checks ----------------------------------------------------------------------------------
+
+
+def test_check_rows_names_dataset_and_row_of_an_over_long_row(tok):
+    rows = [data_prep.sft_row(tok, "q", "a", None), data_prep.sft_row(tok, "q", "a" * 200, None)]
+    n_tokens = len(encode_segments(tok, rows[1]["texts"], rows[1]["train"])[0])
+    with pytest.raises(DataError) as err:
+        data_prep.check_rows("sft_data/train", rows, tok, 64, ("texts",))
+    assert str(err.value) == f"sft_data/train row 1: {n_tokens} tokens, longer than data.max_len=64"
+    data_prep.check_rows("sft_data/train", rows[:1], tok, 64, ("texts",))  # the short row passes
+
+
+def test_check_rows_empty_dataset_and_empty_field(tok):
+    with pytest.raises(DataError, match=r"^prompts/train: dataset is empty$"):
+        data_prep.check_rows("prompts/train", [], tok, 64, ("prompt",))
+    with pytest.raises(DataError, match=r"^prompts/train row 1: empty 'prompt'$"):
+        data_prep.check_rows("prompts/train", [{"prompt": "x"}, {"prompt": "  "}], tok, 64, ("prompt",))
+
+
+def _sft_cfg(path, **kw):
+    return {"paths": [str(path)], "eval_ratio": 0.0, **kw}
+
+
+@pytest.mark.parametrize("empty", ["", "   ", None])
+def test_empty_output_is_a_data_error_naming_the_row(tok, model_dir, tmp_path, empty):
+    rows = qa_rows(3)
+    rows[2]["output"] = empty
+    sft = write_jsonl(tmp_path / "sft.jsonl", rows)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 4)
+    cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.5})
+    with pytest.raises(DataError) as err:
+        data_prep.file_datasets(cfg, tok)
+    assert str(err.value) == "sft_data/train row 2: empty 'output' (set by data.sft.output_key)"
+
+
+def test_empty_prompt_and_label_are_data_errors_naming_the_row(tok, model_dir, tmp_path):
+    sft = write_jsonl(tmp_path / "sft.jsonl", qa_rows(2))
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}, {"input": "", "label": "2"}])
+    cfg = files_config(model_dir, _sft_cfg(sft), _sft_cfg(prompts))
+    with pytest.raises(DataError, match=r"^prompts/train row 1: empty 'input' \(set by data\.prompts\.input_key\)$"):
+        data_prep.file_datasets(cfg, tok)
+    write_jsonl(prompts, [{"input": "q", "label": None}])
+    with pytest.raises(DataError, match=r"^prompts/train row 0: empty 'label' \(set by data\.prompts\.label_key\)$"):
+        data_prep.file_datasets(cfg, tok)
+
+
+def test_file_datasets_multiturn_and_preference_with_optional_prompt(tok, model_dir, tmp_path):
+    conv = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi"},
+        {"role": "user", "content": "bye"},
+        {"role": "assistant", "content": "ok"},
+    ]
+    sft = write_jsonl(tmp_path / "sft.jsonl", [{"messages": conv}])
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": 5}, {"input": "r", "label": 6}])
+    pref_a = write_jsonl(tmp_path / "pa.jsonl", [{"prompt": "q", "chosen": "good", "rejected": "bad"}])
+    pref_b = write_jsonl(tmp_path / "pb.jsonl", [{"chosen": "yes", "rejected": "no"}])  # no prompt column
+    cfg = files_config(
+        model_dir,
+        _sft_cfg(sft, input_key="messages", multiturn=True),
+        {"paths": [str(prompts)], "eval_ratio": 0.5},
+        preference={"paths": [str(pref_a), str(pref_b)], "input_key": "prompt", "eval_ratio": 0.0},
+    )
+    out = data_prep.file_datasets(cfg, tok)
+    assert out["sft_data"]["train"] == [
+        {
+            "texts": ["<|user|>\nhello\n<|assistant|>\n", "hi<|end|>\n", "<|user|>\nbye\n<|assistant|>\n", "ok<|end|>\n"],
+            "train": [False, True, False, True],
+        }
+    ]
+    assert out["sft_data"]["eval"] == []
+    assert out["pref_data"]["train"] == [
+        {"prompt": "<|user|>\nq\n<|assistant|>\n", "chosen": "good" + EOS, "rejected": "bad" + EOS, "margin": 0.0},
+        # a source without the prompt column gets None, rendered as an empty user turn
+        {"prompt": "<|user|>\n\n<|assistant|>\n", "chosen": "yes" + EOS, "rejected": "no" + EOS, "margin": 0.0},
+    ]
+    # labels become strings; one of the two prompts is held out for eval
+    assert len(out["prompts"]["train"]) == 1 and len(out["eval_data"]["eval"]) == 1
+    assert {r["label"] for r in out["prompts"]["train"] + out["eval_data"]["eval"]} == {"5", "6"}
+
+
+# --- the stage: preflight and run ----------------------------------------------------------------
+
+
+def test_run_on_files_writes_every_dataset_and_a_base_model_pointer(model_dir, tmp_path):
+    sft = write_jsonl(tmp_path / "sft.jsonl", qa_rows(10))
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": f"q{i}", "label": i} for i in range(8)])
+    cfg = files_config(
+        model_dir,
+        {"paths": [str(sft)], "eval_ratio": 0.2, "apply_chat_template": False, "input_template": "User: {}\nAssistant: "},
+        {"paths": [str(prompts)], "eval_ratio": 0.25},
+        max_len=64,
+    )
+    data_prep.preflight(cfg)
+    result = run_stage(cfg, tmp_path)
+    out = tmp_path / "out"
+    assert set(result.outputs) == {"base_model", "sft_data", "prompts", "eval_data"}
+    assert result.outputs["base_model"] == out / "base_model"
+    assert json.loads((out / "base_model" / checkpoint.POINTER_FILE).read_text()) == {"name_or_path": str(model_dir)}
+    assert checkpoint.resolve(out / "base_model") == str(model_dir)
+
+    sft_train, sft_eval = read_jsonl(out / "sft_data" / "train.jsonl"), read_jsonl(out / "sft_data" / "eval.jsonl")
+    assert (len(sft_train), len(sft_eval)) == (8, 2)
+    for row in sft_train + sft_eval:
+        i = row["texts"][0].removeprefix("User: q").removesuffix("\nAssistant: ")
+        assert row == {"texts": [f"User: q{i}\nAssistant: ", f"a{i}{EOS}"], "train": [False, True]}
+    assert sorted(r["texts"][1] for r in sft_train + sft_eval) == sorted(f"a{i}{EOS}" for i in range(10))
+
+    prompt_train = read_jsonl(out / "prompts" / "train.jsonl")
+    prompt_eval = read_jsonl(out / "eval_data" / "eval.jsonl")
+    assert (len(prompt_train), len(prompt_eval)) == (6, 2)
+    assert not (out / "prompts" / "eval.jsonl").exists()
+    for row in prompt_train + prompt_eval:  # the chat template renders prompts; labels become strings
+        assert row == {"prompt": f"<|user|>\nq{row['label']}\n<|assistant|>\n", "label": row["label"]}
+    assert sorted(int(r["label"]) for r in prompt_train + prompt_eval) == list(range(8))
+
+    assert result.metrics == {
+        "sft_data_train_rows": 8.0, "sft_data_eval_rows": 2.0, "prompts_train_rows": 6.0, "eval_data_eval_rows": 2.0,
+    }
+
+
+def test_run_rejects_an_over_long_row_naming_dataset_and_row(model_dir, tmp_path):
+    rows = qa_rows(4)
+    rows[3]["output"] = "long answer " * 20
+    sft = write_jsonl(tmp_path / "sft.jsonl", rows)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
+    cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.5}, max_len=32)
+    with pytest.raises(DataError, match=r"^sft_data/train row 3: \d+ tokens, longer than data\.max_len=32$"):
+        run_stage(cfg, tmp_path)
+
+
+def test_run_needs_eval_prompts(model_dir, tmp_path):
+    sft = write_jsonl(tmp_path / "sft.jsonl", qa_rows(2))
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
+    cfg = files_config(model_dir, _sft_cfg(sft), _sft_cfg(prompts))
+    with pytest.raises(DataError, match=r"^data\.prompts: no eval rows"):
+        run_stage(cfg, tmp_path)
+
+
+def test_preflight_catches_a_missing_column_before_run(model_dir, tmp_path):
+    sft = write_jsonl(tmp_path / "sft.jsonl", qa_rows(3))
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "answer": "1"}] * 2)
+    cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "label_key": "answer", "eval_ratio": 0.5})
+    data_prep.preflight(cfg)  # the renamed label_key is found: no error
+
+    bad = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.5})
+    with pytest.raises(DataError) as err:
+        data_prep.preflight(bad)
+    assert str(err.value).startswith(f"{prompts}: missing column 'label' (set by data.prompts.label_key)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_preflight_catches_a_missing_file(model_dir, tmp_path):
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
+    missing = tmp_path / "missing.parquet"
+    cfg = files_config(model_dir, _sft_cfg(missing), _sft_cfg(prompts))
+    with pytest.raises(DataError, match=f"^{missing}: no such file$"):
+        data_prep.preflight(cfg)
+
+
+def test_a_bad_multiturn_row_is_named(tok, model_dir, tmp_path):
+    conv = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    sft = write_jsonl(tmp_path / "sft.jsonl", [{"messages": conv}, {"messages": []}])
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
+    cfg = files_config(model_dir, _sft_cfg(sft, input_key="messages", multiturn=True), _sft_cfg(prompts))
+    with pytest.raises(DataError, match=r"^sft_data/train row 1: empty 'messages' \(set by data\.sft\.input_key\)$"):
+        data_prep.file_datasets(cfg, tok)
