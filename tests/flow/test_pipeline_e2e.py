@@ -74,8 +74,9 @@ def test_sft_beats_base_on_held_out_accuracy(ws):
     assert sft >= base + 0.2
 
 
-def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path):
+def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path, monkeypatch):
     client = mlflow_client(ws)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # the registry follows it
     exp = client.get_experiment_by_name("rlhf-pipeline")
     parents = client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'")
     (sft_run,) = [r for r in stage_runs(ws, "sft") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
@@ -88,8 +89,7 @@ def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path)
 
     (version,) = client.search_model_versions("name = 'rlhf-sft'")
     assert version.run_id == sft_run.info.run_id
-    path = mlflow.artifacts.download_artifacts(artifact_uri="models:/rlhf-sft/latest", dst_path=str(tmp_path),
-                                               tracking_uri=client.tracking_uri)
+    path = mlflow.artifacts.download_artifacts(artifact_uri="models:/rlhf-sft/latest", dst_path=str(tmp_path))
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     prompt = tok.apply_chat_template([{"role": "user", "content": "Compute 12+7"}], tokenize=False, add_generation_prompt=True)

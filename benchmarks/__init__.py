@@ -1,0 +1,1 @@
+"""Benchmark scripts: each prints a markdown table of what it measured on this machine."""
