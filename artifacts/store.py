@@ -39,7 +39,7 @@ class ArtifactRef:
 
 
 def registered_name(artifact: str) -> str:
-    """`sft_model` -> `rlhf-sft`."""
+    """`sft_model` -> `rlhf-sft`, `reward_model` -> `rlhf-reward`, `prm` -> `rlhf-prm`."""
     return MODEL_PREFIX + artifact.removesuffix("_model").replace("_", "-")
 
 

@@ -113,9 +113,11 @@ class TrackingConfig(Section):
     experiment: str = "rlhf-pipeline"
 
 
-class SFTConfig(Section):
+class TrainingConfig(Section):
+    """What every DeepSpeed training stage shares: optimizer, schedule, batching, eval and checkpoints."""
+
     lr: float = Field(1e-3, gt=0)
-    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine decay floor as a share of lr")
     warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
     epochs: int = Field(1, gt=0)
@@ -124,8 +126,43 @@ class SFTConfig(Section):
     grad_accum_steps: int = Field(1, gt=0)
     grad_clip: float = Field(1.0, gt=0)
     gradient_checkpointing: bool = False
-    eval_every: int = Field(50, gt=0, description="optimizer steps between eval-loss passes")
+    eval_every: int = Field(50, gt=0, description="optimizer steps between eval passes")
     save_every: int = Field(50, gt=0, description="optimizer steps between resumable checkpoints")
+
+
+class SFTConfig(TrainingConfig):
+    """Causal-LM loss on response tokens."""
+
+
+class RewardModelConfig(TrainingConfig):
+    """Bradley-Terry reward model trained from the SFT checkpoint on preference pairs."""
+
+    lr: float = Field(5e-4, gt=0)
+    micro_batch_size: int = Field(16, gt=0, description="preference pairs per micro-batch")
+    value_head_prefix: str = Field("score", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    normalize_reward: bool = Field(False, description="scorers return (r - mean) / std with the eval-split statistics")
+
+
+class PRMConfig(TrainingConfig):
+    """Process reward model: next-token CE over the reward tokens at each step placeholder."""
+
+    placeholder_token: str = Field("<|step|>", description="ends every step; the reward is read there")
+    reward_tokens: tuple[str, str] = Field(("+", "-"), description="the (good, bad) label tokens")
+    step_separator: str = Field("\n", description="splits a response into steps when it has no placeholders")
+
+
+class RewardConfig(Section):
+    """Where rewards come from for later stages (one scorer interface over all sources)."""
+
+    source: Literal["rm", "prm", "func", "remote"] = "func"
+    rm_paths: list[str] = Field(default_factory=list, description="RM checkpoints, combined by mean; empty: the pipeline's own")
+    prm_path: str | None = Field(None, description="PRM checkpoint; empty: the pipeline's own")
+    prm_aggregate: Literal["min", "mean", "last"] = "min"
+    func_path: str = Field("rewards/arithmetic.py", description="a file defining reward_func(queries, prompts, labels); relative paths are tried from the working directory, then from configs/")
+    url: str | None = Field(None, description="remote reward server, e.g. http://127.0.0.1:5001/get_reward")
+    timeout_s: float = Field(10.0, gt=0)
+    retries: int = Field(3, ge=0)
+    batch_size: int = Field(32, gt=0)
 
 
 class EvalConfig(Section):
@@ -142,4 +179,7 @@ class PipelineConfig(Section):
     infra: InfraConfig = InfraConfig()
     tracking: TrackingConfig = TrackingConfig()
     sft: SFTConfig = SFTConfig()
+    rm: RewardModelConfig = RewardModelConfig()
+    prm: PRMConfig = PRMConfig()
+    reward: RewardConfig = RewardConfig()
     eval: EvalConfig = EvalConfig()

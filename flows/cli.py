@@ -2,6 +2,7 @@
 
   rlhf run [--config PRESET|FILE] [--force STAGE ...] [KEY=VALUE ...]
   rlhf ui  [--config PRESET|FILE] [--port N]
+  rlhf serve-rm --model PATH [--host HOST] [--port N] [--batch-size N]
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return subprocess.call(["mlflow", "ui", "--backend-store-uri", setup.uri, "--host", "127.0.0.1", "--port", str(args.port)])
 
 
+def cmd_serve_rm(args: argparse.Namespace) -> int:
+    from stages.rewards.server import serve
+
+    serve(args.model, host=args.host, port=args.port, batch_size=args.batch_size)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf", description="Cached, re-runnable LLM post-training pipeline.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -69,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--config", default=None)
     ui.add_argument("--port", type=int, default=5000)
     ui.set_defaults(func=cmd_ui)
+    serve_rm = sub.add_parser("serve-rm", help="serve a reward model over HTTP (POST /get_reward, OpenRLHF protocol)")
+    serve_rm.add_argument("--model", required=True, metavar="PATH", help="reward-model checkpoint directory")
+    serve_rm.add_argument("--host", default="127.0.0.1")
+    serve_rm.add_argument("--port", type=int, default=5001)
+    serve_rm.add_argument("--batch-size", type=int, default=32)
+    serve_rm.set_defaults(func=cmd_serve_rm)
     return parser
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from configs.schema import InfraConfig
+from configs.schema import InfraConfig, TrainingConfig
 
 RESUME_TAG = "latest"
 
@@ -25,35 +25,24 @@ def init_distributed() -> None:
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
-def engine_config(
-    infra: InfraConfig,
-    *,
-    micro_batch_size: int,
-    grad_accum_steps: int,
-    grad_clip: float,
-    lr: float,
-    weight_decay: float,
-    total_steps: int,
-    warmup_steps: int,
-    min_lr_ratio: float,
-) -> dict[str, Any]:
+def engine_config(infra: InfraConfig, train: TrainingConfig, total_steps: int) -> dict[str, Any]:
     """The DeepSpeed JSON config: AdamW (torch implementation, which runs on CPU) and warm-up + cosine decay."""
     config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": micro_batch_size,
-        "gradient_accumulation_steps": grad_accum_steps,
-        "gradient_clipping": grad_clip,
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": train.grad_accum_steps,
+        "gradient_clipping": train.grad_clip,
         "zero_optimization": {"stage": infra.zero_stage},
         "optimizer": {
             "type": "AdamW",
-            "params": {"lr": lr, "weight_decay": weight_decay, "betas": [0.9, 0.95], "torch_adam": True},
+            "params": {"lr": train.lr, "weight_decay": train.weight_decay, "betas": [0.9, 0.95], "torch_adam": True},
         },
         "scheduler": {
             "type": "WarmupCosineLR",
             "params": {
                 "total_num_steps": max(total_steps, 1),
-                "warmup_num_steps": warmup_steps,
+                "warmup_num_steps": max(1, int(train.warmup_ratio * total_steps)),  # DeepSpeed requires >= 1
                 "warmup_min_ratio": 0.0,
-                "cos_min_ratio": min_lr_ratio,
+                "cos_min_ratio": train.min_lr_ratio,
                 "warmup_type": "linear",
             },
         },

@@ -13,8 +13,8 @@ from stages.dag import BY_NAME, STAGES, check_order, downstream, producer, upstr
 
 
 def test_stage_names_and_order():
-    assert [s.name for s in STAGES] == ["data_prep", "sft", "eval"]
-    assert list(BY_NAME) == ["data_prep", "sft", "eval"]
+    assert [s.name for s in STAGES] == ["data_prep", "sft", "rm", "prm", "eval"]
+    assert list(BY_NAME) == ["data_prep", "sft", "rm", "prm", "eval"]
     assert all(BY_NAME[s.name] is s for s in STAGES)
 
 
@@ -60,11 +60,12 @@ def test_upstream():
 
 
 def test_downstream():
-    assert downstream({"sft"}) == {"sft", "eval"}
-    assert downstream({"data_prep"}) == {"data_prep", "sft", "eval"}
+    assert downstream({"sft"}) == {"sft", "rm", "prm", "eval"}
+    assert downstream({"rm"}) == {"rm"}
+    assert downstream({"data_prep"}) == {"data_prep", "sft", "rm", "prm", "eval"}
     assert downstream({"data_prep"}) == {s.name for s in STAGES}
     assert downstream({"eval"}) == {"eval"}
-    assert downstream(["sft", "eval"]) == {"sft", "eval"}
+    assert downstream(["sft", "eval"]) == {"sft", "rm", "prm", "eval"}
     assert downstream(set()) == set()
 
 
@@ -107,8 +108,10 @@ def test_code_modules_exist(spec):
 
 
 def test_distributed_and_metrics():
-    assert [s.name for s in STAGES if s.distributed] == ["sft"]
+    assert [s.name for s in STAGES if s.distributed] == ["sft", "rm", "prm"]
     assert BY_NAME["sft"].register == ("sft_model",)
+    assert BY_NAME["rm"].register == ("reward_model",) and BY_NAME["prm"].register == ("prm",)
+    assert BY_NAME["rm"].key_metric == "eval_acc" and BY_NAME["prm"].key_metric == "eval_step_acc"
     assert BY_NAME["data_prep"].key_metric == "sft_data_train_rows"
     assert BY_NAME["sft"].key_metric == "eval_loss"
     assert BY_NAME["eval"].key_metric == "accuracy"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.sft import SampleStream, total_steps
+from stages.common.trainer import SampleStream, total_steps
 
 
 # --- total_steps ---------------------------------------------------------------------------

@@ -1,0 +1,124 @@
+"""The optimizer-step loop every DeepSpeed training stage shares: micro-batches with gradient
+accumulation, periodic metrics and progress, eval passes, resumable checkpoints, resume.
+
+A stage supplies what differs: how micro-batch `g` is built, the loss of a batch, and its eval.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from configs.schema import TrainingConfig
+from stages.common import deepspeed_engine
+from stages.common.progress import Progress
+from stages.contract import StageContext
+
+LOG_EVERY = 10
+
+# loss_fn(engine, batch) -> (loss to backpropagate, metrics to average over the log window, tokens seen)
+LossFn = Callable[[object, dict], tuple[torch.Tensor, dict[str, float], int]]
+
+
+@dataclass
+class TrainOutcome:
+    start_step: int
+    last_train: dict[str, float] = field(default_factory=dict)
+    last_eval: dict[str, float] = field(default_factory=dict)
+
+
+def total_steps(n_rows: int, micro_batch_size: int, grad_accum: int, world_size: int, epochs: int, max_steps: int | None) -> int:
+    if max_steps is not None:
+        return max_steps
+    return max(1, math.ceil(n_rows * epochs / (micro_batch_size * grad_accum * world_size)))
+
+
+class SampleStream:
+    """An endless, seeded, per-epoch shuffled order of row indices, sharded by rank.
+
+    Micro-batch `g` of rank `r` is a pure function of (seed, g, r), so resuming at a step needs
+    only the step number.
+    """
+
+    def __init__(self, n_rows: int, micro_batch_size: int, rank: int, world_size: int, seed: int):
+        self.n, self.mbs, self.rank, self.world, self.seed = n_rows, micro_batch_size, rank, world_size, seed
+        self._perms: dict[int, list[int]] = {}
+
+    def _perm(self, epoch: int) -> list[int]:
+        if epoch not in self._perms:
+            gen = torch.Generator().manual_seed(self.seed + epoch)
+            self._perms = {epoch: torch.randperm(self.n, generator=gen).tolist()}
+        return self._perms[epoch]
+
+    def micro_batch(self, g: int) -> list[int]:
+        start = (g * self.world + self.rank) * self.mbs
+        return [self._perm(p // self.n)[p % self.n] for p in range(start, start + self.mbs)]
+
+
+def build_engine(model: torch.nn.Module, ctx: StageContext, train: TrainingConfig, steps: int):
+    if train.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    return deepspeed_engine.initialize(model, deepspeed_engine.engine_config(ctx.config.infra, train, steps))
+
+
+def train_loop(
+    ctx: StageContext,
+    engine,
+    train: TrainingConfig,
+    steps: int,
+    micro_batch: Callable[[int], dict],
+    loss_fn: LossFn,
+    evaluate: Callable[[], dict[str, float]],
+) -> TrainOutcome:
+    """Run optimizer steps from the last checkpoint (if any) to `steps`; log `train/*` and `eval/*`."""
+    ckpt_dir: Path = ctx.work_dir / "checkpoints"
+    resumed = deepspeed_engine.load_resumable(engine, ckpt_dir)
+    start = resumed["step"] if resumed else 0
+    if resumed and ctx.is_main:
+        print(f"[{ctx.stage}] resumed from step {start}/{steps} ({ckpt_dir})", flush=True)
+    outcome = TrainOutcome(start_step=start)
+    progress = Progress(ctx.stage, steps, start=start, enabled=ctx.is_main)
+    window: dict[str, list[float]] = {}
+    n_tokens, t0 = 0, time.monotonic()
+    engine.train()
+    for step in range(start, steps):
+        for micro in range(train.grad_accum_steps):
+            batch = micro_batch(step * train.grad_accum_steps + micro)
+            batch = {k: v.to(engine.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            loss, logs, tokens = loss_fn(engine, batch)
+            engine.backward(loss)
+            engine.step()
+            for key, value in {"loss": loss.item(), **logs}.items():
+                window.setdefault(key, []).append(value)
+            n_tokens += tokens
+        done = step + 1
+        if done % LOG_EVERY == 0 or done == steps:
+            outcome.last_train = {k: sum(v) / len(v) for k, v in window.items()}
+            window = {}
+            if ctx.is_main:
+                lr = engine.get_lr()[0]
+                rate = n_tokens * ctx.world_size / (time.monotonic() - t0)
+                ctx.log_metrics({**{f"train/{k}": v for k, v in outcome.last_train.items()},
+                                 "train/lr": lr, "train/tokens_per_s": rate}, done)
+                progress.update(done, **outcome.last_train, lr=lr)
+        if done % train.eval_every == 0 or done == steps:
+            engine.eval()
+            with torch.no_grad():
+                outcome.last_eval = evaluate()
+            engine.train()
+            if ctx.is_main:
+                ctx.log_metrics({f"eval/{k}": v for k, v in outcome.last_eval.items()}, done)
+                progress.update(done, force=True, **{f"eval_{k}": v for k, v in outcome.last_eval.items()})
+        if done % train.save_every == 0 and done < steps:
+            deepspeed_engine.save_resumable(engine, ckpt_dir, done)
+    if start >= steps:  # resumed at the end: nothing left to train, still report the eval
+        engine.eval()
+        with torch.no_grad():
+            outcome.last_eval = evaluate()
+    return outcome

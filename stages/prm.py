@@ -1,0 +1,117 @@
+"""Process reward model stage: a causal LM, initialised from the SFT checkpoint, that labels steps.
+
+Reads `sft_model` and `prm_data` (each step ends with the placeholder token, one label per step);
+writes `prm`. The loss is cross-entropy over the two reward tokens (good, bad) of the logits at the
+placeholder positions only, as OpenRLHF's `--placeholder_token` / `--reward_tokens`. The checkpoint's
+config records the placeholder, the reward tokens and the step separator for the scorers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from transformers import set_seed
+
+from configs.errors import CheckpointError, DataError
+from stages.common import checkpoint, deepspeed_engine
+from stages.common.tokenization import IGNORE_INDEX, pad_batch
+from stages.common.trainer import SampleStream, build_engine, total_steps, train_loop
+from stages.contract import StageContext, StageResult
+from stages.data_prep import read_split
+
+
+def single_token_id(tokenizer, token: str, field: str) -> int:
+    ids = tokenizer(token, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise CheckpointError(f"{field}={token!r}: the tokenizer splits it into {len(ids)} tokens; it must be one token")
+    return ids[0]
+
+
+def encode_prm_row(tokenizer, row: dict, placeholder_id: int, reward_ids: tuple[int, int],
+                   reward_tokens: tuple[str, str], where: str) -> tuple[list[int], list[int]]:
+    """Ids of prompt + response and labels that hold a reward-token id at each placeholder, -100 elsewhere."""
+    ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+    ids = ids + tokenizer(row["response"], add_special_tokens=False)["input_ids"]
+    positions = [i for i, t in enumerate(ids) if t == placeholder_id]
+    if len(positions) != len(row["labels"]):
+        raise DataError(f"{where}: {len(positions)} step placeholders but {len(row['labels'])} labels")
+    labels = [IGNORE_INDEX] * len(ids)
+    for pos, label in zip(positions, row["labels"]):
+        if label not in reward_tokens:
+            raise DataError(f"{where}: label {label!r} is not one of prm.reward_tokens {list(reward_tokens)}")
+        labels[pos] = reward_ids[reward_tokens.index(label)]
+    return ids, labels
+
+
+def step_logits(logits: torch.Tensor, labels: torch.Tensor, reward_ids: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, 2) logits of (good, bad) at the labelled placeholder positions, and the target index (0 good, 1 bad)."""
+    mask = labels != IGNORE_INDEX
+    selected = logits[mask][:, list(reward_ids)].float()
+    target = (labels[mask] == reward_ids[1]).long()
+    return selected, target
+
+
+def prm_loss(logits: torch.Tensor, labels: torch.Tensor, reward_ids: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy restricted to the reward tokens at placeholders; also the per-step correctness."""
+    selected, target = step_logits(logits, labels, reward_ids)
+    return F.cross_entropy(selected, target), (selected.detach().argmax(-1) == target).float()
+
+
+def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+    cfg, p = ctx.config, ctx.config.prm
+    set_seed(cfg.seed)
+    deepspeed_engine.init_distributed()
+    tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
+    model = checkpoint.load_causal_lm(inputs["sft_model"], cfg.model)
+    placeholder_id = single_token_id(tokenizer, p.placeholder_token, "prm.placeholder_token")
+    reward_ids = tuple(single_token_id(tokenizer, t, "prm.reward_tokens") for t in p.reward_tokens)
+
+    def encode(split: str) -> list[tuple[list[int], list[int]]]:
+        rows = read_split(inputs["prm_data"], split)
+        return [encode_prm_row(tokenizer, row, placeholder_id, reward_ids, p.reward_tokens, f"prm_data/{split} row {i}")
+                for i, row in enumerate(rows)]
+
+    train_rows, eval_rows = encode("train"), encode("eval")
+    steps = total_steps(len(train_rows), p.micro_batch_size, p.grad_accum_steps, ctx.world_size, p.epochs, p.max_steps)
+    engine = build_engine(model, ctx, p, steps)
+    stream = SampleStream(len(train_rows), p.micro_batch_size, ctx.rank, ctx.world_size, cfg.seed)
+    pad_id = tokenizer.pad_token_id
+
+    def loss_fn(engine, batch):
+        logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        loss, correct = prm_loss(logits, batch["labels"], reward_ids)
+        return loss, {"step_acc": float(correct.mean())}, int(batch["attention_mask"].sum())
+
+    def evaluate() -> dict[str, float]:
+        sums = torch.zeros(3, dtype=torch.float64)  # loss*n, correct, n
+        mine = eval_rows[ctx.rank :: ctx.world_size]
+        for i in range(0, len(mine), p.micro_batch_size):
+            batch = {k: v.to(engine.device) for k, v in pad_batch(mine[i : i + p.micro_batch_size], pad_id).items()}
+            logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            loss, correct = prm_loss(logits, batch["labels"], reward_ids)
+            sums += torch.tensor([float(loss) * len(correct), float(correct.sum()), len(correct)], dtype=torch.float64)
+        if ctx.world_size > 1:
+            dist.all_reduce(sums)
+        n = max(float(sums[2]), 1.0)
+        return {"loss": float(sums[0]) / n, "step_acc": float(sums[1]) / n}
+
+    outcome = train_loop(
+        ctx, engine, p, steps,
+        micro_batch=lambda g: pad_batch([train_rows[i] for i in stream.micro_batch(g)], pad_id),
+        loss_fn=loss_fn,
+        evaluate=evaluate,
+    )
+    state = deepspeed_engine.full_state_dict(engine)
+    out = ctx.output_dir / "prm"
+    if ctx.is_main:
+        engine.module.config.prm_placeholder_token = p.placeholder_token
+        engine.module.config.prm_reward_tokens = list(p.reward_tokens)
+        engine.module.config.prm_step_separator = p.step_separator
+        checkpoint.save(engine.module, tokenizer, out, state_dict=state)
+    metrics = {"eval_step_acc": outcome.last_eval["step_acc"], "eval_loss": outcome.last_eval["loss"]}
+    if outcome.start_step:
+        metrics["resumed_from_step"] = float(outcome.start_step)
+    return StageResult(outputs={"prm": out}, metrics=metrics)

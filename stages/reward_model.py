@@ -1,0 +1,167 @@
+"""Reward model stage: a Bradley-Terry reward model initialised from the SFT checkpoint.
+
+Reads `sft_model` and `pref_data`; writes `reward_model`, an HF sequence-classification checkpoint
+(`AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)` loads it when the head
+prefix is `score`). The reward of a text is the scalar head at its last non-pad token. After
+training, the mean and std of rewards on the eval split are stored in the checkpoint's config
+(`reward_mean`, `reward_std`) and applied by scorers when `normalize_reward` is on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from transformers import AutoModelForSequenceClassification, set_seed
+
+from configs.errors import CheckpointError
+from stages.common import checkpoint, deepspeed_engine
+from stages.common.trainer import SampleStream, build_engine, total_steps, train_loop
+from stages.contract import StageContext, StageResult
+from stages.data_prep import read_split
+
+PairRow = tuple[list[int], list[int], float]  # chosen ids, rejected ids, margin
+
+
+def pairwise_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None = None) -> torch.Tensor:
+    """Bradley-Terry: mean of -log sigmoid(r_chosen - r_rejected - margin)."""
+    diff = chosen - rejected
+    if margin is not None:
+        diff = diff - margin
+    return -F.logsigmoid(diff).mean()
+
+
+def encode_pair(tokenizer, row: dict) -> PairRow:
+    """Prompt and response tokenized separately, as the policy produces them."""
+    prompt = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+    chosen = tokenizer(row["chosen"], add_special_tokens=False)["input_ids"]
+    rejected = tokenizer(row["rejected"], add_special_tokens=False)["input_ids"]
+    return prompt + chosen, prompt + rejected, float(row.get("margin") or 0.0)
+
+
+def pair_batch(rows: list[PairRow], pad_id: int) -> dict[str, torch.Tensor]:
+    """Chosen sequences then rejected ones, right-padded into one batch of 2B."""
+    seqs = [r[0] for r in rows] + [r[1] for r in rows]
+    width = max(len(s) for s in seqs)
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        input_ids[i, : len(s)] = torch.tensor(s)
+        attention_mask[i, : len(s)] = 1
+    margin = torch.tensor([r[2] for r in rows], dtype=torch.float32)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "margin": margin}
+
+
+def rewards_of(model, batch: dict) -> torch.Tensor:
+    """The head at each row's last attended token (right padding).
+
+    Pooled by the attention mask rather than HF's pad-id search, so a tokenizer whose pad token is
+    its EOS still reads the reward at the EOS; the scorers in `stages.rewards` pool the same way.
+    """
+    module = getattr(model, "module", model)  # a DeepSpeed engine wraps the HF model
+    backbone = getattr(module, module.base_model_prefix)
+    hidden = backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    last = batch["attention_mask"].sum(-1) - 1
+    return module.score(hidden[torch.arange(len(last), device=hidden.device), last]).squeeze(-1).float()
+
+
+def bt_loss(engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
+    rewards = rewards_of(engine, batch)
+    chosen, rejected = rewards.chunk(2)
+    margin = batch["margin"] if bool(batch["margin"].any()) else None
+    loss = pairwise_loss(chosen, rejected, margin)
+    diff = (chosen - rejected).detach()
+    logs = {"acc": float((diff > 0).float().mean()), "margin": float(diff.mean())}
+    return loss, logs, int(batch["attention_mask"].sum())
+
+
+def eval_pairs(engine, rows: list[PairRow], batch_size: int, pad_id: int, rank: int, world: int) -> tuple[dict[str, float], torch.Tensor]:
+    """Pairwise accuracy, mean reward margin and loss over the eval pairs; also every reward seen (for the stats)."""
+    sums = torch.zeros(4, dtype=torch.float64)  # correct, margin, loss*n, n
+    seen: list[torch.Tensor] = []
+    mine = rows[rank::world]
+    for i in range(0, len(mine), batch_size):
+        batch = {k: v.to(engine.device) for k, v in pair_batch(mine[i : i + batch_size], pad_id).items()}
+        rewards = rewards_of(engine, batch)
+        chosen, rejected = rewards.chunk(2)
+        n = len(chosen)
+        sums += torch.tensor([float((chosen > rejected).sum()), float((chosen - rejected).sum()),
+                              float(pairwise_loss(chosen, rejected)) * n, n], dtype=torch.float64)
+        seen.append(rewards.detach().cpu())
+    if world > 1:
+        dist.all_reduce(sums)
+    n = max(float(sums[3]), 1.0)
+    metrics = {"acc": float(sums[0]) / n, "margin": float(sums[1]) / n, "loss": float(sums[2]) / n}
+    return metrics, torch.cat(seen) if seen else torch.zeros(0)
+
+
+def reward_stats(rewards: torch.Tensor, world: int) -> tuple[float, float]:
+    """Mean and std over every rank's eval rewards."""
+    sums = torch.tensor([float(rewards.sum()), float((rewards.double() ** 2).sum()), float(len(rewards))], dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(sums)
+    n = max(float(sums[2]), 1.0)
+    mean = float(sums[0]) / n
+    var = max(float(sums[1]) / n - mean**2, 0.0)
+    return mean, max(var**0.5, 1e-6)
+
+
+def load_reward_backbone(path: Path, model_cfg):
+    """The SFT checkpoint with a fresh scalar head (its LM head is dropped)."""
+    source = checkpoint.resolve(path)
+    try:
+        return AutoModelForSequenceClassification.from_pretrained(
+            source, num_labels=1, attn_implementation=model_cfg.attn_implementation,
+            trust_remote_code=model_cfg.trust_remote_code,
+        )
+    except Exception as exc:
+        raise CheckpointError(f"{source}: cannot load as a reward model ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
+
+
+def save_reward_model(model, tokenizer, out: Path, state: dict | None, prefix: str, normalize: bool, mean: float, std: float) -> None:
+    """HF checkpoint whose head weights live under `<prefix>.*` and whose config carries the reward stats."""
+    if state is not None and prefix != "score":
+        state = {(prefix + k.removeprefix("score") if k.startswith("score.") else k): v for k, v in state.items()}
+    model.config.value_head_prefix = prefix
+    model.config.normalize_reward = normalize
+    model.config.reward_mean = mean
+    model.config.reward_std = std
+    checkpoint.save(model, tokenizer, out, state_dict=state)
+
+
+def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+    cfg, r = ctx.config, ctx.config.rm
+    set_seed(cfg.seed)
+    deepspeed_engine.init_distributed()
+    tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
+    model = load_reward_backbone(inputs["sft_model"], cfg.model)
+    model.config.pad_token_id = tokenizer.pad_token_id  # where the HF head finds the last token
+
+    train_rows = [encode_pair(tokenizer, row) for row in read_split(inputs["pref_data"], "train")]
+    eval_rows = [encode_pair(tokenizer, row) for row in read_split(inputs["pref_data"], "eval")]
+    steps = total_steps(len(train_rows), r.micro_batch_size, r.grad_accum_steps, ctx.world_size, r.epochs, r.max_steps)
+    engine = build_engine(model, ctx, r, steps)
+    stream = SampleStream(len(train_rows), r.micro_batch_size, ctx.rank, ctx.world_size, cfg.seed)
+    pad_id = tokenizer.pad_token_id
+    outcome = train_loop(
+        ctx, engine, r, steps,
+        micro_batch=lambda g: pair_batch([train_rows[i] for i in stream.micro_batch(g)], pad_id),
+        loss_fn=bt_loss,
+        evaluate=lambda: eval_pairs(engine, eval_rows, r.micro_batch_size, pad_id, ctx.rank, ctx.world_size)[0],
+    )
+
+    engine.eval()
+    with torch.no_grad():
+        final, rewards = eval_pairs(engine, eval_rows, r.micro_batch_size, pad_id, ctx.rank, ctx.world_size)
+    mean, std = reward_stats(rewards, ctx.world_size)
+    state = deepspeed_engine.full_state_dict(engine)
+    out = ctx.output_dir / "reward_model"
+    if ctx.is_main:
+        save_reward_model(engine.module, tokenizer, out, state, r.value_head_prefix, r.normalize_reward, mean, std)
+    metrics = {"eval_acc": final["acc"], "eval_margin": final["margin"], "eval_loss": final["loss"],
+               "reward_mean": mean, "reward_std": std}
+    if outcome.start_step:
+        metrics["resumed_from_step"] = float(outcome.start_step)
+    return StageResult(outputs={"reward_model": out}, metrics=metrics)

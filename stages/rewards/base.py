@@ -1,0 +1,78 @@
+"""The one interface every reward source implements, and the checks on what a source returns.
+
+A source scores (prompt, response) pairs: `prompts` are the rendered prompt texts the policy saw,
+`responses` the generated texts, `labels` the reference answers (None where a prompt has none).
+A "query" is `prompt + response`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from stages.rewards.errors import RewardError
+
+
+@dataclass
+class RewardBatch:
+    rewards: torch.Tensor  # [B] float32, one scalar per response
+    step_rewards: list[list[float]] | None = None  # per-step scores (process reward sources only)
+    extra_logs: dict[str, float] = field(default_factory=dict)  # batch means, for the metrics log
+
+
+@runtime_checkable
+class RewardSource(Protocol):
+    def score(self, prompts: list[str], responses: list[str], labels: list[str | None]) -> RewardBatch: ...
+
+
+def check_batch(prompts: list[str], responses: list[str], labels: list[str | None]) -> None:
+    """The three inputs line up; a mismatch is a caller bug, so a plain ValueError."""
+    if not len(prompts) == len(responses) == len(labels):
+        raise ValueError(f"{len(prompts)} prompts, {len(responses)} responses, {len(labels)} labels")
+
+
+def as_rewards(values: Any, n: int, source: str) -> torch.Tensor:
+    """`values` as a finite float32 tensor of shape [n]; anything else is a RewardError naming `source`."""
+    try:
+        rewards = torch.as_tensor(values.detach().cpu() if isinstance(values, torch.Tensor) else values,
+                                  dtype=torch.float32).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise RewardError(f"{source}: rewards are not numbers (got {_describe(values)}: {first_line(exc)})") from None
+    if rewards.numel() != n:
+        raise RewardError(f"{source}: returned {rewards.numel()} rewards for {n} queries")
+    bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
+    if bad:
+        raise RewardError(f"{source}: returned non-finite rewards (NaN/inf) at indices {bad[:10]}")
+    return rewards
+
+
+def mean_logs(logs: Any, source: str) -> dict[str, float]:
+    """Each extra log (a tensor, list or number) averaged to one float."""
+    if logs is None:
+        return {}
+    if not isinstance(logs, Mapping):
+        raise RewardError(f"{source}: extra_logs must be a dict of numbers or tensors, got {_describe(logs)}")
+    out = {}
+    for key, value in logs.items():
+        try:
+            values = torch.as_tensor(value.detach().cpu() if isinstance(value, torch.Tensor) else value,
+                                     dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError):
+            raise RewardError(f"{source}: extra_logs[{key!r}] is not numeric (got {_describe(value)})") from None
+        if values.numel():  # an empty tensor has no mean worth logging
+            out[str(key)] = float(values.mean())
+    return out
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to one line, for one-line errors."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else type(exc).__name__

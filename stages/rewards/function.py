@@ -1,0 +1,56 @@
+"""Rule-based rewards from a Python file defining `reward_func(queries, prompts, labels)` (OpenRLHF's
+convention). It returns the rewards (a tensor or list of floats), or a dict with `rewards` (or
+`scores`) and optional `extra_logs` whose values are averaged into floats for the metrics log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+
+from stages.rewards.base import RewardBatch, as_rewards, check_batch, first_line, mean_logs
+from stages.rewards.errors import RewardError
+
+
+def load_module(path: Path) -> ModuleType:
+    """Import a file by path, under a name unique to it (two reward files never collide in sys.modules)."""
+    if not path.is_file():
+        raise RewardError(f"reward function file {path}: no such file")
+    name = "reward_func_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise RewardError(f"reward function file {path}: cannot be imported (expected a .py file)")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's code: any error is theirs to fix, reported in one line
+        raise RewardError(f"reward function file {path}: import failed ({type(exc).__name__}: {first_line(exc)})") from exc
+    return module
+
+
+class FunctionScorer:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        func = getattr(load_module(self.path), "reward_func", None)
+        if not callable(func):
+            raise RewardError(f"reward function file {self.path}: defines no reward_func(queries, prompts, labels)")
+        self.func: Callable = func
+
+    def score(self, prompts: list[str], responses: list[str], labels: list[str | None]) -> RewardBatch:
+        check_batch(prompts, responses, labels)
+        queries = [p + r for p, r in zip(prompts, responses)]
+        where = f"reward_func in {self.path}"
+        try:
+            result = self.func(queries, prompts, labels)
+        except Exception as exc:
+            raise RewardError(f"{where} raised {type(exc).__name__}: {first_line(exc)}") from exc
+        logs = None
+        if isinstance(result, Mapping):
+            key = "rewards" if "rewards" in result else "scores" if "scores" in result else None
+            if key is None:
+                raise RewardError(f"{where} returned a dict without 'rewards' or 'scores' (keys: {sorted(result)})")
+            result, logs = result[key], result.get("extra_logs")
+        return RewardBatch(rewards=as_rewards(result, len(queries), where), extra_logs=mean_logs(logs, where))

@@ -1,0 +1,174 @@
+"""Scalar reward models: an HF backbone plus a linear value head read at the last real token.
+
+A reward-model checkpoint is an HF directory whose config.json adds `value_head_prefix` (the
+head's weight is `<prefix>.weight`, shape [1, hidden]), `normalize_reward`, `reward_mean` and
+`reward_std`. With the default prefix `score` it is also what
+`AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)` loads. The backbone is
+loaded with `AutoModel` and the head read from the weights, so any prefix works.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModel, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import cached_file
+from transformers.utils import logging as hf_logging
+
+from configs.errors import CheckpointError
+from stages.common.checkpoint import DTYPES, load_tokenizer, resolve, validate
+from stages.common.tokenization import pad_batch
+from stages.rewards.base import RewardBatch, check_batch, first_line
+from stages.rewards.errors import RewardError
+
+SAFE_WEIGHTS, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the rightmost position whose mask is 1, per row (right or left padding alike)."""
+    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    return (positions * attention_mask.long()).argmax(-1)
+
+
+def rm_query(text: str, eos: str | None, pad: str | None) -> str:
+    """`text` with pad/EOS stripped from both ends and exactly one EOS appended.
+
+    Preference data ends every response with EOS, so the RM learned to score at EOS; queries
+    decoded with or without special tokens (or with padding) all get read at that same token.
+    """
+    marks = [re.escape(t) for t in (eos, pad) if t]
+    if marks:
+        run = f"(?:{'|'.join(marks)})+"
+        text = re.sub(f"^{run}|{run}$", "", text)
+    return text + (eos or "")
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class RewardModel(torch.nn.Module):
+    """One loaded RM: `score_pairs` gives one (optionally normalized) float per prompt + response."""
+
+    def __init__(self, backbone: PreTrainedModel, head: torch.nn.Linear, tokenizer: PreTrainedTokenizerBase,
+                 normalize: bool = False, mean: float = 0.0, std: float = 1.0) -> None:
+        super().__init__()
+        self.backbone, self.head, self.tokenizer = backbone, head, tokenizer
+        self.normalize, self.mean, self.std = normalize, mean, std
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Raw rewards [B]: the head on the final (normed) hidden state of each row's last real token."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        pooled = hidden[rows, last_token_index(attention_mask)]
+        return self.head(pooled).squeeze(-1).float()
+
+    @torch.inference_mode()
+    def score_pairs(self, prompts: list[str], responses: list[str], batch_size: int) -> torch.Tensor:
+        """Rewards of prompt + response, each response read at one EOS (see `rm_query`).
+
+        Prompt and response are tokenized apart, as the RM stage trains on them; an empty prompt
+        makes the response the whole query.
+        """
+        tok = self.tokenizer
+
+        def ids(text: str) -> list[int]:
+            return tok(text, add_special_tokens=False)["input_ids"] if text else []
+
+        rows = [ids(p) + ids(rm_query(r, tok.eos_token, tok.pad_token)) for p, r in zip(prompts, responses, strict=True)]
+        device = self.head.weight.device
+        out = []
+        for start in range(0, len(rows), batch_size):
+            batch = pad_batch([(r, r) for r in rows[start : start + batch_size]], tok.pad_token_id)
+            out.append(self(batch["input_ids"].to(device), batch["attention_mask"].to(device)).cpu())
+        rewards = torch.cat(out) if out else torch.zeros(0)
+        return (rewards - self.mean) / self.std if self.normalize else rewards
+
+
+def load_reward_model(path: str | Path, device: str | None = None, precision: str = "fp32") -> RewardModel:
+    """Load an RM checkpoint; a directory that is not one is a one-line error."""
+    source = resolve(path)
+    validate(source, field="reward model path")
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except Exception as exc:  # IO and parsing errors vary; one line is what the user needs
+        raise CheckpointError(f"{source}: cannot read config.json ({type(exc).__name__}: {first_line(exc)})") from exc
+    prefix = getattr(config, "value_head_prefix", None) or "score"
+    head = _load_head(source, prefix)
+    hidden = config.get_text_config().hidden_size
+    if tuple(head.weight.shape) != (1, hidden):
+        raise RewardError(f"{source}: {prefix}.weight has shape {tuple(head.weight.shape)}, expected (1, {hidden}) "
+                          "(not a scalar reward model)")
+    std = float(getattr(config, "reward_std", 1.0))
+    normalize = bool(getattr(config, "normalize_reward", False))
+    if normalize and not std > 0:
+        raise RewardError(f"{source}: normalize_reward is set but reward_std={std} (must be > 0)")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the head's weights are "unused" by AutoModel on purpose
+    try:
+        backbone = AutoModel.from_pretrained(source, dtype=DTYPES[precision])
+    except Exception as exc:
+        raise CheckpointError(f"{source}: cannot load the RM backbone ({type(exc).__name__}: {first_line(exc)})") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    tokenizer = load_tokenizer(source)
+    model = RewardModel(backbone, head.to(DTYPES[precision]), tokenizer, normalize,
+                        float(getattr(config, "reward_mean", 0.0)), std)
+    return model.to(device or default_device()).eval()
+
+
+def _load_head(source: str, prefix: str) -> torch.nn.Linear:
+    """The value head `<prefix>.weight` (and bias, if saved) read straight from the safetensors."""
+    keys = [f"{prefix}.weight", f"{prefix}.bias"]
+    index = cached_file(source, SAFE_INDEX, _raise_exceptions_for_missing_entries=False)
+    if index:
+        weight_map = json.loads(Path(index).read_text())["weight_map"]
+        files = sorted({weight_map[k] for k in keys if k in weight_map})
+    else:
+        files = [SAFE_WEIGHTS]
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        file = cached_file(source, name, _raise_exceptions_for_missing_entries=False)
+        if file is None:
+            raise RewardError(f"{source}: no {name} (reward models are read from safetensors weights)")
+        with safe_open(file, framework="pt") as f:
+            tensors.update({k: f.get_tensor(k) for k in keys if k in f.keys()})
+    if keys[0] not in tensors:
+        raise RewardError(f"{source}: not a reward model (no {keys[0]} in its weights; "
+                          "expected a checkpoint written by the rm stage)")
+    weight = tensors[keys[0]]
+    head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=keys[1] in tensors)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+        if head.bias is not None:
+            head.bias.copy_(tensors[keys[1]])
+    return head
+
+
+class RewardModelScorer:
+    """One or more RMs; their (each normalized as its config says) rewards are averaged."""
+
+    def __init__(self, paths: list[str | Path], batch_size: int = 32, device: str | None = None,
+                 precision: str = "fp32") -> None:
+        if not paths:
+            raise RewardError("no reward model to score with (empty list of RM paths)")
+        self.paths = [str(p) for p in paths]
+        self.batch_size = batch_size
+        self.models = [load_reward_model(p, device, precision) for p in paths]
+
+    def score_queries(self, queries: list[str]) -> torch.Tensor:
+        """One reward per query text (prompt + response as one string), float32 on the CPU."""
+        return self._mean(lambda m: m.score_pairs([""] * len(queries), queries, self.batch_size))
+
+    def score(self, prompts: list[str], responses: list[str], labels: list[str | None]) -> RewardBatch:
+        check_batch(prompts, responses, labels)
+        return RewardBatch(rewards=self._mean(lambda m: m.score_pairs(prompts, responses, self.batch_size)))
+
+    def _mean(self, rewards_of: Callable[[RewardModel], torch.Tensor]) -> torch.Tensor:
+        return torch.stack([rewards_of(m) for m in self.models]).mean(0)

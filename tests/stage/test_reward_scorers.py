@@ -1,0 +1,211 @@
+"""The model-backed reward sources on tiny checkpoints built here: the RM scorer against
+`AutoModelForSequenceClassification`, several RMs, normalization, the PRM's per-step scores, and
+`rlhf serve-rm` as a real server process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
+
+from configs.errors import CheckpointError
+from configs.schema import RewardConfig, TinyModelConfig
+from stages.common import checkpoint
+from stages.rewards import ProcessRewardScorer, RemoteScorer, RewardError, RewardModelScorer, aggregate, build_scorer
+from stages.tiny_model import STEP, build_model, train_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = [f"Compute {a}+{b}-{c}\n{a}+{b}={a + b}\n{a + b}-{c}={a + b - c}\nAnswer: {a + b - c}"
+          for a in range(12) for b in range(12) for c in range(3)]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(CORPUS, 96)
+
+
+def save_rm(tok, out: Path, seed: int, prefix: str = "score", normalize: bool = False,
+            mean: float = 0.0, std: float = 1.0) -> Path:
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, num_labels=1, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    model = LlamaForSequenceClassification(config)
+    model.config.update({"value_head_prefix": prefix, "normalize_reward": normalize, "reward_mean": mean, "reward_std": std})
+    state = {(k.replace("score.", f"{prefix}.", 1) if k.startswith("score.") else k): v for k, v in model.state_dict().items()}
+    model.save_pretrained(out, state_dict=state)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def rms(tok, tmp_path_factory):
+    root = tmp_path_factory.mktemp("rms")
+    return {
+        "a": save_rm(tok, root / "a", seed=0),
+        "b": save_rm(tok, root / "b", seed=1),
+        "a_norm": save_rm(tok, root / "a_norm", seed=0, normalize=True, mean=0.25, std=2.0),
+        "a_value_head": save_rm(tok, root / "a_vh", seed=0, prefix="value_head"),
+    }
+
+
+@pytest.fixture(scope="module")
+def prm(tok, tmp_path_factory):
+    model = build_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2), tok, seed=0)
+    model.config.update({"prm_placeholder_token": STEP, "prm_reward_tokens": ["+", "-"], "prm_step_separator": "\n"})
+    return checkpoint.save(model, tok, tmp_path_factory.mktemp("prm") / "prm")
+
+
+def texts(tok) -> list[str]:
+    """~20 queries of different lengths, ending with EOS as the preference data does."""
+    return [CORPUS[i][: 8 + 2 * (i // 10)] + tok.eos_token for i in range(0, 400, 20)]
+
+
+def test_rm_scorer_matches_sequence_classification(tok, rms):
+    hf = AutoModelForSequenceClassification.from_pretrained(rms["a"], num_labels=1).eval()
+    queries = texts(tok)
+    with torch.no_grad():  # one row at a time: no padding involved in the reference
+        expected = torch.stack([hf(**tok(q, return_tensors="pt", add_special_tokens=False)).logits[0, 0] for q in queries])
+    scorer = RewardModelScorer([rms["a"]], batch_size=6)  # right-padded batches of mixed lengths
+    got = scorer.score_queries(queries)
+    assert got.shape == (len(queries),) and got.dtype == torch.float32
+    assert (got - expected).abs().max() < 1e-4
+    # a query without EOS (as decoded without special tokens) is read at the EOS appended for it
+    assert (scorer.score_queries([q.removesuffix(tok.eos_token) for q in queries]) - got).abs().max() < 1e-6
+    # score() tokenizes prompt and response apart; split where the tokenizer splits anyway, it is score_queries
+    batch = scorer.score([q[:8] for q in queries], [q[8:] for q in queries], [None] * len(queries))
+    assert (batch.rewards - got).abs().max() < 1e-6 and batch.step_rewards is None
+    # the head is found under any value_head_prefix
+    other = RewardModelScorer([rms["a_value_head"]], batch_size=6).score_queries(queries)
+    assert (other - got).abs().max() < 1e-6
+
+
+def test_several_rms_are_averaged(tok, rms):
+    queries = texts(tok)
+    a = RewardModelScorer([rms["a"]]).score_queries(queries)
+    b = RewardModelScorer([rms["b"]]).score_queries(queries)
+    both = build_scorer(RewardConfig(source="rm", rm_paths=[str(rms["a"]), str(rms["b"])]))
+    assert not torch.allclose(a, b)
+    assert (both.score_queries(queries) - (a + b) / 2).abs().max() < 1e-6
+
+
+def test_normalized_rm(tok, rms):
+    queries = texts(tok)
+    raw = RewardModelScorer([rms["a"]], batch_size=8).score_queries(queries)
+    normalized = RewardModelScorer([rms["a_norm"]], batch_size=8).score_queries(queries)
+    assert torch.equal(normalized, (raw - 0.25) / 2.0)
+
+
+def test_rm_uses_own_checkpoint_when_none_configured(rms):
+    scorer = build_scorer(RewardConfig(source="rm"), own_rm=rms["a"])
+    assert isinstance(scorer, RewardModelScorer) and scorer.paths == [str(rms["a"])]
+
+
+def test_not_a_reward_model(prm, tmp_path):
+    with pytest.raises(RewardError, match=r"not a reward model \(no score.weight"):
+        RewardModelScorer([prm])
+    with pytest.raises(CheckpointError, match="no config.json"):
+        RewardModelScorer([tmp_path])
+
+
+def manual_step_scores(prm: Path, tok, prompt: str, text: str) -> list[float]:
+    """P('+') vs '-' at each placeholder, straight from the causal LM."""
+    model = AutoModelForCausalLM.from_pretrained(prm).eval()
+    ids = tok(prompt, add_special_tokens=False)["input_ids"] + tok(text, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    good, bad = tok.convert_tokens_to_ids(["+", "-"])
+    at = [i for i, t in enumerate(ids) if t == tok.convert_tokens_to_ids(STEP)]
+    return logits[at][:, [good, bad]].softmax(-1)[:, 0].tolist()
+
+
+def test_prm_step_scores_and_aggregates(tok, prm):
+    prompts = ["<|user|>\nCompute 3+4-1\n<|assistant|>\n", "<|user|>\nCompute 11+2\n<|assistant|>\n",
+               "<|user|>\nCompute 5+5\n<|assistant|>\n", "<|user|>\nCompute 1+1\n<|assistant|>\n"]
+    responses = [
+        f"3+4=7{STEP}\n7-1=6{STEP}\nAnswer: 6{STEP}\n",  # the training layout
+        "11+2=13\nAnswer: 13",  # no placeholders: split by the separator
+        f"5+5=10{STEP}\nAnswer: 10",  # unterminated last step
+        "",  # no steps at all
+    ]
+    scorer = ProcessRewardScorer(prm, aggregate="min", batch_size=3)
+    batch = scorer.score(prompts, responses, ["6", "13", "10", "2"])
+    steps = batch.step_rewards
+    assert [len(s) for s in steps] == [3, 2, 2, 0]
+    expected = [
+        manual_step_scores(prm, tok, prompts[0], responses[0]),
+        manual_step_scores(prm, tok, prompts[1], f"11+2=13{STEP}\nAnswer: 13{STEP}"),
+        manual_step_scores(prm, tok, prompts[2], f"5+5=10{STEP}\nAnswer: 10{STEP}"),
+    ]
+    for got, want in zip(steps, expected):
+        assert got == pytest.approx(want, abs=1e-5)
+    assert all(0.0 < p < 1.0 for s in steps for p in s)
+    assert batch.rewards.tolist() == pytest.approx([min(s) for s in steps[:3]] + [0.0])
+    assert batch.extra_logs == {"prm/steps": pytest.approx(7 / 4)}
+    for how in ("mean", "last"):
+        rewards = ProcessRewardScorer(prm, aggregate=how).score(prompts, responses, [None] * 4).rewards
+        assert rewards.tolist() == pytest.approx([aggregate(s, how) for s in steps])
+    own = build_scorer(RewardConfig(source="prm", prm_aggregate="last"), own_prm=prm)
+    assert isinstance(own, ProcessRewardScorer) and own.how == "last"
+
+
+def test_not_a_prm(rms):
+    with pytest.raises(RewardError, match="not a process reward model"):
+        ProcessRewardScorer(rms["a"])
+
+
+def test_not_a_prm_config(tok, tmp_path):
+    plain = build_model(TinyModelConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2), tok, seed=0)
+    path = checkpoint.save(plain, tok, tmp_path / "lm")
+    with pytest.raises(RewardError, match="not a process reward model .*lacks prm_placeholder_token"):
+        ProcessRewardScorer(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_rm_cli_matches_in_process_scorer(tok, rms):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "serve-rm", "--model", str(rms["a"]), "--port", str(port), "--batch-size", "4"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"serve-rm exited early:\n{proc.stdout.read()}"
+            assert time.monotonic() < deadline, "serve-rm did not become healthy within 60 s"
+            try:
+                if requests.get(f"{base}/health", timeout=1).ok:
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        queries = texts(tok)
+        reply = requests.post(f"{base}/get_reward", json={"query": queries}, timeout=30).json()
+        local = RewardModelScorer([rms["a"]], batch_size=4).score_queries(queries)
+        assert (torch.tensor(reply["rewards"]) - local).abs().max() < 1e-4
+        assert reply["scores"] == reply["rewards"]
+        # the pipeline's remote client against it, with prompts and labels in the payload
+        remote = RemoteScorer(f"{base}/get_reward", timeout_s=10, retries=0)
+        batch = remote.score([q[:8] for q in queries], [q[8:] for q in queries], ["1"] * len(queries))
+        assert (batch.rewards - local).abs().max() < 1e-4
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

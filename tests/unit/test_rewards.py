@@ -1,0 +1,338 @@
+"""The reward interface's pure helpers, the function scorer's errors, and the remote client against
+a local server (including a dead one and a slow one)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import uvicorn
+from fastapi import FastAPI, Request, Response
+
+import configs
+from configs.schema import RewardConfig
+from stages.rewards import FunctionScorer, RemoteScorer, RewardBatch, RewardError, RewardSource, build_scorer
+from stages.rewards.factory import resolve_func_path
+from stages.rewards.process_reward import aggregate, split_steps, step_probabilities, with_placeholders
+from stages.rewards.remote import backoff_delays
+from stages.rewards.reward_model import last_token_index, rm_query
+
+PH = "<|step|>"
+
+
+def one_line_error(exc_info) -> str:
+    message = str(exc_info.value)
+    assert "\n" not in message
+    return message
+
+
+# --- process-reward helpers -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "response, steps",
+    [
+        ("1+2=3<|step|>\nAnswer: 3<|step|>\n", ["1+2=3", "Answer: 3"]),  # the training layout
+        ("1+2=3<|step|>\nAnswer: 3", ["1+2=3", "Answer: 3"]),  # unterminated last step still counts
+        ("<|step|><|step|>x", ["", "", "x"]),  # a placeholder is a step even when empty
+        ("1+2=3\nAnswer: 3", ["1+2=3", "Answer: 3"]),  # no placeholder: split by the separator
+        ("\n a \n\n  \nb\n", ["a", "b"]),  # blank pieces are not steps
+        ("", []),
+        ("   ", []),
+    ],
+)
+def test_split_steps(response, steps):
+    assert split_steps(response, PH, "\n") == steps
+    # one placeholder per step in the text the PRM scores
+    assert with_placeholders(response, PH, "\n").count(PH) == len(steps)
+
+
+def test_with_placeholders_reproduces_training_layout():
+    assert with_placeholders("1+2=3\nAnswer: 3", PH, "\n") == "1+2=3<|step|>\nAnswer: 3<|step|>"
+    assert with_placeholders("a\n\nb\n", PH, "\n") == "a<|step|>\n\nb<|step|>\n"
+    assert with_placeholders("a<|step|>\nb", PH, "\n") == "a<|step|>\nb<|step|>"
+    assert with_placeholders("a<|step|>\n", PH, "\n") == "a<|step|>\n"  # already terminated: unchanged
+    assert with_placeholders("a. b.", PH, ". ") == "a<|step|>. b.<|step|>"
+
+
+def test_aggregate():
+    scores = [0.9, 0.2, 0.7]
+    assert aggregate(scores, "min") == 0.2
+    assert aggregate(scores, "mean") == pytest.approx(0.6)
+    assert aggregate(scores, "last") == 0.7
+    assert aggregate([], "min") == aggregate([], "mean") == aggregate([], "last") == 0.0
+    with pytest.raises(ValueError):
+        aggregate(scores, "max")
+
+
+def test_step_probabilities_softmax_over_the_two_reward_tokens():
+    logits = torch.tensor([[5.0, 1.0, 1.0, -9.0], [0.0, 50.0, 3.0, 3.0]])  # other tokens must not matter
+    probs = step_probabilities(logits, good_id=1, bad_id=2)
+    assert torch.allclose(probs, torch.tensor([0.5, torch.sigmoid(torch.tensor(47.0)).item()]))
+
+
+# --- reward-model helpers ------------------------------------------------------------------------
+
+
+def test_rm_query_reads_every_query_at_one_eos():
+    assert rm_query("a+b", "<e>", "<p>") == "a+b<e>"
+    assert rm_query("a+b<e>", "<e>", "<p>") == "a+b<e>"
+    assert rm_query("<p><p>a+b<e><p><p>", "<e>", "<p>") == "a+b<e>"
+    assert rm_query("a<e>b", "<e>", "<p>") == "a<e>b<e>"  # only the ends are touched
+    assert rm_query("a+b", None, None) == "a+b"
+
+
+def test_last_token_index_right_and_left_padding():
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 0], [1, 0, 0, 0, 0]])
+    assert last_token_index(mask).tolist() == [2, 4, 3, 0]
+
+
+def test_backoff_delays_double():
+    assert backoff_delays(4, 0.2) == pytest.approx([0.2, 0.4, 0.8, 1.6])
+    assert backoff_delays(0, 0.2) == []
+
+
+# --- the function scorer and its bundled arithmetic rule ----------------------------------------
+
+
+def test_arithmetic_reward_from_the_configs_package(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # not found from the cwd, so found under configs/
+    path = resolve_func_path(RewardConfig().func_path)
+    assert path == Path(configs.__file__).parent / "rewards" / "arithmetic.py"
+    scorer = build_scorer(RewardConfig())
+    assert isinstance(scorer, FunctionScorer) and isinstance(scorer, RewardSource)
+    prompts = ["Compute 2+3\n", "Compute 5-7\n", "Answer: 4\n", "Compute 1+1\n", "Compute 9+0\n"]
+    responses = ["2+3=5\nAnswer: 5<|end|>", "5-7=-2\nAnswer: -2", "no idea", "Answer: 3\nAnswer: 2", "Answer: 9"]
+    labels = ["5", " -2 ", "4", "2", None]
+    batch = scorer.score(prompts, responses, labels)
+    # the prompt's own "Answer: 4" is not the response's; the last answer counts; no label, no reward
+    assert batch.rewards.tolist() == [1.0, 1.0, 0.0, 1.0, 0.0]
+    assert batch.rewards.dtype == torch.float32
+    assert batch.extra_logs == {"answered": pytest.approx(0.8)}
+
+
+def test_func_path_from_cwd_and_absolute(monkeypatch, tmp_path):
+    (tmp_path / "mine.py").write_text("def reward_func(q, p, l):\n    return [0.5] * len(q)\n")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_func_path("mine.py") == Path("mine.py")
+    assert resolve_func_path(str(tmp_path / "mine.py")) == tmp_path / "mine.py"
+    batch = build_scorer(RewardConfig(func_path="mine.py")).score(["a", "b"], ["c", "d"], [None, None])
+    assert batch.rewards.tolist() == [0.5, 0.5] and batch.extra_logs == {}
+    with pytest.raises(RewardError) as err:
+        resolve_func_path("rewards/nope.py")
+    assert "reward.func_path=rewards/nope.py" in one_line_error(err)
+
+
+def write(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "rf.py"
+    path.write_text(body)
+    return path
+
+
+def score_with(path: Path, n: int = 2) -> RewardBatch:
+    return FunctionScorer(path).score(["p"] * n, ["r"] * n, ["1"] * n)
+
+
+def test_function_scorer_return_forms(tmp_path):
+    path = write(tmp_path, "import torch\ndef reward_func(queries, prompts, labels):\n"
+                           "    assert queries == ['pr', 'pr'] and prompts == ['p', 'p'] and labels == ['1', '1']\n"
+                           "    return {'scores': torch.tensor([1, 2]), 'extra_logs': {'a': torch.tensor([1.0, 0.0]), 'b': 3}}\n")
+    batch = score_with(path)
+    assert batch.rewards.tolist() == [1.0, 2.0] and batch.rewards.dtype == torch.float32
+    assert batch.extra_logs == {"a": 0.5, "b": 3.0}
+    path = write(tmp_path, "import torch\ndef reward_func(q, p, l):\n    return torch.tensor([[0.25], [0.75]], dtype=torch.float64)\n")
+    assert score_with(path).rewards.tolist() == [0.25, 0.75]
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("x = 1\n", "defines no reward_func"),
+        ("def reward_func(q, p, l)\n", "import failed (SyntaxError"),
+        ("import no_such_module_xyz\n", "import failed (ModuleNotFoundError"),
+        ("def reward_func(q, p, l):\n    raise KeyError('label missing')\n", "raised KeyError: 'label missing'"),
+        ("def reward_func(q, p, l):\n    return [1.0]\n", "returned 1 rewards for 2 queries"),
+        ("def reward_func(q, p, l):\n    return [1.0, float('nan')]\n", "non-finite rewards (NaN/inf) at indices [1]"),
+        ("def reward_func(q, p, l):\n    return [float('inf'), 0.0]\n", "non-finite rewards (NaN/inf) at indices [0]"),
+        ("def reward_func(q, p, l):\n    return ['good', 'bad']\n", "rewards are not numbers"),
+        ("def reward_func(q, p, l):\n    return None\n", "rewards are not numbers"),
+        ("def reward_func(q, p, l):\n    return {'reward': [1.0, 0.0]}\n", "without 'rewards' or 'scores'"),
+        ("def reward_func(q, p, l):\n    return {'rewards': [1.0, 0.0], 'extra_logs': {'x': 'y'}}\n", "extra_logs['x'] is not numeric"),
+    ],
+)
+def test_function_scorer_errors_are_one_line_naming_the_file(tmp_path, body, expected):
+    path = write(tmp_path, body)
+    with pytest.raises(RewardError) as err:
+        score_with(path)
+    message = one_line_error(err)
+    assert str(path) in message and expected in message
+
+
+def test_function_scorer_missing_file(tmp_path):
+    with pytest.raises(RewardError) as err:
+        FunctionScorer(tmp_path / "missing.py")
+    assert f"{tmp_path / 'missing.py'}: no such file" in one_line_error(err)
+
+
+def test_build_scorer_needs_a_model_or_url():
+    for cfg, expected in [
+        (RewardConfig(source="rm"), "reward.rm_paths is empty"),
+        (RewardConfig(source="prm"), "reward.prm_path is empty"),
+        (RewardConfig(source="remote"), "needs reward.url"),
+    ]:
+        with pytest.raises(RewardError) as err:
+            build_scorer(cfg)
+        assert expected in one_line_error(err)
+    remote = build_scorer(RewardConfig(source="remote", url="http://127.0.0.1:1/get_reward", timeout_s=2, retries=5))
+    assert isinstance(remote, RemoteScorer) and (remote.timeout_s, remote.retries) == (2, 5)
+
+
+# --- the remote client ----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_test_app() -> FastAPI:
+    app = FastAPI()
+    app.state.calls = {"flaky": 0}
+    app.state.last = None
+
+    @app.post("/get_reward")
+    async def get_reward(request: Request) -> dict:
+        body = await request.json()
+        app.state.last = body
+        rewards = [float(len(q)) for q in body["query"]]
+        return {"rewards": rewards, "scores": rewards, "extra_logs": {"n": [1.0, 3.0]}}
+
+    @app.post("/flaky")
+    async def flaky(request: Request):
+        app.state.calls["flaky"] += 1
+        if app.state.calls["flaky"] <= 2:
+            return Response("<html>\n<h1>503</h1>\noverloaded\n</html>", status_code=503)
+        return {"rewards": [0.5] * len((await request.json())["query"])}
+
+    @app.post("/down")
+    async def down() -> Response:
+        return Response("<html>\n<h1>502 Bad Gateway</h1>\n</html>", status_code=502)
+
+    @app.post("/short")
+    async def short() -> dict:
+        return {"rewards": [1.0]}
+
+    @app.post("/words")
+    async def words() -> dict:
+        return {"rewards": ["a", "b"]}
+
+    @app.post("/nokey")
+    async def nokey() -> dict:
+        return {"scores_only": [1.0, 2.0]}
+
+    @app.post("/text")
+    async def text() -> Response:
+        return Response("<html>oops</html>", media_type="text/html")
+
+    @app.post("/slow")
+    async def slow() -> dict:
+        await asyncio.sleep(2.0)
+        return {"rewards": [0.0, 0.0]}
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def server():
+    app = make_test_app()
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert srv.started, "test server did not start"
+    yield f"http://127.0.0.1:{port}", app
+    srv.should_exit = True
+    thread.join(timeout=5)
+
+
+PROMPTS, RESPONSES, LABELS = ["ab", "c"], ["cd", ""], ["4", None]
+
+
+def test_remote_scores_and_sends_the_openrlhf_payload(server):
+    base, app = server
+    batch = RemoteScorer(f"{base}/get_reward", timeout_s=5, retries=0).score(PROMPTS, RESPONSES, LABELS)
+    assert batch.rewards.tolist() == [4.0, 1.0] and batch.rewards.dtype == torch.float32
+    assert batch.extra_logs == {"n": 2.0}
+    assert app.state.last == {"query": ["abcd", "c"], "prompts": PROMPTS, "labels": LABELS}
+
+
+def test_remote_retries_5xx_then_succeeds(server):
+    base, app = server
+    app.state.calls["flaky"] = 0
+    batch = RemoteScorer(f"{base}/flaky", timeout_s=5, retries=3, backoff_s=0.01).score(PROMPTS, RESPONSES, LABELS)
+    assert batch.rewards.tolist() == [0.5, 0.5] and app.state.calls["flaky"] == 3
+
+
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("/short", "returned 1 rewards for 2 queries"),
+        ("/words", "rewards are not numbers"),
+        ("/nokey", "reply has no 'rewards'"),
+        ("/text", "reply is not JSON"),
+        ("/missing", "HTTP 404"),  # a client error is not retried
+    ],
+)
+def test_remote_bad_replies(server, path, expected):
+    base, _ = server
+    start = time.monotonic()
+    with pytest.raises(RewardError) as err:
+        RemoteScorer(f"{base}{path}", timeout_s=5, retries=3, backoff_s=1.0).score(PROMPTS, RESPONSES, LABELS)
+    message = one_line_error(err)
+    assert f"{base}{path}" in message and expected in message
+    assert time.monotonic() - start < 1.0  # none of these waits for a retry
+
+
+def test_remote_5xx_every_time_fails_after_retries_on_one_line(server):
+    base, _ = server
+    with pytest.raises(RewardError) as err:
+        RemoteScorer(f"{base}/down", timeout_s=5, retries=2, backoff_s=0.01).score(PROMPTS, RESPONSES, LABELS)
+    message = one_line_error(err)
+    assert f"{base}/down: failed after 3 tries (last error: HTTP 502: <html> <h1>502 Bad Gateway</h1> </html>)" in message
+
+
+def test_remote_bad_url_fails_at_once():
+    with pytest.raises(RewardError) as err:
+        RemoteScorer("127.0.0.1:5001/get_reward", retries=3, backoff_s=5.0).score(PROMPTS, RESPONSES, LABELS)
+    assert "reward server 127.0.0.1:5001/get_reward: " in one_line_error(err)
+
+
+def test_remote_down_server_fails_after_retries():
+    url = f"http://127.0.0.1:{free_port()}/get_reward"  # nothing listens: connection refused
+    start = time.monotonic()
+    with pytest.raises(RewardError) as err:
+        RemoteScorer(url, timeout_s=1.0, retries=2, backoff_s=0.1).score(PROMPTS, RESPONSES, LABELS)
+    elapsed = time.monotonic() - start
+    message = one_line_error(err)
+    assert url in message and "after 3 tries" in message and "ConnectionError" in message
+    assert 0.3 <= elapsed < 3.0  # it did back off (0.1 + 0.2 s), and it did not hang
+
+
+def test_remote_slow_server_times_out_each_try(server):
+    base, _ = server
+    start = time.monotonic()
+    with pytest.raises(RewardError) as err:
+        RemoteScorer(f"{base}/slow", timeout_s=0.3, retries=1, backoff_s=0.05).score(PROMPTS, RESPONSES, LABELS)
+    elapsed = time.monotonic() - start
+    message = one_line_error(err)
+    assert f"{base}/slow" in message and "after 2 tries" in message and "Timeout" in message
+    assert elapsed < 1.5  # two 0.3 s tries, not two 2 s replies
