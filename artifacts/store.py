@@ -8,6 +8,7 @@ is set after every output is logged, so a failed or killed stage is never consum
 from __future__ import annotations
 
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -109,17 +110,23 @@ def register_model(client: MlflowClient, name: str, source: str, run_id: str):
 def download(ref: ArtifactRef, cache_root: Path) -> Path:
     """A local copy of an upstream output, kept per run so repeated consumers copy once.
 
-    The copy is made in a temp dir and renamed into place, so an interrupted download is never reused.
+    Each caller downloads into its own temp dir and renames it into place, so stages that start at
+    once (and other pipeline processes) never see a partial copy; the first rename wins.
     """
     target = cache_root / ref.run_id / ref.name
     if target.exists():
         return target
-    tmp = cache_root / ref.run_id / f".{ref.name}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    mlflow.artifacts.download_artifacts(run_id=ref.run_id, artifact_path=ref.name, dst_path=str(tmp))
-    (tmp / ref.name).rename(target)
-    shutil.rmtree(tmp, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{ref.name}.", dir=target.parent))
+    try:
+        mlflow.artifacts.download_artifacts(run_id=ref.run_id, artifact_path=ref.name, dst_path=str(tmp))
+        try:
+            (tmp / ref.name).rename(target)
+        except OSError:
+            if not target.exists():  # not a lost race: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

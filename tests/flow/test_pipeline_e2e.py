@@ -3,8 +3,8 @@
 1. killed during SFT, then re-run: SFT resumes from its last checkpoint, nothing half-written is published
 2. the SFT model beats the base model on held-out accuracy
 3. the MLflow store holds the runs, params, loss curves and a loadable registered checkpoint
-4. a second identical run is all cached; a changed SFT setting reruns SFT and eval only;
-   `--force sft` reruns SFT and what depends on it
+4. a second identical run is all cached; a changed setting reruns exactly its stage and what
+   depends on it; `--force sft` reruns SFT and everything downstream of it
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_killed_during_sft_then_resumed(ws):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "[sft] resumed from step" in result.stdout
     statuses = stage_statuses(ws)
-    assert statuses == {"data_prep": "cached", "sft": "ran", "eval": "ran"}
+    assert statuses == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "eval": "ran"}
 
 
 def test_sft_beats_base_on_held_out_accuracy(ws):
@@ -102,19 +102,36 @@ def test_identical_rerun_is_all_cached_and_trains_nothing(ws):
     before = len(stage_runs(ws, "sft"))
     result = run_cli(ws, "run")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "eval": "cached"}
+    assert set(stage_statuses(ws).values()) == {"cached"}
     assert "[sft] step" not in result.stdout and "[ray] connected" not in result.stdout
     assert len(stage_runs(ws, "sft")) == before
 
 
-def test_changed_sft_setting_reruns_sft_and_eval_only(ws):
+def test_reward_stages_are_registered(ws):
+    client = mlflow_client(ws)
+    for name, stage in (("rlhf-reward", "rm"), ("rlhf-prm", "prm")):
+        (version,) = client.search_model_versions(f"name = '{name}'")
+        (run,) = [r for r in stage_runs(ws, stage) if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+        assert version.run_id == run.info.run_id
+    (rm_run,) = [r for r in stage_runs(ws, "rm") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    assert "eval/acc" in rm_run.data.metrics and "eval/margin" in rm_run.data.metrics
+    print(f"rm eval pairwise accuracy {rm_run.data.metrics['eval_acc']:.3f}")
+
+
+def test_changed_reward_model_setting_reruns_only_the_rm(ws):
+    result = run_cli(ws, "run", "rm.lr=2e-3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "ran", "prm": "cached", "eval": "cached"}
+
+
+def test_changed_sft_setting_reruns_sft_and_its_downstream_only(ws):
     result = run_cli(ws, "run", "sft.lr=1e-3")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "eval": "ran"}
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "eval": "ran"}
 
 
 def test_force_reruns_the_stage_and_its_downstream(ws):
     result = run_cli(ws, "run", "--force", "sft", "sft.lr=1e-3")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "eval": "ran"}
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "eval": "ran"}
     assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-sft'")) == 3
