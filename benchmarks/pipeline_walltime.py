@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 
-def run_once(workdir: Path, overrides: list[str]) -> tuple[float, dict[str, float]]:
+def run_once(workdir: Path, overrides: list[str]) -> tuple[float, dict[str, float], str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "PREFECT_API_URL")}
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", *overrides], cwd=workdir, env=env,
@@ -29,7 +29,7 @@ def run_once(workdir: Path, overrides: list[str]) -> tuple[float, dict[str, floa
     wall = time.monotonic() - start
     if proc.returncode != 0:
         sys.exit(f"rlhf run failed:\n{proc.stderr[-2000:]}")
-    return wall, stage_seconds(workdir)
+    return wall, stage_seconds(workdir), proc.stdout
 
 
 def stage_seconds(workdir: Path) -> dict[str, float]:
@@ -59,12 +59,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    rows = []
+    rows, cold_summary = [], ""
     for i in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="rlhf-bench-") as tmp:
             for mode in ("cold", "warm"):
-                wall, stages = run_once(Path(tmp), args.overrides)
+                wall, stages, stdout = run_once(Path(tmp), args.overrides)
                 rows.append({"repeat": i, "mode": mode, "wall_s": wall, "stages_s": stages})
+                if mode == "cold":
+                    cold_summary = stdout[stdout.rfind("rlhf-pipeline run "):]
     print(f"# tiny pipeline wall time ({datetime.date.today()}, {platform.machine()}, {os.cpu_count()} CPUs)\n")
     print("| run | wall time (s) | stage compute (s) | orchestration share | per stage (s) |")
     print("|---|---|---|---|---|")
@@ -72,7 +74,8 @@ def main() -> None:
         compute = sum(r["stages_s"].values())
         per_stage = ", ".join(f"{k} {v:.1f}" for k, v in r["stages_s"].items())
         print(f"| {r['mode']} #{r['repeat']} | {r['wall_s']:.1f} | {compute:.1f} | {1 - compute / r['wall_s']:.0%} | {per_stage} |")
-    print("\n" + json.dumps(rows))
+    print("\nLast cold run's summary:\n" + cold_summary)
+    print(json.dumps(rows))
 
 
 if __name__ == "__main__":

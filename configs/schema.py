@@ -43,11 +43,15 @@ class SyntheticTaskConfig(Section):
     max_terms: int = Field(3, ge=2)
     max_operand: int = Field(20, gt=1)
     flawed_share: float = Field(0.25, ge=0.0, lt=1.0, description="share of SFT solutions with an arithmetic slip")
+    min_slip: int = Field(1, gt=0, description="smallest error a flawed step makes")
+    max_slip: int = Field(2, gt=0, description="largest error a flawed step makes")
 
     @model_validator(mode="after")
-    def _terms_ordered(self) -> SyntheticTaskConfig:
+    def _ranges_ordered(self) -> SyntheticTaskConfig:
         if self.min_terms > self.max_terms:
             raise ValueError(f"min_terms ({self.min_terms}) must not exceed max_terms ({self.max_terms})")
+        if self.min_slip > self.max_slip:
+            raise ValueError(f"min_slip ({self.min_slip}) must not exceed max_slip ({self.max_slip})")
         return self
 
 

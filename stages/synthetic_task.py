@@ -87,16 +87,17 @@ def random_problem(rng: random.Random, cfg: SyntheticTaskConfig) -> Problem:
     return Problem(tuple(terms), tuple(ops))
 
 
-def random_slip(rng: random.Random, problem: Problem) -> tuple[int, int]:
-    """Where the flawed solution slips and by how much: never zero, and no running value (the slipped
-    one or any carried on from it) goes below zero, so a negative number never gives a flaw away."""
+def random_slip(rng: random.Random, problem: Problem, min_slip: int = 1, max_slip: int = 2) -> tuple[int, int]:
+    """Where the flawed solution slips and by how much (|slip| in [min_slip, max_slip]); no running value
+    (the slipped one or any carried on from it) goes below zero, so a negative number never gives a flaw away."""
+    sizes = range(min_slip, max_slip + 1)
     options = [
         (at, delta)
         for at in range(len(problem.ops))
-        for delta in (-2, -1, 1, 2)
+        for delta in [*(-d for d in sizes), *sizes]
         if min(step_values(problem, at, delta)[at:]) >= 0
     ]
-    return rng.choice(options)  # never empty: +1 at the last step is always allowed
+    return rng.choice(options)  # never empty: +min_slip at the last step is always allowed
 
 
 def unique_problems(rng: random.Random, cfg: SyntheticTaskConfig, count: int, exclude: set[str]) -> list[Problem]:
@@ -140,12 +141,15 @@ def generate(cfg: SyntheticTaskConfig, seed: int) -> SyntheticSplits:
     train_problems = unique_problems(rng, cfg, cfg.num_train, seen)
     prompt_problems = unique_problems(rng, cfg, cfg.num_prompts, seen)
 
+    def slip_of(problem: Problem) -> tuple[int, int]:
+        return random_slip(rng, problem, cfg.min_slip, cfg.max_slip)
+
     def sft_row(problem: Problem, flawed: bool) -> dict:
-        slip_at, slip = random_slip(rng, problem) if flawed else (None, 0)
+        slip_at, slip = slip_of(problem) if flawed else (None, 0)
         return {"prompt": problem.prompt, "response": "\n".join(solution_steps(problem, slip_at, slip))}
 
     def pair_row(problem: Problem) -> dict:
-        slip_at, slip = random_slip(rng, problem)
+        slip_at, slip = slip_of(problem)
         return {
             "prompt": problem.prompt,
             "chosen": "\n".join(solution_steps(problem)),
@@ -154,7 +158,7 @@ def generate(cfg: SyntheticTaskConfig, seed: int) -> SyntheticSplits:
 
     def prm_row(problem: Problem) -> dict:
         flawed = rng.random() < 0.5
-        slip_at, slip = random_slip(rng, problem) if flawed else (None, 0)
+        slip_at, slip = slip_of(problem) if flawed else (None, 0)
         return {
             "prompt": problem.prompt,
             "steps": solution_steps(problem, slip_at, slip),

@@ -31,7 +31,7 @@ def test_tiny_preset_loads_with_its_values():
     assert cfg.infra.num_cpus == 2
     assert cfg.infra.zero_stage == 2
     assert cfg.sft.lr == 0.002
-    assert cfg.sft.max_steps == 600
+    assert cfg.sft.max_steps == 1200
     assert cfg.sft.eval_every == 100
     assert cfg.eval.batch_size == 100
     assert cfg.eval.max_new_tokens == 40
@@ -67,7 +67,7 @@ def test_overrides_apply_with_yaml_typing():
     assert cfg.seed == 7
     assert isinstance(cfg.seed, int)
     # untouched keys stay as in the preset
-    assert cfg.sft.max_steps == 600
+    assert cfg.sft.max_steps == 1200
 
 
 def test_override_null_bool_list_and_nested_section():

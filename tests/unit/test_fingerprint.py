@@ -128,6 +128,8 @@ def test_config_subset_follows_overrides_and_is_json():
         "max_terms": 3,
         "max_operand": 20,
         "flawed_share": 0.25,
+        "min_slip": 5,
+        "max_slip": 30,
     }
     json.dumps(got)  # plain JSON values only
 

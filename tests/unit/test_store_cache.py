@@ -1,0 +1,52 @@
+"""The cache look-up: only complete, finished runs with their artifacts still present are reused."""
+
+import shutil
+
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities import RunStatus
+
+from artifacts import store
+
+
+@pytest.fixture
+def client(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    c = MlflowClient(uri)
+    c.exp = c.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
+    return c
+
+
+def stage_run(client, tmp_path, fingerprint="fp1", finish=True, publish=True):
+    run = client.create_run(client.exp, tags={store.TAG_STAGE: "sft", store.TAG_FINGERPRINT: fingerprint})
+    out = tmp_path / f"out-{run.info.run_id}" / "sft_model"
+    out.mkdir(parents=True)
+    (out / "config.json").write_text("{}")
+    if publish:
+        store.publish(client, run.info.run_id, {"sft_model": out}, register=())
+    if finish:
+        client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
+    return run.info.run_id
+
+
+def test_a_complete_run_is_found_by_stage_and_fingerprint(client, tmp_path):
+    run_id = stage_run(client, tmp_path)
+    assert store.find_cached(client, client.exp, "sft", "fp1").info.run_id == run_id
+    assert store.find_cached(client, client.exp, "sft", "fp2") is None
+    assert store.find_cached(client, client.exp, "rm", "fp1") is None
+
+
+def test_unpublished_or_unfinished_runs_are_not_cache_entries(client, tmp_path):
+    stage_run(client, tmp_path, publish=False)  # killed before its outputs were logged
+    stage_run(client, tmp_path, finish=False)  # still RUNNING (killed after logging)
+    assert store.find_cached(client, client.exp, "sft", "fp1") is None
+
+
+def test_a_run_whose_artifacts_were_deleted_is_skipped(client, tmp_path):
+    older = stage_run(client, tmp_path)
+    newer = stage_run(client, tmp_path)
+    shutil.rmtree(store._local_path(client.get_run(newer).info.artifact_uri) / "sft_model")
+    assert store.find_cached(client, client.exp, "sft", "fp1").info.run_id == older
+    shutil.rmtree(store._local_path(client.get_run(older).info.artifact_uri) / "sft_model")
+    assert store.find_cached(client, client.exp, "sft", "fp1") is None
