@@ -117,6 +117,16 @@ class TrackingConfig(Section):
     experiment: str = "rlhf-pipeline"
 
 
+class LoRAConfig(Section):
+    """Low-rank adapters (peft). `rank: 0` trains the whole model; above 0 the stage trains and saves
+    only the adapter, which records the path of the checkpoint it was trained on."""
+
+    rank: int = Field(0, ge=0)
+    alpha: int = Field(16, gt=0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+
 class TrainingConfig(Section):
     """What every DeepSpeed training stage shares: optimizer, schedule, batching, eval and checkpoints."""
 
@@ -145,6 +155,7 @@ class RewardModelConfig(TrainingConfig):
     micro_batch_size: int = Field(16, gt=0, description="preference pairs per micro-batch")
     value_head_prefix: str = Field("score", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     normalize_reward: bool = Field(False, description="scorers return (r - mean) / std with the eval-split statistics")
+    lora: LoRAConfig = LoRAConfig()
 
 
 class PRMConfig(TrainingConfig):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, set_seed
 
 from configs.errors import CheckpointError
-from stages.common import checkpoint, deepspeed_engine
+from stages.common import checkpoint, deepspeed_engine, lora
 from stages.common.trainer import SampleStream, build_engine, total_steps, train_loop
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
@@ -61,6 +61,8 @@ def rewards_of(model, batch: dict) -> torch.Tensor:
     its EOS still reads the reward at the EOS; the scorers in `stages.rewards` pool the same way.
     """
     module = getattr(model, "module", model)  # a DeepSpeed engine wraps the HF model
+    if hasattr(module, "get_base_model"):  # and peft wraps it once more under LoRA
+        module = module.get_base_model()
     backbone = getattr(module, module.base_model_prefix)
     hidden = backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
     last = batch["attention_mask"].sum(-1) - 1
@@ -138,6 +140,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
     model = load_reward_backbone(inputs["sft_model"], cfg.model)
     model.config.pad_token_id = tokenizer.pad_token_id  # where the HF head finds the last token
+    if r.lora.rank:
+        model = lora.apply(model, r.lora, "SEQ_CLS")  # adapters plus a trainable score head
 
     train_rows = [encode_pair(tokenizer, row) for row in read_split(inputs["pref_data"], "train")]
     eval_rows = [encode_pair(tokenizer, row) for row in read_split(inputs["pref_data"], "eval")]
@@ -158,7 +162,11 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     mean, std = reward_stats(rewards, ctx.world_size)
     state = deepspeed_engine.full_state_dict(engine)
     out = ctx.output_dir / "reward_model"
-    if ctx.is_main:
+    if ctx.is_main and r.lora.rank:  # the adapter only; merging it is the LoRA-merge stage's job
+        stats = {"value_head_prefix": r.value_head_prefix, "normalize_reward": r.normalize_reward,
+                 "reward_mean": mean, "reward_std": std}
+        lora.save_adapter(engine.module, tokenizer, out, state, extra=stats)
+    elif ctx.is_main:
         save_reward_model(engine.module, tokenizer, out, state, r.value_head_prefix, r.normalize_reward, mean, std)
     metrics = {"eval_acc": final["acc"], "eval_margin": final["margin"], "eval_loss": final["loss"],
                "reward_mean": mean, "reward_std": std}

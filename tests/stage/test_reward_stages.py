@@ -84,3 +84,28 @@ def test_prm_stage_writes_a_checkpoint_the_step_scorer_reads(prepared, tmp_path)
     steps = scorer.step_scores([r["prompt"] for r in rows], [r["response"] for r in rows])
     assert [len(s) for s in steps] == [len(r["labels"]) for r in rows]
     assert all(0.0 < p < 1.0 for s in steps for p in s)
+
+
+def test_rm_with_lora_trains_and_saves_only_an_adapter_that_peft_loads(prepared, tmp_path):
+    from peft import PeftModel
+
+    from stages.common.lora import is_adapter
+
+    result, _ = run_rm(prepared, tmp_path, ["rm.lora.rank=4", "rm.lora.alpha=8", "rm.lr=5e-3"])
+    path = result.outputs["reward_model"]
+    assert is_adapter(path) and not (path / "model.safetensors").exists()
+    adapter_cfg = json.loads((path / "adapter_config.json").read_text())
+    assert adapter_cfg["r"] == 4 and adapter_cfg["base_model_name_or_path"] == str(prepared["base_model"])
+    stats = json.loads((path / "adapter_extra.json").read_text())
+    assert stats["reward_mean"] == pytest.approx(result.metrics["reward_mean"])
+
+    base = AutoModelForSequenceClassification.from_pretrained(prepared["base_model"], num_labels=1)
+    model = PeftModel.from_pretrained(base, path).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    rows = read_split(prepared["pref_data"], "eval")
+    with torch.no_grad():
+        def reward(text):
+            return float(model(**tok(text, return_tensors="pt", add_special_tokens=False)).logits[0, 0])
+        acc = sum(reward(r["prompt"] + r["chosen"]) > reward(r["prompt"] + r["rejected"]) for r in rows) / len(rows)
+    # the reloaded adapter scores the eval pairs exactly as the stage's final eval did
+    assert acc == pytest.approx(result.metrics["eval_acc"])
