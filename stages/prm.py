@@ -18,7 +18,7 @@ from transformers import set_seed
 from configs.errors import CheckpointError, DataError
 from stages.common import checkpoint, deepspeed_engine
 from stages.common.tokenization import IGNORE_INDEX, pad_batch
-from stages.common.trainer import SampleStream, build_engine, total_steps, train_loop
+from stages.common.trainer import fit
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 
@@ -75,9 +75,6 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
                 for i, row in enumerate(rows)]
 
     train_rows, eval_rows = encode("train"), encode("eval")
-    steps = total_steps(len(train_rows), p.micro_batch_size, p.grad_accum_steps, ctx.world_size, p.epochs, p.max_steps)
-    engine = build_engine(model, ctx, p, steps)
-    stream = SampleStream(len(train_rows), p.micro_batch_size, ctx.rank, ctx.world_size, cfg.seed)
     pad_id = tokenizer.pad_token_id
 
     def loss_fn(engine, batch):
@@ -85,7 +82,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         loss, correct = prm_loss(logits, batch["labels"], reward_ids)
         return loss, {"step_acc": float(correct.mean())}, int(batch["attention_mask"].sum())
 
-    def evaluate() -> dict[str, float]:
+    def evaluate(engine) -> dict[str, float]:
         sums = torch.zeros(3, dtype=torch.float64)  # loss*n, correct, n
         mine = eval_rows[ctx.rank :: ctx.world_size]
         for i in range(0, len(mine), p.micro_batch_size):
@@ -98,11 +95,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         n = max(float(sums[2]), 1.0)
         return {"loss": float(sums[0]) / n, "step_acc": float(sums[1]) / n}
 
-    outcome = train_loop(
-        ctx, engine, p, steps,
-        micro_batch=lambda g: pad_batch([train_rows[i] for i in stream.micro_batch(g)], pad_id),
-        loss_fn=loss_fn,
-        evaluate=evaluate,
+    engine, outcome = fit(
+        ctx, model, p, train_rows, collate=lambda rows: pad_batch(rows, pad_id), loss_fn=loss_fn, evaluate=evaluate
     )
     state = deepspeed_engine.full_state_dict(engine)
     out = ctx.output_dir / "prm"

@@ -18,7 +18,7 @@ from transformers import AutoModelForSequenceClassification, set_seed
 
 from configs.errors import CheckpointError
 from stages.common import checkpoint, deepspeed_engine, lora
-from stages.common.trainer import SampleStream, build_engine, total_steps, train_loop
+from stages.common.trainer import fit
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 
@@ -145,15 +145,12 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
 
     train_rows = [encode_pair(tokenizer, row) for row in read_split(inputs["pref_data"], "train")]
     eval_rows = [encode_pair(tokenizer, row) for row in read_split(inputs["pref_data"], "eval")]
-    steps = total_steps(len(train_rows), r.micro_batch_size, r.grad_accum_steps, ctx.world_size, r.epochs, r.max_steps)
-    engine = build_engine(model, ctx, r, steps)
-    stream = SampleStream(len(train_rows), r.micro_batch_size, ctx.rank, ctx.world_size, cfg.seed)
     pad_id = tokenizer.pad_token_id
-    outcome = train_loop(
-        ctx, engine, r, steps,
-        micro_batch=lambda g: pair_batch([train_rows[i] for i in stream.micro_batch(g)], pad_id),
+    engine, outcome = fit(
+        ctx, model, r, train_rows,
+        collate=lambda rows: pair_batch(rows, pad_id),
         loss_fn=bt_loss,
-        evaluate=lambda: eval_pairs(engine, eval_rows, r.micro_batch_size, pad_id, ctx.rank, ctx.world_size)[0],
+        evaluate=lambda engine: eval_pairs(engine, eval_rows, r.micro_batch_size, pad_id, ctx.rank, ctx.world_size)[0],
     )
 
     engine.eval()

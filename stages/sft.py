@@ -16,7 +16,7 @@ from transformers import set_seed
 
 from stages.common import checkpoint, deepspeed_engine
 from stages.common.tokenization import IGNORE_INDEX, encode_segments, pad_batch
-from stages.common.trainer import SampleStream, build_engine, total_steps, train_loop
+from stages.common.trainer import fit
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 
@@ -51,15 +51,12 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         return [encode_segments(tokenizer, r["texts"], r["train"]) for r in read_split(inputs["sft_data"], split)]
 
     train_rows, eval_rows = encode("train"), encode("eval")
-    steps = total_steps(len(train_rows), s.micro_batch_size, s.grad_accum_steps, ctx.world_size, s.epochs, s.max_steps)
-    engine = build_engine(model, ctx, s, steps)
-    stream = SampleStream(len(train_rows), s.micro_batch_size, ctx.rank, ctx.world_size, cfg.seed)
     pad_id = tokenizer.pad_token_id
-    outcome = train_loop(
-        ctx, engine, s, steps,
-        micro_batch=lambda g: pad_batch([train_rows[i] for i in stream.micro_batch(g)], pad_id),
+    engine, outcome = fit(
+        ctx, model, s, train_rows,
+        collate=lambda rows: pad_batch(rows, pad_id),
         loss_fn=lm_loss,
-        evaluate=lambda: {"loss": eval_loss(engine, eval_rows, s.micro_batch_size, pad_id, ctx.rank, ctx.world_size)},
+        evaluate=lambda engine: {"loss": eval_loss(engine, eval_rows, s.micro_batch_size, pad_id, ctx.rank, ctx.world_size)},
     )
 
     state = deepspeed_engine.full_state_dict(engine)

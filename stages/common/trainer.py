@@ -67,6 +67,32 @@ def build_engine(model: torch.nn.Module, ctx: StageContext, train: TrainingConfi
     return deepspeed_engine.initialize(model, deepspeed_engine.engine_config(ctx.config.infra, train, steps))
 
 
+def fit(
+    ctx: StageContext,
+    model: torch.nn.Module,
+    train: TrainingConfig,
+    rows: list,
+    collate: Callable[[list], dict],
+    loss_fn: LossFn,
+    evaluate: Callable[[object], dict[str, float]],
+):
+    """Wrap `model` in a DeepSpeed engine and train it on `rows` (seeded, sharded, resumable).
+
+    `collate` turns a micro-batch of rows into tensors; `evaluate(engine)` returns eval metrics.
+    Returns the engine (for saving) and the outcome.
+    """
+    steps = total_steps(len(rows), train.micro_batch_size, train.grad_accum_steps, ctx.world_size, train.epochs, train.max_steps)
+    engine = build_engine(model, ctx, train, steps)
+    stream = SampleStream(len(rows), train.micro_batch_size, ctx.rank, ctx.world_size, ctx.config.seed)
+    outcome = train_loop(
+        ctx, engine, train, steps,
+        micro_batch=lambda g: collate([rows[i] for i in stream.micro_batch(g)]),
+        loss_fn=loss_fn,
+        evaluate=lambda: evaluate(engine),
+    )
+    return engine, outcome
+
+
 def train_loop(
     ctx: StageContext,
     engine,
