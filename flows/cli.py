@@ -2,6 +2,8 @@
 
   rlhf run [--config PRESET|FILE] [--force STAGE ...] [KEY=VALUE ...]
   rlhf ui  [--config PRESET|FILE] [--port N]
+  rlhf runs [--config PRESET|FILE] [--limit N]
+  rlhf compare RUN [RUN ...] [--config PRESET|FILE]
   rlhf serve-rm --model PATH [--host HOST] [--port N] [--batch-size N]
 """
 
@@ -57,6 +59,40 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return subprocess.call(["mlflow", "ui", "--backend-store-uri", setup.uri, "--host", "127.0.0.1", "--port", str(args.port)])
 
 
+def _store(config: str | None):
+    from mlflow import MlflowClient
+
+    from artifacts import tracking
+    from configs import load_config
+
+    setup = tracking.resolve(load_config(config).tracking)
+    client = MlflowClient(setup.uri)
+    experiment = client.get_experiment_by_name(setup.experiment)
+    if experiment is None:
+        raise PipelineError(f"no pipeline runs yet in {setup.uri} (experiment {setup.experiment!r}); start one with `rlhf run`")
+    return client, experiment.experiment_id
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from flows.report import pipeline_runs, runs_table
+
+    client, experiment_id = _store(args.config)
+    Console(width=160).print(runs_table(pipeline_runs(client, experiment_id, args.limit)))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from flows.report import comparison, comparison_table
+
+    client, _ = _store(args.config)
+    Console(width=160).print(comparison_table(comparison(client, args.runs), args.runs))
+    return 0
+
+
 def cmd_serve_rm(args: argparse.Namespace) -> int:
     from stages.rewards.server import serve
 
@@ -77,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--config", default=None)
     ui.add_argument("--port", type=int, default=5000)
     ui.set_defaults(func=cmd_ui)
+    runs = sub.add_parser("runs", help="list recent pipeline runs in the MLflow store")
+    runs.add_argument("--config", default=None)
+    runs.add_argument("--limit", type=int, default=10)
+    runs.set_defaults(func=cmd_runs)
+    compare = sub.add_parser("compare", help="stage metrics and eval results of pipeline runs side by side")
+    compare.add_argument("runs", nargs="+", metavar="RUN", help="pipeline run ids (see `rlhf runs`)")
+    compare.add_argument("--config", default=None)
+    compare.set_defaults(func=cmd_compare)
     serve_rm = sub.add_parser("serve-rm", help="serve a reward model over HTTP (POST /get_reward, OpenRLHF protocol)")
     serve_rm.add_argument("--model", required=True, metavar="PATH", help="reward-model checkpoint directory")
     serve_rm.add_argument("--host", default="127.0.0.1")

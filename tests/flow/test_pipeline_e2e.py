@@ -141,3 +141,19 @@ def test_force_reruns_the_stage_and_its_downstream(ws):
     assert result.returncode == 0, result.stderr[-3000:]
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "eval": "ran"}
     assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-sft'")) == 3
+
+
+def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws):
+    client = mlflow_client(ws)
+    exp = client.get_experiment_by_name("rlhf-pipeline")
+    parents = client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'", order_by=["attributes.start_time DESC"])
+    listed = run_cli(ws, "runs", "--limit", "50")
+    assert listed.returncode == 0, listed.stderr
+    assert all(p.info.run_id in listed.stdout for p in parents)
+    newest, oldest = parents[0].info.run_id, parents[-1].info.run_id
+    compared = run_cli(ws, "compare", oldest, newest)
+    assert compared.returncode == 0, compared.stderr
+    assert "sft: eval_loss" in compared.stdout and "eval sft/accuracy" in compared.stdout
+    assert "(cached)" in compared.stdout and "(ran)" in compared.stdout
+    missing = run_cli(ws, "compare", "not-a-run")
+    assert missing.returncode == 2 and missing.stderr.strip() == f"error: run not-a-run: no such MLflow run in {client.tracking_uri}"
