@@ -18,7 +18,7 @@ def config_subset(config: BaseModel, keys: tuple[str, ...]) -> dict[str, Any]:
     for key in keys:
         node: Any = dumped
         for part in key.split("."):
-            node = node[part]
+            node = None if node is None else node[part]  # an unset optional section holds nothing
         subset[key] = node
     return subset
 
@@ -54,3 +54,19 @@ def fingerprint(stage: str, config: dict[str, Any], inputs: dict[str, str], code
     """Deterministic: key order never matters; any change to any part changes the result."""
     payload = json.dumps({"stage": stage, "config": config, "inputs": inputs, "code": code}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+def local_sources(values: dict[str, Any]) -> dict[str, str]:
+    """`{"source:<path>": "<size>:<mtime_ns>" per file}` for every value (or list item) that names a
+    local file or folder (`json@DIR` included); hub ids and empty values contribute nothing."""
+    found: dict[str, str] = {}
+    for value in values.values():
+        for item in value if isinstance(value, list) else [value]:
+            if not isinstance(item, str) or not item:
+                continue
+            path = Path(item.removeprefix("json@")).expanduser()
+            files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path] if path.is_file() else []
+            for file in files:
+                stat = file.stat()
+                found[f"source:{file.resolve()}"] = f"{stat.st_size}:{stat.st_mtime_ns}"
+    return found

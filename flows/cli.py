@@ -35,12 +35,26 @@ def _prefect_home(state_dir: str) -> None:
     os.environ.setdefault("PREFECT_HOME", str(home))
 
 
+def check_local_resources(cfg) -> None:
+    """A local Ray cluster has `infra.num_cpus` CPUs (default: all): training stages must fit in it."""
+    if os.environ.get("RAY_ADDRESS") or cfg.infra.ray_address:
+        return  # a remote cluster's size is checked when the stage asks for it
+    have = cfg.infra.num_cpus or os.cpu_count() or 1
+    need = cfg.infra.num_workers * cfg.infra.cpus_per_worker
+    if need > have:
+        raise PipelineError(
+            f"infra.num_workers={cfg.infra.num_workers} x infra.cpus_per_worker={cfg.infra.cpus_per_worker} needs "
+            f"{need} CPUs; the local Ray cluster has {have} (infra.num_cpus)"
+        )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from configs import load_config
     from stages import data_prep
 
     cfg = load_config(args.config, args.overrides)
     data_prep.preflight(cfg)
+    check_local_resources(cfg)
     _prefect_home(cfg.tracking.state_dir)
     from flows.pipeline import check_force, rlhf_pipeline
 
@@ -56,7 +70,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
     setup = tracking.resolve(load_config(args.config).tracking)
     print(f"MLflow UI on http://127.0.0.1:{args.port}  ({setup.uri})", flush=True)
-    return subprocess.call(["mlflow", "ui", "--backend-store-uri", setup.uri, "--host", "127.0.0.1", "--port", str(args.port)])
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", setup.uri, "--host", "127.0.0.1", "--port", str(args.port)]
+    return subprocess.call(command)
 
 
 def _store(config: str | None):

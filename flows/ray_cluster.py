@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+from configs.errors import PipelineError
 from configs.schema import InfraConfig
 from stages.contract import StageContext, StageResult
 from stages.dag import StageSpec
@@ -36,7 +37,10 @@ class RaySession:
                 return
             address = os.environ.get("RAY_ADDRESS") or self.infra.ray_address
             if address:
-                ray.init(address=address, log_to_driver=True)
+                try:
+                    ray.init(address=address, log_to_driver=True)
+                except (ConnectionError, RuntimeError, ValueError) as exc:
+                    raise PipelineError(f"Ray cluster at {address} (RAY_ADDRESS / infra.ray_address): cannot connect ({exc})") from exc
                 self.where = f"cluster at {address}"
             else:
                 ray.init(num_cpus=self.infra.num_cpus, include_dashboard=False, log_to_driver=True)

@@ -27,7 +27,7 @@ from stages.contract import StageContext
 @dataclass
 class StageOutcome:
     stage: str
-    status: str  # ran | cached | failed
+    status: str  # ran | cached | skipped | failed
     seconds: float
     run_id: str | None = None
     fingerprint: str | None = None
@@ -41,9 +41,18 @@ class StageOutcome:
         return (name, self.metrics[name]) if name in self.metrics else None
 
 
+class NothingToDo(Exception):
+    """An input is an optional output its producer did not make (e.g. no PRM data): skip the stage."""
+
+
 def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome]) -> dict[str, store.ArtifactRef]:
     available = {name: ref for outcome in upstream.values() for name, ref in outcome.outputs.items()}
     missing = [name for name in spec.inputs if name not in available]
+    skipped = [name for name in missing if upstream.get(dag.producer(name).name, None) is not None
+               and upstream[dag.producer(name).name].status == "skipped"]
+    optional = [name for name in missing if name in dag.producer(name).optional_outputs]
+    if missing and set(missing) <= set(optional) | set(skipped):
+        raise NothingToDo(f"no {', '.join(missing)} in this pipeline's data")
     if missing:
         producers = ", ".join(f"{m} (from {dag.producer(m).name})" for m in missing)
         raise PipelineError(f"stage {spec.name} needs {producers}, which upstream did not produce")
@@ -51,12 +60,10 @@ def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome]) -> di
 
 
 def stage_fingerprint(spec: dag.StageSpec, cfg: PipelineConfig, inputs: dict[str, store.ArtifactRef]) -> str:
-    return fp.fingerprint(
-        spec.name,
-        fp.config_subset(cfg, spec.config_keys),
-        {name: ref.identity for name, ref in inputs.items()},
-        fp.code_version(spec.code),
-    )
+    identities = {name: ref.identity for name, ref in inputs.items()}
+    # files the config names (datasets, a local model) count by content, not only by path
+    identities.update(fp.local_sources(fp.config_subset(cfg, spec.local_sources)))
+    return fp.fingerprint(spec.name, fp.config_subset(cfg, spec.config_keys), identities, fp.code_version(spec.code))
 
 
 def execute_stage(
@@ -74,7 +81,11 @@ def execute_stage(
     client = MlflowClient(setup.uri)
     run_id = fingerprint = None
     try:
-        inputs = resolve_inputs(spec, upstream)
+        try:
+            inputs = resolve_inputs(spec, upstream)
+        except NothingToDo as reason:
+            print(f"[{spec.name}] skipped: {reason}", flush=True)
+            return StageOutcome(spec.name, "skipped", time.monotonic() - started)
         fingerprint = stage_fingerprint(spec, cfg, inputs)
         cached = None if force else store.find_cached(client, experiment_id, spec.name, fingerprint)
         if cached is not None:

@@ -50,7 +50,7 @@ def print_summary(rows: list[dict[str, str]], parent_run_id: str, ui_command: st
     table = Table(title=f"rlhf-pipeline run {parent_run_id} ({total_s:.1f}s)")
     for column in ("stage", "status", "wall time", "key metric", "MLflow run"):
         table.add_column(column)
-    styles = {"ran": "green", "cached": "cyan", "failed": "red", "not run": "yellow"}
+    styles = {"ran": "green", "cached": "cyan", "skipped": "yellow", "failed": "red", "not run": "yellow"}
     for r in rows:
         table.add_row(r["stage"], f"[{styles.get(r['status'], '')}]{r['status']}[/]", r["time"], r["metric"], r["run"])
     console = Console(width=140)

@@ -18,7 +18,8 @@ class StageSpec:
     key_metric: str
     distributed: bool = False  # a DeepSpeed stage: runs on infra.num_workers workers
     register: tuple[str, ...] = ()  # outputs registered as MLflow models
-    optional_outputs: tuple[str, ...] = ()
+    optional_outputs: tuple[str, ...] = ()  # may be absent (e.g. no PRM data); consumers are then skipped
+    local_sources: tuple[str, ...] = ()  # config keys naming local files whose content the result depends on
 
     def load(self):
         module, func = self.entrypoint.split(":")
@@ -36,6 +37,7 @@ STAGES: tuple[StageSpec, ...] = (
         outputs=("base_model", "sft_data", "pref_data", "prm_data", "prompts", "eval_data"),
         optional_outputs=("pref_data", "prm_data"),
         config_keys=("seed", "model", "data"),
+        local_sources=("model.name_or_path", "data.sft.paths", "data.preference.paths", "data.prompts.paths"),
         code=(*COMMON_CODE, "stages.data_prep", "stages.data_files", "stages.synthetic_task", "stages.tiny_model"),
         key_metric="sft_data_train_rows",
     ),

@@ -92,3 +92,9 @@ def test_empty_dataset(workdir, local_checkpoint):
     cfg = files_config(workdir, local_checkpoint, sft, prompts)
     assert_one_line_error(run_cli(workdir, "run", "--config", str(cfg)), str(prompts))
     assert_no_work_started(workdir)
+
+
+def test_more_training_workers_than_local_cpus(workdir):
+    assert_one_line_error(run_cli(workdir, "run", "infra.num_workers=4", "infra.num_cpus=2"),
+                          "infra.num_workers=4", "needs 8 CPUs", "has 2")
+    assert_no_work_started(workdir)

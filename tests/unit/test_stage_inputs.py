@@ -1,0 +1,50 @@
+"""How a stage's inputs are resolved from upstream outcomes, and what its fingerprint covers."""
+
+import os
+
+import pytest
+
+from artifacts import fingerprint as fp
+from artifacts.store import ArtifactRef
+from configs import PipelineError, load_config
+from flows.stage_task import NothingToDo, StageOutcome, resolve_inputs, stage_fingerprint
+from stages import dag
+
+DATA_PREP_OUTPUTS = ("base_model", "sft_data", "prompts", "eval_data")
+
+
+def data_prep_outcome(outputs=DATA_PREP_OUTPUTS, status="ran"):
+    return StageOutcome("data_prep", status, 1.0, "r1", "f1", outputs={n: ArtifactRef(n, "r1") for n in outputs})
+
+
+def test_inputs_come_from_the_upstream_outputs():
+    sft = StageOutcome("sft", "ran", 1.0, "r2", "f2", outputs={"sft_model": ArtifactRef("sft_model", "r2")})
+    got = resolve_inputs(dag.BY_NAME["rm"], {"sft": sft, "data_prep": data_prep_outcome((*DATA_PREP_OUTPUTS, "pref_data"))})
+    assert got == {"sft_model": ArtifactRef("sft_model", "r2"), "pref_data": ArtifactRef("pref_data", "r1")}
+
+
+def test_a_missing_optional_output_skips_the_consumer():
+    sft = StageOutcome("sft", "ran", 1.0, "r2", "f2", outputs={"sft_model": ArtifactRef("sft_model", "r2")})
+    with pytest.raises(NothingToDo, match="prm_data"):
+        resolve_inputs(dag.BY_NAME["prm"], {"sft": sft, "data_prep": data_prep_outcome()})
+
+
+def test_a_missing_required_output_is_an_error():
+    with pytest.raises(PipelineError, match=r"stage sft needs sft_data \(from data_prep\)"):
+        resolve_inputs(dag.BY_NAME["sft"], {"data_prep": data_prep_outcome(("base_model",))})
+
+
+def test_config_subset_of_an_unset_section_is_none():
+    assert fp.config_subset(load_config(), ("data.sft.paths",)) == {"data.sft.paths": None}
+
+
+def test_data_prep_fingerprint_follows_the_content_of_local_files(tmp_path):
+    data = tmp_path / "sft.jsonl"
+    data.write_text('{"q": "1", "a": "2"}\n')
+    cfg = load_config(None, ["data.source=files", f"data.sft.paths=[{data}]", f"data.prompts.paths=[{data}]",
+                             f"model.name_or_path={tmp_path}"])
+    before = stage_fingerprint(dag.BY_NAME["data_prep"], cfg, {})
+    assert stage_fingerprint(dag.BY_NAME["data_prep"], cfg, {}) == before
+    data.write_text('{"q": "1", "a": "3"}\n')
+    os.utime(data, ns=(1, 10**18))  # a different mtime even on coarse clocks
+    assert stage_fingerprint(dag.BY_NAME["data_prep"], cfg, {}) != before
