@@ -18,7 +18,7 @@ from transformers import set_seed
 from configs.errors import CheckpointError, DataError
 from stages.common import checkpoint, deepspeed_engine
 from stages.common.tokenization import IGNORE_INDEX, pad_batch
-from stages.common.trainer import fit
+from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 
@@ -84,12 +84,12 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
 
     def evaluate(engine) -> dict[str, float]:
         sums = torch.zeros(3, dtype=torch.float64)  # loss*n, correct, n
-        mine = eval_rows[ctx.rank :: ctx.world_size]
-        for i in range(0, len(mine), p.micro_batch_size):
-            batch = {k: v.to(engine.device) for k, v in pad_batch(mine[i : i + p.micro_batch_size], pad_id).items()}
+        for chunk, weight in eval_batches(eval_rows, ctx.rank, ctx.world_size, p.micro_batch_size):
+            batch = {k: v.to(engine.device) for k, v in pad_batch(chunk, pad_id).items()}
             logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             loss, correct = prm_loss(logits, batch["labels"], reward_ids)
-            sums += torch.tensor([float(loss) * len(correct), float(correct.sum()), len(correct)], dtype=torch.float64)
+            n = len(correct) * weight
+            sums += torch.tensor([float(loss) * n, float(correct.sum()) * weight, n], dtype=torch.float64)
         if ctx.world_size > 1:
             dist.all_reduce(sums)
         n = max(float(sums[2]), 1.0)

@@ -18,7 +18,7 @@ from transformers import AutoModelForSequenceClassification, set_seed
 
 from configs.errors import CheckpointError
 from stages.common import checkpoint, deepspeed_engine, lora
-from stages.common.trainer import fit
+from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 
@@ -54,19 +54,36 @@ def pair_batch(rows: list[PairRow], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "margin": margin}
 
 
-def rewards_of(model, batch: dict) -> torch.Tensor:
-    """The head at each row's last attended token (right padding).
+class LastTokenReward(torch.nn.Module):
+    """The reward model as the DeepSpeed engine sees it: `forward` returns one reward per row, the head
+    at the row's last attended token (right padding).
 
-    Pooled by the attention mask rather than HF's pad-id search, so a tokenizer whose pad token is
-    its EOS still reads the reward at the EOS; the scorers in `stages.rewards` pool the same way.
+    Pooled by the attention mask rather than HF's pad-id search, so a tokenizer whose pad token is its
+    EOS still reads the reward at the EOS; the scorers in `stages.rewards` pool the same way. Going
+    through the engine's forward keeps its gradient-accumulation and ZeRO-3 bookkeeping intact.
     """
-    module = getattr(model, "module", model)  # a DeepSpeed engine wraps the HF model
-    if hasattr(module, "get_base_model"):  # and peft wraps it once more under LoRA
-        module = module.get_base_model()
-    backbone = getattr(module, module.base_model_prefix)
-    hidden = backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-    last = batch["attention_mask"].sum(-1) - 1
-    return module.score(hidden[torch.arange(len(last), device=hidden.device), last]).squeeze(-1).float()
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model  # the HF sequence classifier, or peft's wrapper of it under LoRA
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def gradient_checkpointing_enable(self) -> None:
+        self.model.gradient_checkpointing_enable()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        module = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        backbone = getattr(module, module.base_model_prefix)
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        last = attention_mask.sum(-1) - 1
+        return module.score(hidden[torch.arange(len(last), device=hidden.device), last]).squeeze(-1).float()
+
+
+def rewards_of(engine, batch: dict) -> torch.Tensor:
+    return engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
 
 
 def bt_loss(engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
@@ -83,10 +100,11 @@ def eval_pairs(engine, rows: list[PairRow], batch_size: int, pad_id: int, rank: 
     """Pairwise accuracy, mean reward margin and loss over the eval pairs; also every reward seen (for the stats)."""
     sums = torch.zeros(4, dtype=torch.float64)  # correct, margin, loss*n, n
     seen: list[torch.Tensor] = []
-    mine = rows[rank::world]
-    for i in range(0, len(mine), batch_size):
-        batch = {k: v.to(engine.device) for k, v in pair_batch(mine[i : i + batch_size], pad_id).items()}
+    for chunk, weight in eval_batches(rows, rank, world, batch_size):
+        batch = {k: v.to(engine.device) for k, v in pair_batch(chunk, pad_id).items()}
         rewards = rewards_of(engine, batch)
+        if not weight:  # a filler batch: it only keeps this rank in step with the others
+            continue
         chosen, rejected = rewards.chunk(2)
         n = len(chosen)
         sums += torch.tensor([float((chosen > rejected).sum()), float((chosen - rejected).sum()),
@@ -147,7 +165,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     eval_rows = [encode_pair(tokenizer, row) for row in read_split(inputs["pref_data"], "eval")]
     pad_id = tokenizer.pad_token_id
     engine, outcome = fit(
-        ctx, model, r, train_rows,
+        ctx, LastTokenReward(model), r, train_rows,
         collate=lambda rows: pair_batch(rows, pad_id),
         loss_fn=bt_loss,
         evaluate=lambda engine: eval_pairs(engine, eval_rows, r.micro_batch_size, pad_id, ctx.rank, ctx.world_size)[0],
@@ -158,13 +176,16 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         final, rewards = eval_pairs(engine, eval_rows, r.micro_batch_size, pad_id, ctx.rank, ctx.world_size)
     mean, std = reward_stats(rewards, ctx.world_size)
     state = deepspeed_engine.full_state_dict(engine)
+    if state is not None:  # the wrapper's keys, without its `model.` prefix
+        state = {k.removeprefix("model."): v for k, v in state.items()}
     out = ctx.output_dir / "reward_model"
+    hf_model = engine.module.model
     if ctx.is_main and r.lora.rank:  # the adapter only; merging it is the LoRA-merge stage's job
         stats = {"value_head_prefix": r.value_head_prefix, "normalize_reward": r.normalize_reward,
                  "reward_mean": mean, "reward_std": std}
-        lora.save_adapter(engine.module, tokenizer, out, state, extra=stats)
+        lora.save_adapter(hf_model, tokenizer, out, state, extra=stats)
     elif ctx.is_main:
-        save_reward_model(engine.module, tokenizer, out, state, r.value_head_prefix, r.normalize_reward, mean, std)
+        save_reward_model(hf_model, tokenizer, out, state, r.value_head_prefix, r.normalize_reward, mean, std)
     metrics = {"eval_acc": final["acc"], "eval_margin": final["margin"], "eval_loss": final["loss"],
                "reward_mean": mean, "reward_std": std}
     if outcome.start_step:

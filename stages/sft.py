@@ -16,7 +16,7 @@ from transformers import set_seed
 
 from stages.common import checkpoint, deepspeed_engine
 from stages.common.tokenization import IGNORE_INDEX, encode_segments, pad_batch
-from stages.common.trainer import fit
+from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 
@@ -29,10 +29,9 @@ def lm_loss(engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
 def eval_loss(engine, rows: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int, rank: int, world: int) -> float:
     """Token-weighted mean loss over the eval rows, sharded across ranks."""
     total = torch.zeros(2, dtype=torch.float64)
-    mine = rows[rank::world]
-    for i in range(0, len(mine), batch_size):
-        batch = pad_batch(mine[i : i + batch_size], pad_id)
-        n_tokens = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+    for chunk, weight in eval_batches(rows, rank, world, batch_size):
+        batch = pad_batch(chunk, pad_id)
+        n_tokens = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum()) * weight
         loss = engine(**{k: v.to(engine.device) for k, v in batch.items()}).loss
         total += torch.tensor([float(loss) * n_tokens, n_tokens], dtype=torch.float64)
     if world > 1:

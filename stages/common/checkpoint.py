@@ -23,6 +23,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def write_pointer(out_dir: Path, name_or_path: str) -> Path:
+    """A pointer to a hub id, or to a local directory by its absolute path (`~` and relative paths resolved)."""
+    local = Path(name_or_path).expanduser()
+    if local.exists():
+        name_or_path = str(local.resolve())
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / POINTER_FILE).write_text(json.dumps({"name_or_path": name_or_path}))
     return out_dir
@@ -33,7 +37,8 @@ def resolve(path: str | Path) -> str:
     pointer = Path(path) / POINTER_FILE
     if pointer.is_file():
         return json.loads(pointer.read_text())["name_or_path"]
-    return str(path)
+    local = Path(path).expanduser()
+    return str(local) if local.exists() else str(path)
 
 
 def validate(name_or_path: str, field: str = "model.name_or_path") -> None:

@@ -60,6 +60,17 @@ class SampleStream:
         return [self._perm(p // self.n)[p % self.n] for p in range(start, start + self.mbs)]
 
 
+def eval_batches(rows: list, rank: int, world: int, batch_size: int):
+    """This rank's share of `rows` as (batch, weight) pairs, padded so every rank runs the same number
+    of forward passes (under ZeRO-3 each one gathers weights from all ranks): a rank that runs out of
+    rows gets filler batches of one row with weight 0."""
+    mine = rows[rank::world]
+    n_batches = math.ceil(math.ceil(len(rows) / world) / batch_size)
+    for i in range(n_batches):
+        chunk = mine[i * batch_size : (i + 1) * batch_size]
+        yield (chunk, 1.0) if chunk else (rows[:1], 0.0)
+
+
 def build_engine(model: torch.nn.Module, ctx: StageContext, train: TrainingConfig, steps: int):
     if train.gradient_checkpointing:
         model.gradient_checkpointing_enable()

@@ -127,3 +127,15 @@ def test_out_of_order_access_matches_in_order():
     in_order = [SampleStream(9, 4, 0, 1, seed=7).micro_batch(g) for g in range(12)]
     for g in (11, 0, 5, 2, 10, 1, 7, 3, 9, 4, 8, 6):
         assert s.micro_batch(g) == in_order[g], g
+
+
+def test_eval_batches_give_every_rank_the_same_number_of_forward_passes():
+    from stages.common.trainer import eval_batches
+
+    rows = list(range(65))
+    shards = [list(eval_batches(rows, rank, 2, 32)) for rank in range(2)]
+    assert [len(s) for s in shards] == [2, 2]  # 33 and 32 rows: rank 1 gets one filler batch
+    assert [w for _, w in shards[0]] == [1.0, 1.0] and [w for _, w in shards[1]] == [1.0, 0.0]
+    real = sorted(r for shard in shards for chunk, w in shard if w for r in chunk)
+    assert real == rows
+    assert list(eval_batches([], 0, 2, 4)) == []
