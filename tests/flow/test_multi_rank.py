@@ -16,10 +16,11 @@ FAST = [
 ]
 
 
-def test_two_ranks_with_zero3(workdir):
+def test_two_ranks_with_zero3(workdir, monkeypatch):
     result = run_cli(workdir, "run", *FAST, "infra.num_workers=2", "infra.cpus_per_worker=1", "infra.zero_stage=3")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     client = mlflow_client(workdir)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # for the artifact download below
     exp = client.get_experiment_by_name("rlhf-pipeline")
     runs = client.search_runs([exp.experiment_id], f"tags.`{store.TAG_STATUS}` = '{store.COMPLETE}'")
     assert {r.data.tags[store.TAG_STAGE] for r in runs} == {"data_prep", "sft", "rm", "prm", "eval"}
