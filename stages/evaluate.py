@@ -15,7 +15,7 @@ import torch
 from transformers import set_seed
 
 from stages.common import checkpoint
-from stages.common.answers import extract_answer
+from stages.common.answers import extract_answer, matches
 from stages.common.generation import generate
 from stages.common.progress import Progress
 from stages.common.tokenization import encode_segments, pad_batch
@@ -51,7 +51,7 @@ def evaluate_model(model_dir: Path, cfg, prompts: list[dict], sft_eval: list[dic
     for row, ids in zip(prompts, generated):
         text = tokenizer.decode(ids, skip_special_tokens=True)
         answer = extract_answer(text, e.answer_pattern)
-        ok = answer is not None and answer == row["label"].strip()
+        ok = matches(answer, row["label"])
         correct += ok
         samples.append({"prompt": row["prompt"], "response": text, "answer": answer, "label": row["label"], "correct": ok})
     rows = [encode_segments(tokenizer, r["texts"], r["train"]) for r in sft_eval]
