@@ -1,0 +1,122 @@
+"""Exact values of the advantage estimators and reward shaping on small hand-checked tensors."""
+
+import math
+
+import pytest
+import torch
+
+from stages.rl.advantages import (
+    ESTIMATORS,
+    compute_advantages,
+    cumulative_returns,
+    gae,
+    group_mean_baseline,
+    group_normalized,
+    last_token_index,
+    overlong_penalty,
+    rloo_baseline,
+    token_rewards,
+    varied_groups,
+    whiten,
+)
+
+SCORES = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 1.0])  # two prompts, three samples each
+
+
+def test_rloo_subtracts_mean_of_the_others():
+    assert rloo_baseline(SCORES, 3).tolist() == pytest.approx([1.0, -0.5, -0.5, -0.5, -0.5, 1.0])
+
+
+def test_group_mean_baseline():
+    assert group_mean_baseline(SCORES, 3).tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, -1 / 3, -1 / 3, 2 / 3])
+
+
+def test_group_norm_uses_unbiased_std_and_zero_for_equal_groups():
+    std = math.sqrt(1 / 3)  # sqrt(((2/3)^2 + 2 * (1/3)^2) / 2)
+    out = group_normalized(torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0]), 3)
+    assert out.tolist() == pytest.approx([2 / 3 / std, -1 / 3 / std, -1 / 3 / std, 0.0, 0.0, 0.0], abs=1e-6)
+
+
+def test_groups_must_divide_the_batch():
+    with pytest.raises(ValueError, match="groups of 4"):
+        group_mean_baseline(SCORES, 4)
+
+
+def test_registry_flags():
+    assert ESTIMATORS["gae"].needs_critic and not ESTIMATORS["group_norm"].needs_critic
+    assert {n for n, e in ESTIMATORS.items() if e.grouped} == {"reinforce_baseline", "rloo", "group_norm", "dr_grpo"}
+    assert {n for n, e in ESTIMATORS.items() if e.whiten} == {"gae", "reinforce", "reinforce_baseline"}
+
+
+def test_overlong_penalty_is_linear_in_the_buffer():
+    lengths = torch.tensor([5, 6, 8, 10])
+    assert overlong_penalty(lengths, max_len=10, buffer_len=4, factor=1.0).tolist() == pytest.approx([0, 0, -0.5, -1.0])
+
+
+def test_varied_groups():
+    assert varied_groups(torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0]), 3).tolist() == [True, False]
+
+
+def test_last_token_index():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    assert last_token_index(mask).tolist() == [1, 2, 0]
+
+
+def test_token_rewards_score_on_last_token_kl_everywhere_dense_added():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    kl = torch.tensor([[0.1, 0.2, 0.3], [0.1, 0.1, 0.1]])
+    dense = torch.tensor([[0.5, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    out = token_rewards(torch.tensor([2.0, 3.0]), mask, kl, kl_coef=0.5, dense=dense)
+    assert out.tolist()[0] == pytest.approx([0.45, 1.9, 0.0])
+    assert out.tolist()[1] == pytest.approx([-0.05, -0.05, 2.95])
+
+
+def test_cumulative_returns_discount_and_mask():
+    rewards, mask = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[1, 1, 0]])
+    assert cumulative_returns(rewards, mask, gamma=0.5).tolist()[0] == pytest.approx([2.0, 2.0, 0.0])
+    assert cumulative_returns(rewards, mask, gamma=1.0).tolist()[0] == pytest.approx([3.0, 2.0, 0.0])
+
+
+def test_gae_by_hand():
+    # t1: delta = 1 - 0.2 = 0.8; t0: delta = 0 + 0.2 - 0.5 = -0.3, A = -0.3 + 0.5 * 0.8 = 0.1
+    adv, ret = gae(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.2]]), torch.ones(1, 2), gamma=1.0, lam=0.5)
+    assert adv.tolist()[0] == pytest.approx([0.1, 0.8])
+    assert ret.tolist()[0] == pytest.approx([0.6, 1.0])
+
+
+def test_gae_masks_values_beyond_the_response():
+    adv, ret = gae(torch.tensor([[0.0, 7.0]]), torch.tensor([[0.5, 9.0]]), torch.tensor([[1, 0]]), gamma=1.0, lam=0.5)
+    assert adv.tolist()[0] == pytest.approx([-0.5, 0.0])
+    assert ret.tolist()[0] == pytest.approx([0.0, 0.0])
+
+
+def test_whiten_over_valid_tokens():
+    adv, mask = torch.tensor([[1.0, 3.0, 100.0]]), torch.tensor([[1, 1, 0]])
+    assert whiten(adv, mask).tolist()[0] == pytest.approx([-1.0, 1.0, 0.0])
+    assert whiten(adv, mask, std_norm=False).tolist()[0] == pytest.approx([-1.0, 1.0, 0.0])
+    assert whiten(adv * 2, mask, std_norm=False).tolist()[0] == pytest.approx([-2.0, 2.0, 0.0])
+
+
+def test_grpo_advantages_are_group_normalised_returns_without_whitening():
+    s = 1 / math.sqrt(2)
+    adv, ret = compute_advantages("group_norm", torch.tensor([1.0, 0.0]), torch.tensor([[1, 1], [1, 0]]), 2)
+    assert adv.flatten().tolist() == pytest.approx([s, s, -s, 0.0], abs=1e-6)
+    assert torch.equal(ret, adv)
+
+
+def test_dr_grpo_drops_the_std_division():
+    adv, _ = compute_advantages("dr_grpo", torch.tensor([1.0, 0.0]), torch.ones(2, 1), 2)
+    assert adv.flatten().tolist() == pytest.approx([0.5, -0.5])
+
+
+def test_reinforce_with_kl_penalty_then_whitened():
+    # rewards [-0.2, 1 - 0.4] -> returns [0.4, 0.6] -> whitened [-1, 1]
+    adv, ret = compute_advantages("reinforce", torch.tensor([1.0]), torch.ones(1, 2), 1,
+                                  kl=torch.tensor([[0.2, 0.4]]), kl_coef=1.0)
+    assert ret.tolist()[0] == pytest.approx([0.4, 0.6])
+    assert adv.tolist()[0] == pytest.approx([-1.0, 1.0], abs=1e-4)
+
+
+def test_gae_estimator_needs_values():
+    with pytest.raises(ValueError, match="critic"):
+        compute_advantages("gae", torch.tensor([1.0]), torch.ones(1, 2), 1)
