@@ -180,10 +180,101 @@ class RewardConfig(Section):
     batch_size: int = Field(32, gt=0)
 
 
+class OptimConfig(Section):
+    """Optimizer and schedule of one trainable RL model (policy or critic)."""
+
+    lr: float = Field(1e-4, gt=0)
+    min_lr_ratio: float = Field(1.0, ge=0.0, le=1.0, description="cosine decay floor as a share of lr (1.0: constant)")
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0)
+    gradient_checkpointing: bool = False
+    num_workers: int = Field(1, gt=0, description="DeepSpeed ranks of this model's actor group")
+
+
+class RLConfig(Section):
+    """Online RL from the SFT policy (OpenRLHF's PPO family). Batch sizes count sequences
+    (prompts x samples) except `rollout_batch_size`, which counts prompts, as in OpenRLHF."""
+
+    advantage_estimator: Literal["gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"] = "group_norm"
+    actor: OptimConfig = OptimConfig(lr=1e-4)
+    critic: OptimConfig = OptimConfig(lr=1e-3)
+    # rollouts
+    engine: Literal["hf"] = Field("hf", description="rollout engine: HF generate in Ray actors")
+    num_engines: int = Field(1, gt=0)
+    rollout_batch_size: int = Field(32, gt=0, description="prompts per rollout step")
+    n_samples_per_prompt: int = Field(4, gt=0)
+    micro_rollout_batch_size: int = Field(32, gt=0, description="sequences per forward pass while making experience")
+    train_batch_size: int = Field(128, gt=0, description="sequences per optimizer step")
+    micro_train_batch_size: int = Field(32, gt=0)
+    max_epochs: int = Field(1, gt=0, description="passes over each rollout batch")
+    num_episodes: int = Field(1, gt=0, description="passes over the prompt set")
+    max_steps: int | None = Field(None, gt=0, description="rollout steps; overrides num_episodes")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1.0)
+    prompt_max_len: int = Field(64, gt=0)
+    generate_max_len: int = Field(40, gt=0)
+    # objective
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    lambd: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda")
+    advantage_std_norm: bool = Field(True, description="divide whitened advantages by their std (gae, reinforce, reinforce_baseline)")
+    init_kl_coef: float = Field(0.01, ge=0.0, description="0 with use_kl_loss off: no reference model")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    use_kl_loss: bool = Field(False, description="KL as a loss term (GRPO) instead of a per-token reward penalty")
+    kl_target: float | None = Field(None, gt=0, description="adaptive KL coefficient toward this KL; empty: fixed")
+    kl_horizon: int = Field(10000, gt=0)
+    eps_clip_low: float = Field(0.2, gt=0, lt=1)
+    eps_clip_high: float = Field(0.2, gt=0)
+    dual_clip: float | None = Field(None, gt=1.0)
+    value_clip: float | None = Field(0.2, gt=0)
+    entropy_coef: float = Field(0.0, ge=0.0)
+    reward_clip: float = Field(10.0, gt=0, description="scores are clipped to [-reward_clip, reward_clip]")
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] | None = Field(
+        None, description="empty: seq_mean_token_sum_norm for dr_grpo, token_mean otherwise")
+    dynamic_filtering: bool = Field(False, description="drop groups whose scores are all equal (DAPO)")
+    overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong penalty over the last this many tokens; 0: off")
+    overlong_penalty_factor: float = Field(1.0, ge=0.0)
+    rollout_is_cap: float | None = Field(None, gt=0, description="truncated importance weights against the engine's log-probs")
+    # placement
+    colocate_actor_ref: bool = False
+    colocate_critic_reward: bool = False
+    colocate_all: bool = Field(False, description="every actor group and engine shares the policy's bundles")
+    eval_every: int = Field(10, gt=0, description="rollout steps between held-out evals")
+    save_every: int = Field(10, gt=0, description="rollout steps between resumable checkpoints")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RLConfig:
+        grouped = self.advantage_estimator in ("reinforce_baseline", "rloo", "group_norm", "dr_grpo")
+        if grouped and self.n_samples_per_prompt < 2:
+            raise ValueError(f"advantage_estimator={self.advantage_estimator} compares samples of a prompt: n_samples_per_prompt must be > 1")
+        if self.dynamic_filtering and self.n_samples_per_prompt < 2:
+            raise ValueError("dynamic_filtering needs n_samples_per_prompt > 1")
+        rollout = self.rollout_batch_size * self.n_samples_per_prompt
+        if rollout % self.train_batch_size:
+            raise ValueError(f"rollout_batch_size x n_samples_per_prompt ({rollout}) must be a multiple of train_batch_size ({self.train_batch_size})")
+        for group in ("actor", "critic"):
+            per_step = self.micro_train_batch_size * getattr(self, group).num_workers
+            if self.train_batch_size % per_step:
+                raise ValueError(f"train_batch_size ({self.train_batch_size}) must be a multiple of micro_train_batch_size x {group}.num_workers ({per_step})")
+        if self.overlong_buffer_len >= self.generate_max_len:
+            raise ValueError("overlong_buffer_len must be smaller than generate_max_len")
+        return self
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.init_kl_coef > 0
+
+    @property
+    def aggregation(self) -> str:
+        return self.loss_aggregation or ("seq_mean_token_sum_norm" if self.advantage_estimator == "dr_grpo" else "token_mean")
+
+
 class EvalConfig(Section):
     max_samples: int = Field(200, gt=0)
     batch_size: int = Field(64, gt=0)
     max_new_tokens: int = Field(48, gt=0)
+    sample_temperature: float = Field(1.0, gt=0, description="sampled accuracy: answers drawn at this temperature")
+    samples_per_prompt: int = Field(4, ge=0, description="sampled answers per prompt for sampled accuracy; 0: greedy only")
     answer_pattern: str = Field(r"Answer:\s*(-?\d+)", description="regex whose first group is the final answer")
 
 
@@ -197,4 +288,5 @@ class PipelineConfig(Section):
     rm: RewardModelConfig = RewardModelConfig()
     prm: PRMConfig = PRMConfig()
     reward: RewardConfig = RewardConfig()
+    rl: RLConfig = RLConfig()
     eval: EvalConfig = EvalConfig()

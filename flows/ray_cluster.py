@@ -53,6 +53,8 @@ class RaySession:
         from stages.common.ray_workers import run_stage
 
         self.ensure()
+        if spec.driver:
+            return spec.load()(ctx, inputs)
         return run_stage(spec.entrypoint, ctx, inputs, self.infra, spec.distributed)
 
     def shutdown(self) -> None:

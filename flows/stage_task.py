@@ -45,9 +45,10 @@ class NothingToDo(Exception):
     """An input is an optional output its producer did not make (e.g. no PRM data): skip the stage."""
 
 
-def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome]) -> dict[str, store.ArtifactRef]:
+def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome], cfg: PipelineConfig) -> dict[str, store.ArtifactRef]:
     available = {name: ref for outcome in upstream.values() for name, ref in outcome.outputs.items()}
-    missing = [name for name in spec.inputs if name not in available]
+    wanted = spec.wanted_inputs(cfg)
+    missing = [name for name in wanted if name not in available]
     skipped = [name for name in missing if upstream.get(dag.producer(name).name, None) is not None
                and upstream[dag.producer(name).name].status == "skipped"]
     optional = [name for name in missing if name in dag.producer(name).optional_outputs]
@@ -56,7 +57,7 @@ def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome]) -> di
     if missing:
         producers = ", ".join(f"{m} (from {dag.producer(m).name})" for m in missing)
         raise PipelineError(f"stage {spec.name} needs {producers}, which upstream did not produce")
-    return {name: available[name] for name in spec.inputs}
+    return {name: available[name] for name in wanted}
 
 
 def stage_fingerprint(spec: dag.StageSpec, cfg: PipelineConfig, inputs: dict[str, store.ArtifactRef]) -> str:
@@ -82,7 +83,7 @@ def execute_stage(
     run_id = fingerprint = None
     try:
         try:
-            inputs = resolve_inputs(spec, upstream)
+            inputs = resolve_inputs(spec, upstream, cfg)
         except NothingToDo as reason:
             print(f"[{spec.name}] skipped: {reason}", flush=True)
             return StageOutcome(spec.name, "skipped", time.monotonic() - started)

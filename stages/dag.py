@@ -4,7 +4,8 @@ the config keys its result depends on, and how it runs. Flow, CLI and tests all 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -20,10 +21,24 @@ class StageSpec:
     register: tuple[str, ...] = ()  # outputs registered as MLflow models
     optional_outputs: tuple[str, ...] = ()  # may be absent (e.g. no PRM data); consumers are then skipped
     local_sources: tuple[str, ...] = ()  # config keys naming local files whose content the result depends on
+    # inputs consumed only when the config asks for them (e.g. the pipeline's own RM as the RL reward)
+    input_when: dict[str, Callable] = field(default_factory=dict)
+    driver: bool = False  # the entrypoint runs in the flow process and starts its own Ray actors
+
+    def wanted_inputs(self, cfg) -> tuple[str, ...]:
+        return tuple(name for name in self.inputs if name not in self.input_when or self.input_when[name](cfg))
 
     def load(self):
         module, func = self.entrypoint.split(":")
         return getattr(importlib.import_module(module), func)
+
+
+def uses_own_rm(cfg) -> bool:
+    return cfg.reward.source == "rm" and not cfg.reward.rm_paths
+
+
+def uses_own_prm(cfg) -> bool:
+    return cfg.reward.source == "prm" and not cfg.reward.prm_path
 
 
 COMMON_CODE = ("stages.contract", "stages.common")
@@ -75,9 +90,23 @@ STAGES: tuple[StageSpec, ...] = (
         register=("prm",),
     ),
     StageSpec(
+        name="rl",
+        entrypoint="stages.rl.stage:run",
+        inputs=("sft_model", "prompts", "eval_data", "reward_model", "prm"),
+        input_when={"reward_model": uses_own_rm, "prm": uses_own_prm},
+        outputs=("rl_model",),
+        config_keys=("seed", "model.attn_implementation", "rl", "reward", "prm.step_separator", "eval",
+                     "infra.zero_stage", "infra.precision"),
+        local_sources=("reward.func_path", "reward.rm_paths", "reward.prm_path"),
+        code=(*COMMON_CODE, "stages.rl", "stages.rewards"),
+        key_metric="eval_accuracy",
+        driver=True,
+        register=("rl_model",),
+    ),
+    StageSpec(
         name="eval",
         entrypoint="stages.evaluate:run",
-        inputs=("base_model", "sft_model", "sft_data", "eval_data"),
+        inputs=("base_model", "sft_model", "rl_model", "sft_data", "eval_data"),
         outputs=("eval_report",),
         config_keys=("seed", "model.attn_implementation", "eval"),
         code=(*COMMON_CODE, "stages.evaluate"),

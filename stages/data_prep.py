@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
 from transformers import PreTrainedTokenizerBase, set_seed
 
 from configs.errors import DataError
@@ -100,8 +101,7 @@ def check_rows(name: str, rows: list[dict], tokenizer, max_len: int, text_fields
 def write_split(out_dir: Path, split: str, rows: list[dict]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / f"{split}.jsonl", "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+        f.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 def read_split(dataset_dir: Path, split: str) -> list[dict]:

@@ -1,7 +1,9 @@
 """Eval stage: every model it is given, on the held-out set.
 
-Per model: exact-match accuracy of greedy answers against the labels, mean response length
-(tokens), and perplexity of the reference solutions (SFT eval split, response tokens only).
+Per model: exact-match accuracy of greedy answers against the labels, sampled accuracy (the
+share of correct answers among `eval.samples_per_prompt` drawn at `eval.sample_temperature`, the
+policy as RL samples it), mean response length (tokens), and perplexity of the reference
+solutions (SFT eval split, response tokens only).
 Writes `eval_report/` with `results.json`, `results.md` and per-model generations.
 """
 
@@ -43,6 +45,7 @@ def perplexity(model, rows: list[tuple[list[int], list[int]]], batch_size: int, 
 
 def evaluate_model(model_dir: Path, cfg, prompts: list[dict], sft_eval: list[dict]) -> tuple[dict[str, float], list[dict]]:
     e = cfg.eval
+    set_seed(cfg.seed)  # each model's sampled answers are drawn from the same seed
     tokenizer = checkpoint.load_tokenizer(model_dir)
     model = checkpoint.load_causal_lm(model_dir, cfg.model)
     model.eval()
@@ -57,16 +60,31 @@ def evaluate_model(model_dir: Path, cfg, prompts: list[dict], sft_eval: list[dic
     rows = [encode_segments(tokenizer, r["texts"], r["train"]) for r in sft_eval]
     metrics = {
         "accuracy": correct / len(prompts),
+        **({"sampled_accuracy": sampled_accuracy(model, tokenizer, prompts, e)} if e.samples_per_prompt else {}),
         "response_length": sum(len(ids) for ids in generated) / len(generated),
         "perplexity": perplexity(model, rows, e.batch_size, tokenizer.pad_token_id) if rows else float("nan"),
     }
     return metrics, samples
 
 
+def sampled_accuracy(model, tokenizer, prompts: list[dict], e) -> float:
+    k = e.samples_per_prompt
+    generated = generate(model, tokenizer, [p["prompt"] for p in prompts for _ in range(k)], batch_size=e.batch_size,
+                         max_new_tokens=e.max_new_tokens, do_sample=True, temperature=e.sample_temperature)
+    labels = [p["label"] for p in prompts for _ in range(k)]
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in generated]
+    return sum(matches(extract_answer(t, e.answer_pattern), label) for t, label in zip(texts, labels)) / len(texts)
+
+
+COLUMNS = (("accuracy", "accuracy", ".3f"), ("sampled_accuracy", "sampled accuracy", ".3f"),
+           ("response_length", "response length", ".1f"), ("perplexity", "perplexity", ".3f"))
+
+
 def markdown_table(results: dict[str, dict[str, float]]) -> str:
-    lines = ["| model | accuracy | response length | perplexity |", "|---|---|---|---|"]
+    shown = [c for c in COLUMNS if any(c[0] in m for m in results.values())]
+    lines = ["| model | " + " | ".join(title for _, title, _ in shown) + " |", "|---" * (len(shown) + 1) + "|"]
     for name, m in results.items():
-        lines.append(f"| {name} | {m['accuracy']:.3f} | {m['response_length']:.1f} | {m['perplexity']:.3f} |")
+        lines.append(f"| {name} | " + " | ".join(format(m[key], fmt) if key in m else "-" for key, _, fmt in shown) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -26,7 +26,8 @@ def init_distributed() -> None:
 
 
 def engine_config(infra: InfraConfig, train: TrainingConfig, total_steps: int) -> dict[str, Any]:
-    """The DeepSpeed JSON config: AdamW (torch implementation, which runs on CPU) and warm-up + cosine decay."""
+    """The DeepSpeed JSON config: AdamW (torch implementation, which runs on CPU) and warm-up + cosine decay
+    (none when the config asks for neither)."""
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": train.grad_accum_steps,
@@ -36,7 +37,11 @@ def engine_config(infra: InfraConfig, train: TrainingConfig, total_steps: int) -
             "type": "AdamW",
             "params": {"lr": train.lr, "weight_decay": train.weight_decay, "betas": [0.9, 0.95], "torch_adam": True},
         },
-        "scheduler": {
+        "steps_per_print": 10**9,  # progress is ours; keep DeepSpeed's own log quiet
+        "wall_clock_breakdown": False,
+    }
+    if train.warmup_ratio > 0 or train.min_lr_ratio < 1:
+        config["scheduler"] = {
             "type": "WarmupCosineLR",
             "params": {
                 "total_num_steps": max(total_steps, 1),
@@ -45,10 +50,8 @@ def engine_config(infra: InfraConfig, train: TrainingConfig, total_steps: int) -
                 "cos_min_ratio": train.min_lr_ratio,
                 "warmup_type": "linear",
             },
-        },
-        "steps_per_print": 10**9,  # progress is ours; keep DeepSpeed's own log quiet
-        "wall_clock_breakdown": False,
-    }
+        }
+    # else a constant learning rate: no scheduler (WarmupCosineLR would still spend a step at lr 0)
     if infra.precision == "bf16":
         config["bf16"] = {"enabled": True}
     elif infra.precision == "fp16":
@@ -77,15 +80,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_resumable(engine, ckpt_dir: Path, step: int, extra: dict[str, Any] | None = None) -> None:
+def save_resumable(engine, ckpt_dir: Path, step: int, extra: dict[str, Any] | None = None, prune: bool = True) -> None:
     """Model, optimizer, scheduler and our own counters; DeepSpeed writes `latest` last, so a kill mid-save
-    leaves the previous checkpoint as the one that loads."""
+    leaves the previous checkpoint as the one that loads. `prune=False` keeps older tags (for a model
+    whose checkpoint must stay in step with another one's until that one is saved too)."""
     client_state = {"step": step, "rng": rng_state(), **(extra or {})}
     engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state=client_state)
-    _prune_old_tags(ckpt_dir, keep=f"step{step}")
+    if prune:
+        prune_old_tags(ckpt_dir, keep=f"step{step}")
 
 
-def _prune_old_tags(ckpt_dir: Path, keep: str) -> None:
+def prune_old_tags(ckpt_dir: Path, keep: str) -> None:
     if int(os.environ.get("RANK", "0")) != 0:
         return
     import shutil
@@ -95,11 +100,12 @@ def _prune_old_tags(ckpt_dir: Path, keep: str) -> None:
             shutil.rmtree(child, ignore_errors=True)
 
 
-def load_resumable(engine, ckpt_dir: Path) -> dict[str, Any] | None:
-    """The client state of the newest complete checkpoint, restoring engine and RNG; None when there is none."""
+def load_resumable(engine, ckpt_dir: Path, tag: str | None = None) -> dict[str, Any] | None:
+    """The client state of the newest complete checkpoint (or of `tag`), restoring engine and RNG;
+    None when there is none."""
     if not (ckpt_dir / RESUME_TAG).is_file():
         return None
-    path, client_state = engine.load_checkpoint(str(ckpt_dir))
+    path, client_state = engine.load_checkpoint(str(ckpt_dir), tag=tag)
     if path is None:
         return None
     set_rng_state(client_state["rng"])

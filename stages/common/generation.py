@@ -26,7 +26,8 @@ def generate(
     for i in range(0, len(prompts), batch_size):
         enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
         enc = {k: v.to(model.device) for k, v in enc.items()}
-        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if do_sample else {"do_sample": False}
+        # top_k=0: sample from the whole (temperature-scaled, top-p) distribution, not HF's default top 50
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if do_sample else {"do_sample": False}
         out = model.generate(
             **enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos, **sampling
         )

@@ -11,7 +11,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 
-from stages.rewards.base import RewardBatch, as_rewards, check_batch, first_line, mean_logs
+from stages.rewards.base import (
+    RewardBatch,
+    as_rewards,
+    check_batch,
+    first_line,
+    mean_logs,
+)
 from stages.rewards.errors import RewardError
 
 

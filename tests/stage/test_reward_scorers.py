@@ -14,12 +14,24 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    LlamaConfig,
+    LlamaForSequenceClassification,
+)
 
 from configs.errors import CheckpointError
 from configs.schema import RewardConfig, TinyModelConfig
 from stages.common import checkpoint
-from stages.rewards import ProcessRewardScorer, RemoteScorer, RewardError, RewardModelScorer, aggregate, build_scorer
+from stages.rewards import (
+    ProcessRewardScorer,
+    RemoteScorer,
+    RewardError,
+    RewardModelScorer,
+    aggregate,
+    build_scorer,
+)
 from stages.tiny_model import STEP, build_model, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

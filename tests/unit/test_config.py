@@ -11,7 +11,6 @@ from configs.errors import ConfigError, PipelineError
 from configs.loader import PRESET_DIR, load_config, parse_override, preset_path
 from configs.schema import DatasetConfig, PipelineConfig, SyntheticTaskConfig
 
-
 # --- the packaged preset -------------------------------------------------------------------
 
 

@@ -13,8 +13,8 @@ from stages.dag import BY_NAME, STAGES, check_order, downstream, producer, upstr
 
 
 def test_stage_names_and_order():
-    assert [s.name for s in STAGES] == ["data_prep", "sft", "rm", "prm", "eval"]
-    assert list(BY_NAME) == ["data_prep", "sft", "rm", "prm", "eval"]
+    assert [s.name for s in STAGES] == ["data_prep", "sft", "rm", "prm", "rl", "eval"]
+    assert list(BY_NAME) == ["data_prep", "sft", "rm", "prm", "rl", "eval"]
     assert all(BY_NAME[s.name] is s for s in STAGES)
 
 
@@ -56,16 +56,28 @@ def test_producer():
 def test_upstream():
     assert upstream(BY_NAME["data_prep"]) == []
     assert upstream(BY_NAME["sft"]) == ["data_prep"]
-    assert upstream(BY_NAME["eval"]) == ["data_prep", "sft"]
+    assert upstream(BY_NAME["rl"]) == ["data_prep", "sft", "rm", "prm"]
+    assert upstream(BY_NAME["eval"]) == ["data_prep", "sft", "rl"]
+
+
+def test_rl_consumes_the_pipelines_reward_models_only_when_the_reward_config_asks():
+    rl = BY_NAME["rl"]
+    base = ("sft_model", "prompts", "eval_data")
+    assert rl.wanted_inputs(PipelineConfig()) == base  # reward.source: func
+    rm = PipelineConfig.model_validate({"reward": {"source": "rm"}})
+    assert rl.wanted_inputs(rm) == (*base, "reward_model")
+    assert rl.wanted_inputs(PipelineConfig.model_validate({"reward": {"source": "rm", "rm_paths": ["/x"]}})) == base
+    assert rl.wanted_inputs(PipelineConfig.model_validate({"reward": {"source": "prm"}})) == (*base, "prm")
+    assert BY_NAME["sft"].wanted_inputs(rm) == BY_NAME["sft"].inputs
 
 
 def test_downstream():
-    assert downstream({"sft"}) == {"sft", "rm", "prm", "eval"}
-    assert downstream({"rm"}) == {"rm"}
-    assert downstream({"data_prep"}) == {"data_prep", "sft", "rm", "prm", "eval"}
+    assert downstream({"sft"}) == {"sft", "rm", "prm", "rl", "eval"}
+    assert downstream({"rm"}) == {"rm", "rl", "eval"}
+    assert downstream({"data_prep"}) == {"data_prep", "sft", "rm", "prm", "rl", "eval"}
     assert downstream({"data_prep"}) == {s.name for s in STAGES}
     assert downstream({"eval"}) == {"eval"}
-    assert downstream(["sft", "eval"]) == {"sft", "rm", "prm", "eval"}
+    assert downstream(["sft", "eval"]) == {"sft", "rm", "prm", "rl", "eval"}
     assert downstream(set()) == set()
 
 
@@ -115,3 +127,5 @@ def test_distributed_and_metrics():
     assert BY_NAME["data_prep"].key_metric == "sft_data_train_rows"
     assert BY_NAME["sft"].key_metric == "eval_loss"
     assert BY_NAME["eval"].key_metric == "accuracy"
+    assert [s.name for s in STAGES if s.driver] == ["rl"]
+    assert BY_NAME["rl"].register == ("rl_model",) and BY_NAME["rl"].key_metric == "eval_accuracy"

@@ -16,9 +16,21 @@ from fastapi import FastAPI, Request, Response
 
 import configs
 from configs.schema import RewardConfig
-from stages.rewards import FunctionScorer, RemoteScorer, RewardBatch, RewardError, RewardSource, build_scorer
+from stages.rewards import (
+    FunctionScorer,
+    RemoteScorer,
+    RewardBatch,
+    RewardError,
+    RewardSource,
+    build_scorer,
+)
 from stages.rewards.factory import resolve_func_path
-from stages.rewards.process_reward import aggregate, split_steps, step_probabilities, with_placeholders
+from stages.rewards.process_reward import (
+    aggregate,
+    split_steps,
+    step_probabilities,
+    with_placeholders,
+)
 from stages.rewards.remote import backoff_delays
 from stages.rewards.reward_model import last_token_index, rm_query
 

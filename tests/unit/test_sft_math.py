@@ -7,7 +7,6 @@ import torch
 
 from stages.common.trainer import SampleStream, total_steps
 
-
 # --- total_steps ---------------------------------------------------------------------------
 
 

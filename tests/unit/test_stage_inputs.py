@@ -7,7 +7,13 @@ import pytest
 from artifacts import fingerprint as fp
 from artifacts.store import ArtifactRef
 from configs import PipelineError, load_config
-from flows.stage_task import NothingToDo, StageOutcome, resolve_inputs, stage_fingerprint
+from configs.schema import PipelineConfig
+from flows.stage_task import (
+    NothingToDo,
+    StageOutcome,
+    resolve_inputs,
+    stage_fingerprint,
+)
 from stages import dag
 
 DATA_PREP_OUTPUTS = ("base_model", "sft_data", "prompts", "eval_data")
@@ -19,19 +25,19 @@ def data_prep_outcome(outputs=DATA_PREP_OUTPUTS, status="ran"):
 
 def test_inputs_come_from_the_upstream_outputs():
     sft = StageOutcome("sft", "ran", 1.0, "r2", "f2", outputs={"sft_model": ArtifactRef("sft_model", "r2")})
-    got = resolve_inputs(dag.BY_NAME["rm"], {"sft": sft, "data_prep": data_prep_outcome((*DATA_PREP_OUTPUTS, "pref_data"))})
+    got = resolve_inputs(dag.BY_NAME["rm"], {"sft": sft, "data_prep": data_prep_outcome((*DATA_PREP_OUTPUTS, "pref_data"))}, PipelineConfig())
     assert got == {"sft_model": ArtifactRef("sft_model", "r2"), "pref_data": ArtifactRef("pref_data", "r1")}
 
 
 def test_a_missing_optional_output_skips_the_consumer():
     sft = StageOutcome("sft", "ran", 1.0, "r2", "f2", outputs={"sft_model": ArtifactRef("sft_model", "r2")})
     with pytest.raises(NothingToDo, match="prm_data"):
-        resolve_inputs(dag.BY_NAME["prm"], {"sft": sft, "data_prep": data_prep_outcome()})
+        resolve_inputs(dag.BY_NAME["prm"], {"sft": sft, "data_prep": data_prep_outcome()}, PipelineConfig())
 
 
 def test_a_missing_required_output_is_an_error():
     with pytest.raises(PipelineError, match=r"stage sft needs sft_data \(from data_prep\)"):
-        resolve_inputs(dag.BY_NAME["sft"], {"data_prep": data_prep_outcome(("base_model",))})
+        resolve_inputs(dag.BY_NAME["sft"], {"data_prep": data_prep_outcome(("base_model",))}, PipelineConfig())
 
 
 def test_config_subset_of_an_unset_section_is_none():

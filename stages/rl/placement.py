@@ -1,0 +1,101 @@
+"""Where the RL stage's actors run: one placement group per set of colocated actor groups.
+
+Colocated groups share the same bundles (each bundle = `infra.cpus_per_worker` CPUs and
+`infra.gpus_per_worker` GPUs), each actor taking an equal fraction of its bundle, as OpenRLHF
+shares GPUs between the actor and reference models. They take turns (rollout, then scoring,
+then training), so every actor may use all of its bundle's cores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    remove_placement_group,
+)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from configs.errors import PipelineError
+from configs.schema import PipelineConfig
+
+
+@dataclass
+class Slot:
+    """Scheduling options for one actor."""
+
+    pg: PlacementGroup
+    bundle: int
+    num_cpus: float
+    num_gpus: float
+    threads: int
+
+    def options(self) -> dict:
+        return {
+            "num_cpus": self.num_cpus,
+            "num_gpus": self.num_gpus,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=self.bundle),
+        }
+
+
+def group_sizes(cfg: PipelineConfig, needs_critic: bool) -> dict[str, int]:
+    rl = cfg.rl
+    sizes = {"actor": rl.actor.num_workers, "engine": rl.num_engines, "reward": 1}
+    if rl.needs_reference:
+        sizes["ref"] = 1
+    if needs_critic:
+        sizes["critic"] = rl.critic.num_workers
+    return sizes
+
+
+def pools(cfg: PipelineConfig, groups: list[str]) -> list[list[str]]:
+    """The sets of groups that share bundles, from the colocate_* options."""
+    rl = cfg.rl
+    if rl.colocate_all:
+        return [groups]
+    together = []
+    if rl.colocate_actor_ref:
+        together.append([g for g in ("actor", "ref") if g in groups])
+    if rl.colocate_critic_reward:
+        together.append([g for g in ("critic", "reward") if g in groups])
+    placed = {g for pool in together for g in pool}
+    return [p for p in together if p] + [[g] for g in groups if g not in placed]
+
+
+class Placement:
+    """Reserves the bundles for every pool and hands out one Slot per actor."""
+
+    def __init__(self, cfg: PipelineConfig, needs_critic: bool, timeout_s: float = 120.0):
+        infra = cfg.infra
+        self.sizes = group_sizes(cfg, needs_critic)
+        self.pools = pools(cfg, list(self.sizes))
+        cpus, gpus = infra.cpus_per_worker, infra.gpus_per_worker
+        need_cpu = sum(max(self.sizes[g] for g in pool) for pool in self.pools) * cpus
+        need_gpu = sum(max(self.sizes[g] for g in pool) for pool in self.pools) * gpus
+        have = ray.cluster_resources()
+        if need_cpu > have.get("CPU", 0) or need_gpu > have.get("GPU", 0):
+            raise PipelineError(
+                f"stage rl needs {need_cpu:g} CPU / {need_gpu:g} GPU for its actor groups {self.pools} "
+                f"(infra.cpus_per_worker={cpus:g}), but the Ray cluster has {have.get('CPU', 0):g} CPU / "
+                f"{have.get('GPU', 0):g} GPU; set rl.colocate_all: true or use fewer workers"
+            )
+        self.groups: list[PlacementGroup] = []
+        self.slots: dict[str, list[Slot]] = {}
+        for pool in self.pools:
+            n = max(self.sizes[g] for g in pool)
+            bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+            pg = placement_group([bundle] * n, strategy="PACK")
+            ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+            if not ready:
+                remove_placement_group(pg)
+                raise PipelineError(f"stage rl: the Ray cluster did not grant {n} bundle(s) of {bundle} within {timeout_s:g}s")
+            self.groups.append(pg)
+            share = len(pool)
+            for g in pool:
+                self.slots[g] = [Slot(pg, i, cpus / share, gpus / share, max(1, int(cpus))) for i in range(self.sizes[g])]
+
+    def release(self) -> None:
+        for pg in self.groups:
+            remove_placement_group(pg)

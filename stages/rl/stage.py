@@ -1,0 +1,363 @@
+"""RL stage: the driver. Each rollout step it samples responses from the rollout engines, scores
+them, makes experience (old/reference log-probs, values, KL, advantages), trains the policy (and
+critic) on the actor groups, and syncs the new weights into the engines.
+
+Reads `sft_model`, `prompts`, `eval_data` (and `reward_model` / `prm` when the reward comes from
+the pipeline's own models); writes `rl_model`, an HF checkpoint of the trained policy. Every
+`rl.save_every` steps the policy, critic and the driver's counters are checkpointed under the
+work dir; a re-run with the same fingerprint resumes there.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+import torch
+from transformers import set_seed
+
+from configs.errors import DataError
+from stages.common import checkpoint
+from stages.common.answers import extract_answer, matches
+from stages.common.progress import Progress
+from stages.common.trainer import SampleStream
+from stages.contract import StageContext, StageResult
+from stages.data_prep import read_split
+from stages.rl import workers
+from stages.rl.advantages import (
+    ESTIMATORS,
+    compute_advantages,
+    overlong_penalty,
+    varied_groups,
+)
+from stages.rl.experience import (
+    Sample,
+    place_on_actions,
+    sequence_batch,
+    shard,
+    step_end_tokens,
+)
+from stages.rl.losses import (
+    AdaptiveKLController,
+    FixedKLController,
+    approx_kl,
+    masked_mean,
+)
+from stages.rl.placement import Placement
+
+MAX_FILL_ROUNDS = 4  # dynamic filtering: extra rollouts tried before the batch is topped up with filtered groups
+
+
+@dataclass
+class Prompt:
+    text: str
+    ids: list[int]
+    label: str | None
+
+
+def encode_prompts(tokenizer, rows: list[dict], max_len: int, where: str) -> list[Prompt]:
+    out = []
+    for i, row in enumerate(rows):
+        ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise DataError(f"{where} row {i}: empty prompt")
+        if len(ids) > max_len:
+            raise DataError(f"{where} row {i}: prompt is {len(ids)} tokens, over rl.prompt_max_len={max_len}")
+        out.append(Prompt(row["prompt"], ids, row.get("label")))
+    return out
+
+
+class Timer:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.monotonic()
+        yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - start
+
+
+class Actors:
+    """Every Ray actor of the stage, placed by `Placement`."""
+
+    def __init__(self, ctx: StageContext, inputs: dict[str, Path], placement: Placement, total_steps: int, needs_critic: bool):
+        cfg, rl = ctx.config, ctx.config.rl
+        slots, cwd, sft = placement.slots, os.getcwd(), str(inputs["sft_model"])
+        self.policy = [workers.PolicyWorker.options(**s.options()).remote(i, len(slots["actor"]), s.threads)
+                       for i, s in enumerate(slots["actor"])]
+        self.critic = [workers.CriticWorker.options(**s.options()).remote(i, len(slots["critic"]), s.threads)
+                       for i, s in enumerate(slots["critic"])] if needs_critic else []
+        self.ref = workers.ReferenceWorker.options(**slots["ref"][0].options()).remote(cfg, sft, slots["ref"][0].threads) \
+            if rl.needs_reference else None
+        own_rm, own_prm = inputs.get("reward_model"), inputs.get("prm")
+        r = slots["reward"][0]
+        self.reward = workers.RewardWorker.options(**r.options()).remote(
+            cfg, str(own_rm) if own_rm else None, str(own_prm) if own_prm else None, r.threads, cwd)
+        self.engines = [workers.HFRolloutEngine.options(**s.options()).remote(cfg, sft, s.threads) for s in slots["engine"]]
+        pending = [self.reward.ready.remote()]  # a bad reward config fails here, before any model loads
+        ray.get(pending)
+        for group, optim in ((self.policy, rl.actor), (self.critic, rl.critic)):
+            if group:
+                master = ray.get(group[0].master.remote())
+                pending += [w.setup.remote(cfg, sft, optim, total_steps, master, cwd) for w in group]
+        pending += [a.ready.remote() for a in [*self.engines, *([self.ref] if self.ref else [])]]
+        ray.get(pending)
+
+    def all(self) -> list:
+        return [*self.policy, *self.critic, *self.engines, self.reward, *([self.ref] if self.ref else [])]
+
+    def close(self) -> None:
+        try:
+            ray.get([w.close.remote() for w in [*self.policy, *self.critic]], timeout=30)
+        except (ray.exceptions.RayError, TimeoutError) as exc:  # the actors are killed next either way
+            print(f"[rl] closing process groups: {type(exc).__name__}", flush=True)
+        for actor in self.all():
+            ray.kill(actor)
+
+
+def on_group(group: list, method: str, batch: dict, *args) -> list:
+    """Call `method` on every rank of an actor group with its equal slice of `batch`."""
+    return ray.get([getattr(w, method).remote(s, *args) for w, s in zip(group, shard(batch, len(group)))])
+
+
+def generate(engines: list, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
+             top_p: float = 1.0) -> list[Sample]:
+    """Spread the prompts over the engines (contiguous chunks, so groups stay together)."""
+    k = math.ceil(len(prompt_ids) / len(engines))
+    chunks = [prompt_ids[i * k : (i + 1) * k] for i in range(len(engines))]
+    results = ray.get([e.generate.remote(c, seed + i, temperature, max_new_tokens, top_p)
+                       for i, (e, c) in enumerate(zip(engines, chunks)) if c])
+    return [s for r in results for s in r]
+
+
+def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str, float]:
+    """On the held-out prompts: greedy accuracy, mean reward and length; sampled accuracy (the eval
+    stage's definition: `eval.samples_per_prompt` answers at `eval.sample_temperature`)."""
+    e = cfg.eval
+
+    def answers(temperature: float | None, k: int) -> tuple[list[Sample], list[str], list[Prompt]]:
+        asked = [p for p in prompts for _ in range(k)]
+        samples = generate(actors.engines, [p.ids for p in asked], cfg.seed, temperature, e.max_new_tokens)
+        return samples, [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples], asked
+
+    def accuracy(responses: list[str], asked: list[Prompt]) -> float:
+        return sum(matches(extract_answer(r, e.answer_pattern), p.label) for r, p in zip(responses, asked)) / len(asked)
+
+    samples, responses, asked = answers(None, 1)
+    scored = ray.get(actors.reward.score.remote([p.text for p in asked], responses, [p.label for p in asked]))
+    metrics = {
+        "accuracy": accuracy(responses, asked),
+        "reward": float(scored.rewards.mean()),
+        "response_length": sum(len(s.response_ids) for s in samples) / len(samples),
+    }
+    if e.samples_per_prompt:
+        _, responses, asked = answers(e.sample_temperature, e.samples_per_prompt)
+        metrics["sampled_accuracy"] = accuracy(responses, asked)
+    return metrics
+
+
+def sync_weights(actors: Actors) -> None:
+    state = ray.get([w.full_state_dict.remote() for w in actors.policy])[0]
+    ray.get([e.load_weights.remote(state) for e in actors.engines])
+
+
+def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+    cfg, rl = ctx.config, ctx.config.rl
+    set_seed(cfg.seed)
+    estimator = ESTIMATORS[rl.advantage_estimator]
+    n = rl.n_samples_per_prompt
+    tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
+    prompts = encode_prompts(tokenizer, read_split(inputs["prompts"], "train"), rl.prompt_max_len, "prompts/train")
+    eval_prompts = encode_prompts(tokenizer, read_split(inputs["eval_data"], "eval")[: cfg.eval.max_samples],
+                                  rl.prompt_max_len, "eval_data/eval")
+    total = rl.max_steps or math.ceil(rl.num_episodes * len(prompts) / rl.rollout_batch_size)
+    stream = SampleStream(len(prompts), 1, 0, 1, cfg.seed)
+    ckpt = {"policy": ctx.work_dir / "checkpoints" / "policy", "critic": ctx.work_dir / "checkpoints" / "critic"}
+
+    placement = Placement(cfg, estimator.needs_critic)
+    actors = None
+    try:
+        actors = Actors(ctx, inputs, placement, total, estimator.needs_critic)
+        resumed = ray.get([w.load.remote(str(ckpt["policy"])) for w in actors.policy])[0]
+        start, cursor, kl_coef, before = 0, 0, rl.init_kl_coef, None
+        if resumed:
+            start, cursor, kl_coef, before = resumed["step"], resumed["cursor"], resumed["kl_coef"], resumed["before"]
+            if actors.critic:
+                ray.get([w.load.remote(str(ckpt["critic"]), f"step{start}") for w in actors.critic])
+            sync_weights(actors)
+            print(f"[rl] resumed from step {start}/{total} ({ckpt['policy']})", flush=True)
+        kl_ctl = AdaptiveKLController(kl_coef, rl.kl_target, rl.kl_horizon) if rl.kl_target else FixedKLController(kl_coef)
+        if before is None:
+            before = evaluate(actors, tokenizer, eval_prompts, cfg)
+            ctx.log_metrics({f"eval/{k}": v for k, v in before.items()}, 0)
+        progress = Progress("rl", total, start=start)
+        last_eval, logs = before, {}
+        for step in range(start, total):
+            timer = Timer()
+            samples, scored, cursor, filtered = rollout(actors, tokenizer, prompts, stream, cursor, cfg, step, timer)
+            with timer("experience"):
+                batch, logs = make_experience(actors, tokenizer, samples, scored, cfg, kl_ctl.value)
+            with timer("training"):
+                keys = ("input_ids", "attention_mask", "action_mask")
+                actor_batch = {k: batch[k] for k in (*keys, "old_log_probs", "advantages", "rollout_log_probs",
+                                                     *(("ref_log_probs", "kl_coef") if rl.use_kl_loss and actors.ref else ()))}
+                futures = [w.train.remote(s, step) for w, s in zip(actors.policy, shard(actor_batch, len(actors.policy)))]
+                if actors.critic:
+                    critic_batch = {k: batch[k] for k in (*keys, "values", "returns")}
+                    futures += [w.train.remote(s, step) for w, s in zip(actors.critic, shard(critic_batch, len(actors.critic)))]
+                results = ray.get(futures)
+                logs |= {f"actor/{k}": v for k, v in results[0].items()}
+                if actors.critic:
+                    logs |= {f"critic/{k}": v for k, v in results[len(actors.policy)].items()}
+            with timer("weight_sync"):
+                sync_weights(actors)
+            kl_ctl.update(logs["kl"], rl.rollout_batch_size * n)
+            done = step + 1
+            step_s = sum(timer.seconds.values())
+            logs |= {f"time/{k}": v for k, v in timer.seconds.items()}
+            logs |= {"kl_coef": kl_ctl.value, "filtered_groups": filtered, "samples_per_s": len(samples) / step_s}
+            ctx.log_metrics(logs, done)
+            progress.update(done, reward=logs["reward"], kl=logs["kl"], len=logs["response_length"])
+            if done % rl.eval_every == 0 or done == total:
+                last_eval = evaluate(actors, tokenizer, eval_prompts, cfg)
+                ctx.log_metrics({f"eval/{k}": v for k, v in last_eval.items()}, done)
+                progress.update(done, force=True, **{f"eval_{k}": v for k, v in last_eval.items()})
+            if done % rl.save_every == 0 and done < total:
+                save(actors, ckpt, done, {"cursor": cursor, "kl_coef": kl_ctl.value, "before": before})
+        if start >= total:
+            last_eval = evaluate(actors, tokenizer, eval_prompts, cfg)
+        out = ctx.output_dir / "rl_model"
+        ray.get([w.export.remote(str(out)) for w in actors.policy])
+    finally:
+        if actors is not None:
+            actors.close()
+        placement.release()
+
+    print("[rl] held-out, before (SFT policy) -> after (RL policy)\n" + before_after(before, last_eval), flush=True)
+    metrics = {f"eval_{k}": v for k, v in last_eval.items()} | {f"eval_{k}_before": v for k, v in before.items()}
+    metrics |= {k: v for k, v in logs.items() if k in ("reward", "kl", "samples_per_s")}
+    if start:
+        metrics["resumed_from_step"] = float(start)
+    return StageResult(outputs={"rl_model": out}, metrics=metrics)
+
+
+def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStream, cursor: int, cfg, step: int, timer: Timer):
+    """`rollout_batch_size` prompts x n samples, scored; with dynamic filtering, groups whose scores are
+    all equal are replaced by fresh prompts (up to MAX_FILL_ROUNDS extra rollouts, then topped up with
+    filtered groups, whose group advantages are zero anyway)."""
+    rl, n = cfg.rl, cfg.rl.n_samples_per_prompt
+    kept: list[tuple[list[Sample], list[Prompt], object]] = []
+    spare: list[tuple[list[Sample], list[Prompt], object]] = []
+    want, filtered, rounds = rl.rollout_batch_size, 0, 0
+    while want > 0 and rounds <= (MAX_FILL_ROUNDS if rl.dynamic_filtering else 0):
+        picked = [prompts[stream.micro_batch(p)[0]] for p in range(cursor, cursor + want)]
+        cursor += want
+        with timer("generation"):
+            samples = generate(actors.engines, [p.ids for p in picked for _ in range(n)], cfg.seed * 100_003 + step * 101 + rounds,
+                               rl.temperature, rl.generate_max_len, rl.top_p)
+        with timer("reward"):
+            responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+            flat = [p for p in picked for _ in range(n)]
+            scored = ray.get(actors.reward.score.remote([p.text for p in flat], responses, [p.label for p in flat]))
+        groups = [(samples[i * n : (i + 1) * n], picked[i], _slice(scored, i * n, (i + 1) * n)) for i in range(want)]
+        if rl.dynamic_filtering:
+            keep = varied_groups(scored.rewards, n).tolist()
+            spare += [g for g, k in zip(groups, keep) if not k]
+            groups = [g for g, k in zip(groups, keep) if k]
+            filtered += keep.count(False)
+        kept += groups
+        want -= len(groups)
+        rounds += 1
+    kept += spare[:want]
+    samples = [s for g in kept for s in g[0]]
+    scored = _concat([g[2] for g in kept])
+    return samples, scored, cursor, filtered
+
+
+def _slice(scored, a: int, b: int):
+    from stages.rewards.base import RewardBatch
+
+    steps = scored.step_rewards[a:b] if scored.step_rewards is not None else None
+    return RewardBatch(rewards=scored.rewards[a:b], step_rewards=steps, extra_logs=scored.extra_logs)
+
+
+def _concat(parts: list):
+    from stages.rewards.base import RewardBatch
+
+    steps = None if parts[0].step_rewards is None else [s for p in parts for s in p.step_rewards]
+    return RewardBatch(rewards=torch.cat([p.rewards for p in parts]), step_rewards=steps, extra_logs=parts[0].extra_logs)
+
+
+def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cfg, kl_coef: float):
+    """Old/reference log-probs, values, KL, shaped rewards and advantages for one rollout batch."""
+    rl, n = cfg.rl, cfg.rl.n_samples_per_prompt
+    estimator = ESTIMATORS[rl.advantage_estimator]
+    batch = sequence_batch(samples, tokenizer.pad_token_id)
+    mask = batch["action_mask"]
+    pending = {"old": [w.log_probs.remote(s) for w, s in zip(actors.policy, shard(batch, len(actors.policy)))]}
+    if actors.ref:
+        pending["ref"] = [actors.ref.log_probs.remote(batch)]
+    if actors.critic:
+        pending["values"] = [w.values.remote(s) for w, s in zip(actors.critic, shard(batch, len(actors.critic)))]
+    got = {k: torch.cat(ray.get(v)) for k, v in pending.items()}
+    old = got["old"]
+    kl = approx_kl(old, got["ref"], rl.kl_estimator) * mask if "ref" in got else torch.zeros_like(mask)
+    scores = scored.rewards.float()
+    lengths = mask.sum(-1)
+    shaped = scores
+    if rl.overlong_buffer_len:
+        shaped = shaped + overlong_penalty(lengths, rl.generate_max_len, rl.overlong_buffer_len, rl.overlong_penalty_factor)
+    shaped = shaped.clamp(-rl.reward_clip, rl.reward_clip)
+    dense = None
+    if scored.step_rewards is not None and not estimator.grouped:
+        # process rewards go on the tokens that end each step; the sequence score is then their aggregate only for logging
+        separator = cfg.prm.step_separator
+        positions = [step_end_tokens(tokenizer, s.response_ids, separator) for s in samples]
+        values = [v[: len(p)] for v, p in zip(scored.step_rewards, positions)]
+        dense = place_on_actions(values, [p[: len(v)] for p, v in zip(positions, values)], samples, mask.shape[1])
+        shaped = torch.zeros_like(shaped)
+    advantages, returns = compute_advantages(
+        rl.advantage_estimator, shaped, mask, n,
+        kl=kl, kl_coef=0.0 if rl.use_kl_loss else kl_coef, dense=dense, values=got.get("values"),
+        gamma=rl.gamma, lam=rl.lambd, std_norm=rl.advantage_std_norm,
+    )
+    batch |= {"old_log_probs": old, "advantages": advantages, "returns": returns}
+    if "ref" in got:
+        batch |= {"ref_log_probs": got["ref"], "kl_coef": torch.full((mask.shape[0],), kl_coef)}
+    if "values" in got:
+        batch["values"] = got["values"]
+    valid = mask.bool()
+    logs = {
+        "reward": float(scores.mean()),
+        "reward_std": float(scores.std()) if scores.numel() > 1 else 0.0,
+        "score": float(shaped.mean()) if dense is None else float((dense * mask).sum(-1).mean()),
+        "kl": float(masked_mean(kl, mask)),
+        "response_length": float(lengths.mean()),
+        "advantage_mean": float(advantages[valid].mean()),
+        "advantage_std": float(advantages[valid].std()) if valid.sum() > 1 else 0.0,
+        "return_mean": float(returns[valid].mean()),
+        "rollout_logprob_gap": float(masked_mean((old - batch["rollout_log_probs"]).abs(), mask)),
+    }
+    logs |= {f"reward/{k}": v for k, v in scored.extra_logs.items()}
+    return batch, logs
+
+
+def save(actors: Actors, ckpt: dict[str, Path], step: int, extra: dict) -> None:
+    """Critic first (its older tag kept), then the policy, whose `latest` marks the step as complete."""
+    if actors.critic:
+        ray.get([w.save.remote(str(ckpt["critic"]), step, None, False) for w in actors.critic])
+    ray.get([w.save.remote(str(ckpt["policy"]), step, extra) for w in actors.policy])
+    if actors.critic:
+        ray.get(actors.critic[0].prune.remote(str(ckpt["critic"]), step))
+
+
+def before_after(before: dict[str, float], after: dict[str, float]) -> str:
+    lines = ["| metric | before | after |", "|---|---|---|"]
+    lines += [f"| {k} | {before[k]:.3f} | {after[k]:.3f} |" for k in before]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,281 @@
+"""The RL stage's Ray actors: the policy and critic (DeepSpeed engines, one actor per rank), the
+frozen reference model, the reward scorer, and HF rollout engines. The driver (stages/rl/stage.py)
+moves tensors between them; each actor holds one model and does one job."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import ray
+import torch
+
+from configs.schema import OptimConfig, PipelineConfig, TrainingConfig
+from stages.common import checkpoint, deepspeed_engine
+from stages.rl.experience import Sample, micro_batches, trim
+from stages.rl.losses import (
+    approx_kl,
+    entropy_from_logits,
+    log_probs_from_logits,
+    masked_mean,
+    policy_loss,
+    truncated_is_weights,
+    value_loss,
+)
+
+
+class Worker:
+    """Common set-up: CPU accelerator for DeepSpeed, the thread count of the cores this actor may use."""
+
+    def __init__(self, threads: int):
+        import transformers
+
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        torch.set_num_threads(threads)
+        transformers.utils.logging.disable_progress_bar()
+
+    def ready(self) -> bool:
+        return True
+
+
+def token_log_probs(model, batch: dict[str, torch.Tensor], temperature: float, with_entropy: bool = False):
+    """Log-probs of each next token [B, T-1] (and the per-position entropy)."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    log_probs = log_probs_from_logits(logits, batch["input_ids"][:, 1:], temperature)
+    return (log_probs, entropy_from_logits(logits)) if with_entropy else log_probs
+
+
+def rank_mean(values: dict[str, float], world: int) -> dict[str, float]:
+    """Average a dict of floats over the ranks of this process group."""
+    if world == 1 or not values:
+        return values
+    t = torch.tensor(list(values.values()), dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return dict(zip(values, (t / world).tolist()))
+
+
+class TrainerWorker(Worker):
+    """One DeepSpeed rank of a trainable model (policy or critic)."""
+
+    role = "model"
+
+    def __init__(self, rank: int, world_size: int, threads: int):
+        super().__init__(threads)
+        self.rank, self.world = rank, world_size
+
+    def master(self) -> tuple[str, int]:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, cfg: PipelineConfig, model_path: str, optim: OptimConfig, total_steps: int, master: tuple[str, int], cwd: str) -> None:
+        os.chdir(cwd)
+        os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world), LOCAL_RANK="0")
+        torch.manual_seed(cfg.seed + self.rank)
+        deepspeed_engine.init_distributed()
+        self.cfg, self.rl = cfg, cfg.rl
+        model = self.load_model(model_path)
+        rl = cfg.rl
+        grad_accum = rl.train_batch_size // (rl.micro_train_batch_size * self.world)
+        train = TrainingConfig(
+            lr=optim.lr, min_lr_ratio=optim.min_lr_ratio, warmup_ratio=optim.warmup_ratio, weight_decay=optim.weight_decay,
+            micro_batch_size=rl.micro_train_batch_size, grad_accum_steps=grad_accum, grad_clip=optim.grad_clip,
+            gradient_checkpointing=optim.gradient_checkpointing,
+        )
+        if optim.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+            model.config.use_cache = False
+        optimizer_steps = total_steps * rl.max_epochs * (rl.rollout_batch_size * rl.n_samples_per_prompt // rl.train_batch_size)
+        self.engine = deepspeed_engine.initialize(model, deepspeed_engine.engine_config(cfg.infra, train, optimizer_steps))
+
+    def load_model(self, path: str):
+        raise NotImplementedError
+
+    def train(self, batch: dict[str, torch.Tensor], step: int) -> dict[str, float]:
+        """`max_epochs` passes over this rank's share of the rollout, in shuffled micro-batches."""
+        self.engine.train()
+        gen = torch.Generator().manual_seed(self.cfg.seed * 7919 + step)
+        logs: dict[str, list[float]] = {}
+        for _ in range(self.rl.max_epochs):
+            for micro in micro_batches(batch, self.rl.micro_train_batch_size, gen):
+                loss, metrics = self.loss(trim(micro))
+                self.engine.backward(loss)
+                self.engine.step()
+                for k, v in metrics.items():
+                    logs.setdefault(k, []).append(v)
+        means = {k: sum(v) / len(v) for k, v in logs.items()}
+        return rank_mean(means, self.world) | {"lr": self.engine.get_lr()[0]}
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError
+
+    def save(self, ckpt_dir: str, step: int, extra: dict | None = None, prune: bool = True) -> None:
+        deepspeed_engine.save_resumable(self.engine, Path(ckpt_dir), step, extra, prune=prune)
+
+    def load(self, ckpt_dir: str, tag: str | None = None) -> dict | None:
+        return deepspeed_engine.load_resumable(self.engine, Path(ckpt_dir), tag=tag)
+
+    def prune(self, ckpt_dir: str, step: int) -> None:
+        deepspeed_engine.prune_old_tags(Path(ckpt_dir), keep=f"step{step}")
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        return deepspeed_engine.full_state_dict(self.engine)
+
+    def close(self) -> None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+@ray.remote
+class PolicyWorker(TrainerWorker):
+    def load_model(self, path: str):
+        self.tokenizer = checkpoint.load_tokenizer(path)
+        return checkpoint.load_causal_lm(path, self.cfg.model, self.cfg.infra.precision)
+
+    @torch.no_grad()
+    def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.engine.eval()
+        return torch.cat([_pad_to(token_log_probs(self.engine, trim(m), self.rl.temperature), m)
+                          for m in micro_batches(batch, self.rl.micro_rollout_batch_size)])
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        rl, mask = self.rl, batch["action_mask"]
+        log_probs, entropy = token_log_probs(self.engine, batch, rl.temperature, with_entropy=True)
+        is_weights = None
+        if rl.rollout_is_cap is not None:
+            is_weights = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], rl.rollout_is_cap)
+        loss, clip_frac = policy_loss(
+            log_probs, batch["old_log_probs"], batch["advantages"], mask,
+            clip_eps_low=rl.eps_clip_low, clip_eps_high=rl.eps_clip_high, dual_clip=rl.dual_clip,
+            aggregation=rl.aggregation, max_len=rl.generate_max_len, is_weights=is_weights,
+        )
+        metrics = {"policy_loss": loss.item(), "clip_frac": clip_frac.item()}
+        ent = masked_mean(entropy, mask)
+        metrics["entropy"] = ent.item()
+        if rl.entropy_coef:
+            loss = loss - rl.entropy_coef * ent
+        if rl.use_kl_loss and "ref_log_probs" in batch:
+            kl = masked_mean(approx_kl(log_probs, batch["ref_log_probs"], rl.kl_estimator), mask)
+            loss = loss + batch["kl_coef"][0] * kl
+            metrics["kl_loss"] = kl.item()
+        return loss, metrics
+
+    def export(self, out_dir: str) -> None:
+        """The policy as an HF checkpoint (ZeRO-3 partitions gathered; every rank must call)."""
+        state = self.full_state_dict()
+        if self.rank == 0:
+            checkpoint.save(self.engine.module, self.tokenizer, Path(out_dir), state_dict=state)
+
+
+@ray.remote
+class CriticWorker(TrainerWorker):
+    """Token-level values: the SFT backbone with a fresh scalar head (LlamaForTokenClassification et al.)."""
+
+    def load_model(self, path: str):
+        from transformers import AutoConfig, AutoModelForTokenClassification
+
+        source = checkpoint.resolve(path)
+        config = AutoConfig.from_pretrained(source, num_labels=1)
+        config.classifier_dropout = 0.0  # values must not change between experience making and training
+        return AutoModelForTokenClassification.from_pretrained(
+            source, config=config, dtype=checkpoint.DTYPES[self.cfg.infra.precision],
+            attn_implementation=self.cfg.model.attn_implementation,
+        )
+
+    def _values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = self.engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return out[:, :-1, 0].float()  # the value of the state before each next token
+
+    @torch.no_grad()
+    def values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.engine.eval()
+        return torch.cat([_pad_to(self._values(trim(m)), m) for m in micro_batches(batch, self.rl.micro_rollout_batch_size)])
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        values = self._values(batch)
+        loss = value_loss(values, batch["values"], batch["returns"], batch["action_mask"], self.rl.value_clip)
+        return loss, {"value_loss": loss.item()}
+
+
+def _pad_to(per_token: torch.Tensor, full_batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A trimmed micro-batch's [b, t] result widened back to the batch's [b, T-1] with zeros."""
+    width = full_batch["action_mask"].shape[1]
+    return torch.nn.functional.pad(per_token.float(), (0, width - per_token.shape[1]))
+
+
+@ray.remote
+class ReferenceWorker(Worker):
+    """The frozen SFT policy: log-probs for the KL term."""
+
+    def __init__(self, cfg: PipelineConfig, model_path: str, threads: int):
+        super().__init__(threads)
+        self.rl = cfg.rl
+        self.model = checkpoint.load_causal_lm(model_path, cfg.model, cfg.infra.precision).eval()
+
+    @torch.no_grad()
+    def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([_pad_to(token_log_probs(self.model, trim(m), self.rl.temperature), m)
+                          for m in micro_batches(batch, self.rl.micro_rollout_batch_size)])
+
+
+@ray.remote
+class RewardWorker(Worker):
+    """The shared scorer (RM, PRM, rule function or remote server) behind one actor."""
+
+    def __init__(self, cfg: PipelineConfig, own_rm: str | None, own_prm: str | None, threads: int, cwd: str):
+        super().__init__(threads)
+        from stages.rewards.factory import build_scorer
+
+        os.chdir(cwd)  # a relative reward.func_path means what it meant to the user
+        self.scorer = build_scorer(cfg.reward, own_rm, own_prm)
+
+    def score(self, prompts: list[str], responses: list[str], labels: list[str | None]):
+        return self.scorer.score(prompts, responses, labels)
+
+
+@ray.remote
+class HFRolloutEngine(Worker):
+    """Sampling with HF `generate`; returns the sampled ids and their log-probs (token in, token out)."""
+
+    def __init__(self, cfg: PipelineConfig, model_path: str, threads: int):
+        super().__init__(threads)
+        self.rl = cfg.rl
+        self.tokenizer = checkpoint.load_tokenizer(model_path)
+        self.model = checkpoint.load_causal_lm(model_path, cfg.model, cfg.infra.precision).eval()
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state_dict)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
+                 top_p: float = 1.0) -> list[Sample]:
+        """Samples at `temperature` (None: greedy); `micro_rollout_batch_size` prompts per `generate` call."""
+        tok = self.tokenizer
+        torch.manual_seed(seed)
+        samples: list[Sample] = []
+        for start in range(0, len(prompt_ids), self.rl.micro_rollout_batch_size):
+            chunk = prompt_ids[start : start + self.rl.micro_rollout_batch_size]
+            width = max(len(p) for p in chunk)
+            input_ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in chunk])
+            attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+            # top_k=0: the whole temperature-scaled distribution, which is what the trainer's log-probs describe
+            sampling = {"do_sample": False} if temperature is None else \
+                {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                return_dict_in_generate=True, output_logits=True, **sampling,
+            )
+            new = out.sequences[:, width:]
+            logits = torch.stack(out.logits, dim=1)  # raw logits: [b, new, vocab]
+            log_probs = log_probs_from_logits(logits, new, temperature or 1.0)
+            for i, p in enumerate(chunk):
+                ids = new[i].tolist()
+                n = ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids)
+                samples.append(Sample(p, ids[:n], log_probs[i, :n].tolist()))
+        return samples

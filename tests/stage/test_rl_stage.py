@@ -1,0 +1,152 @@
+"""The RL stage on a local Ray cluster with the tiny model: every actor group, each reward source,
+weight sync into the rollout engine, checkpoint/resume. (Learning on the real preset: flow tests.)"""
+
+import pytest
+import ray
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from configs import PipelineError, load_config
+from stages import prm, reward_model
+from stages.rl import stage as rl_stage
+from tests.stage.conftest import FAST, make_ctx
+
+RL_FAST = [
+    *FAST, "rl.max_steps=2", "rl.rollout_batch_size=4", "rl.n_samples_per_prompt=4", "rl.train_batch_size=8",
+    "rl.micro_train_batch_size=4", "rl.micro_rollout_batch_size=16", "rl.eval_every=1", "rl.save_every=1",
+    "rl.generate_max_len=12", "rl.actor.lr=1e-3", "eval.max_samples=8", "eval.max_new_tokens=12",
+    "eval.samples_per_prompt=2", "rl.colocate_all=true", "infra.cpus_per_worker=2",
+]
+# Rewards that differ between samples of the untrained model, so every estimator has a signal.
+LENGTH_REWARD = "def reward_func(queries, prompts, labels):\n    return [len(q) - len(p) for q, p in zip(queries, prompts)]\n"
+STEP_KEYS = {"reward", "reward_std", "kl", "actor/entropy", "actor/policy_loss", "actor/clip_frac", "advantage_mean",
+             "advantage_std", "response_length", "time/generation", "time/reward", "time/experience", "time/training",
+             "time/weight_sync", "samples_per_s", "kl_coef", "rollout_logprob_gap"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def length_reward(tmp_path_factory):
+    path = tmp_path_factory.mktemp("reward") / "length.py"
+    path.write_text(LENGTH_REWARD)
+    return str(path)
+
+
+def run_rl(prepared, root, overrides, fail_at: int | None = None, extra_inputs=None):
+    cfg = load_config(None, [*RL_FAST, *overrides])
+    logged = []
+
+    def log(metrics, step):
+        if fail_at is not None and step == fail_at and "reward" in metrics:
+            raise RuntimeError(f"killed at step {step}")
+        logged.append((step, metrics))
+
+    ctx = make_ctx("rl", cfg, root, log)
+    inputs = {"sft_model": prepared["base_model"], "prompts": prepared["prompts"], "eval_data": prepared["eval_data"],
+              **(extra_inputs or {})}
+    return rl_stage.run(ctx, inputs), logged
+
+
+@pytest.fixture(scope="module")
+def grpo(prepared, length_reward, tmp_path_factory):
+    root = tmp_path_factory.mktemp("grpo")
+    return run_rl(prepared, root, ["rl.advantage_estimator=group_norm", f"reward.func_path={length_reward}"])
+
+
+def test_grpo_logs_every_step_metric_and_evals(grpo):
+    result, logged = grpo
+    steps = [(s, m) for s, m in logged if "reward" in m]
+    assert [s for s, _ in steps] == [1, 2]
+    for _, m in steps:
+        assert STEP_KEYS <= set(m), STEP_KEYS - set(m)
+    assert [s for s, m in logged if "eval/accuracy" in m] == [0, 1, 2]
+    assert {"eval/sampled_accuracy", "eval/reward", "eval/response_length"} <= set(logged[-1][1])
+    assert {"eval_accuracy", "eval_accuracy_before", "eval_sampled_accuracy"} <= set(result.metrics)
+
+
+def test_grpo_trains_the_policy_and_syncs_the_engine(grpo, prepared):
+    result, logged = grpo
+    before = load_file(prepared["base_model"] / "model.safetensors")
+    after = load_file(result.outputs["rl_model"] / "model.safetensors")
+    assert max((after[k] - before[k]).abs().max().item() for k in before) > 1e-4
+    step2 = next(m for s, m in logged if s == 2 and "reward" in m)
+    # step 2 samples from the engine after the step-1 update: had the sync failed, the engine's
+    # log-probs would be the old policy's, not the ones the trainer computes
+    assert step2["kl"] > 0
+    assert step2["rollout_logprob_gap"] < 1e-4
+    model = AutoModelForCausalLM.from_pretrained(result.outputs["rl_model"])
+    assert model.config.vocab_size > 0
+
+
+def test_ppo_with_critic_and_reward_model(prepared, tmp_path):
+    cfg = load_config(None, [*FAST, "rm.max_steps=4", "rm.eval_every=2", "rm.save_every=2"])
+    rm = reward_model.run(make_ctx("rm", cfg, tmp_path / "rm"), {"sft_model": prepared["base_model"],
+                                                                 "pref_data": prepared["pref_data"]})
+    result, logged = run_rl(prepared, tmp_path / "rl", ["rl.advantage_estimator=gae", "reward.source=rm"],
+                            extra_inputs={"reward_model": rm.outputs["reward_model"]})
+    steps = [m for _, m in logged if "reward" in m]
+    assert all("critic/value_loss" in m for m in steps)
+    assert steps[0]["reward_std"] > 0  # the RM scores differ between samples
+    assert result.outputs["rl_model"].is_dir()
+
+
+def test_reinforce_with_dense_process_rewards(prepared, tmp_path):
+    cfg = load_config(None, [*FAST, "prm.max_steps=4", "prm.eval_every=2", "prm.save_every=2"])
+    prm_out = prm.run(make_ctx("prm", cfg, tmp_path / "prm"), {"sft_model": prepared["base_model"],
+                                                               "prm_data": prepared["prm_data"]})
+    result, logged = run_rl(prepared, tmp_path / "rl", ["rl.advantage_estimator=reinforce", "reward.source=prm"],
+                            extra_inputs={"prm": prm_out.outputs["prm"]})
+    steps = [m for _, m in logged if "reward" in m]
+    assert all("reward/prm/steps" in m for m in steps)
+    assert result.outputs["rl_model"].is_dir()
+
+
+def test_killed_rl_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(prepared, length_reward, tmp_path):
+    args = ["rl.advantage_estimator=rloo", f"reward.func_path={length_reward}", "rl.max_steps=3", "rl.save_every=2",
+            "rl.eval_every=10"]
+    whole, _ = run_rl(prepared, tmp_path / "whole", args)
+    with pytest.raises(RuntimeError, match="killed at step 3"):
+        run_rl(prepared, tmp_path / "cut", args, fail_at=3)
+    assert (tmp_path / "cut" / "work" / "checkpoints" / "policy" / "latest").read_text() == "step2"
+    resumed, logged = run_rl(prepared, tmp_path / "cut", args)
+    assert resumed.metrics["resumed_from_step"] == 2.0
+    assert [s for s, m in logged if "reward" in m] == [3]
+    a = load_file(whole.outputs["rl_model"] / "model.safetensors")
+    b = load_file(resumed.outputs["rl_model"] / "model.safetensors")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    # the before/after table still compares against the policy RL started from
+    assert resumed.metrics["eval_accuracy_before"] == whole.metrics["eval_accuracy_before"]
+
+
+def test_dynamic_filtering_replaces_groups_whose_scores_are_all_equal(prepared, tmp_path):
+    # the untrained model never answers, so the rule reward is 0 for every sample: every group is filtered
+    result, logged = run_rl(prepared, tmp_path, ["rl.dynamic_filtering=true", "rl.max_steps=1"])
+    (step,) = [m for _, m in logged if "reward" in m]
+    assert step["filtered_groups"] == 4 * (1 + rl_stage.MAX_FILL_ROUNDS)
+    assert result.outputs["rl_model"].is_dir()
+
+
+def test_actor_groups_that_do_not_fit_the_cluster_fail_with_one_line(prepared, tmp_path):
+    with pytest.raises(PipelineError, match="set rl.colocate_all: true"):
+        run_rl(prepared, tmp_path, ["rl.colocate_all=false"])
+
+
+def test_prompt_longer_than_prompt_max_len_names_the_row(prepared, tmp_path):
+    from configs.errors import DataError
+
+    with pytest.raises(DataError, match=r"prompts/train row 0: prompt is \d+ tokens, over rl.prompt_max_len=2"):
+        run_rl(prepared, tmp_path, ["rl.prompt_max_len=2"])
+
+
+def test_length_reward_fixture_is_a_valid_reward_file(length_reward):
+    from stages.rewards.function import FunctionScorer
+
+    rewards = FunctionScorer(length_reward).score(["p"], ["abc"], [None]).rewards
+    assert torch.equal(rewards, torch.tensor([3.0]))
