@@ -55,6 +55,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     data_prep.preflight(cfg)
     check_local_resources(cfg)
+    if os.environ.get("RAY_ADDRESS") or cfg.infra.ray_address:
+        from flows.ray_cluster import use_local_token
+
+        use_local_token()  # Ray reads it when first imported, which is about to happen
     _prefect_home(cfg.tracking.state_dir)
     from flows.pipeline import check_force, rlhf_pipeline
 

@@ -19,6 +19,15 @@ from stages.dag import StageSpec
 LOG_FLUSH_S = 1.0
 
 
+def use_local_token() -> None:
+    """Clusters from `ray start` expect token auth, but a driver given an explicit address assumes none:
+    present the token this machine has (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or Path("~/.ray/auth_token").expanduser().is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
 class RaySession:
     def __init__(self, infra: InfraConfig):
         self.infra = infra
@@ -37,13 +46,15 @@ class RaySession:
                 return
             address = os.environ.get("RAY_ADDRESS") or self.infra.ray_address
             if address:
+                use_local_token()
                 try:
                     ray.init(address=address, log_to_driver=True)
                 except (ConnectionError, RuntimeError, ValueError) as exc:
                     raise PipelineError(f"Ray cluster at {address} (RAY_ADDRESS / infra.ray_address): cannot connect ({exc})") from exc
                 self.where = f"cluster at {address}"
             else:
-                ray.init(num_cpus=self.infra.num_cpus, include_dashboard=False, log_to_driver=True)
+                # address="local": always a fresh cluster, even when `ray start` left one running on this machine
+                ray.init(address="local", num_cpus=self.infra.num_cpus, include_dashboard=False, log_to_driver=True)
                 self.where = "local cluster"
             self._owned = True
             print(f"[ray] connected to {self.where}: {ray.cluster_resources().get('CPU', 0):g} CPU, "

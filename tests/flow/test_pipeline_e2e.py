@@ -1,7 +1,8 @@
 """The tiny pipeline end to end through the real CLI, as one scenario on one MLflow store:
 
 1. killed during SFT, then re-run: SFT resumes from its last checkpoint, nothing half-written is published
-2. the SFT model beats the base model on held-out accuracy
+2. the SFT model beats the base model on held-out accuracy; the GRPO policy beats the SFT model
+   on sampled held-out accuracy; PPO with the RM and with the PRM raises the mean reward, KL bounded
 3. the MLflow store holds the runs, params, loss curves and a loadable registered checkpoint
 4. a second identical run is all cached; a changed setting reruns exactly its stage and what
    depends on it; `--force sft` reruns SFT and everything downstream of it
@@ -64,7 +65,7 @@ def test_killed_during_sft_then_resumed(ws):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "[sft] resumed from step" in result.stdout
     statuses = stage_statuses(ws)
-    assert statuses == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "eval": "ran"}
+    assert statuses == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "eval": "ran"}
 
 
 def test_sft_beats_base_on_held_out_accuracy(ws):
@@ -72,6 +73,17 @@ def test_sft_beats_base_on_held_out_accuracy(ws):
     base, sft = eval_run.data.metrics["base/accuracy"], eval_run.data.metrics["sft/accuracy"]
     print(f"held-out accuracy: base {base:.3f}, sft {sft:.3f}")
     assert sft >= base + 0.2
+
+
+def test_grpo_beats_sft_on_sampled_held_out_accuracy(ws):
+    (eval_run,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    m = eval_run.data.metrics
+    print("held-out accuracy (greedy / sampled at T=1): "
+          + ", ".join(f"{k} {m[f'{k}/accuracy']:.3f} / {m[f'{k}/sampled_accuracy']:.3f}" for k in ("base", "sft", "rl")))
+    assert m["rl/sampled_accuracy"] >= m["sft/sampled_accuracy"] + 0.10
+    assert m["rl/accuracy"] >= m["sft/accuracy"] - 0.05  # sharpening the samples does not cost greedy accuracy
+    (rl_run,) = [r for r in stage_runs(ws, "rl") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    assert len(mlflow_client(ws).get_metric_history(rl_run.info.run_id, "reward")) == 40
 
 
 def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path, monkeypatch):
@@ -120,26 +132,48 @@ def test_reward_models_are_accurate_and_registered(ws):
     assert rm["eval_acc"] >= 0.9 and prm["eval_step_acc"] >= 0.9
 
 
+@pytest.mark.parametrize("source", ["rm", "prm"])
+def test_ppo_with_the_pipelines_reward_model_raises_reward_with_bounded_kl(ws, source):
+    result = run_cli(ws, "run", f"reward.source={source}", *PPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "cached", "prm": "cached",
+                                  "rl": "ran", "eval": "ran"}
+    client = mlflow_client(ws)
+    (run,) = [r for r in stage_runs(ws, "rl") if r.data.params.get("reward.source") == source
+              and r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    reward = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "reward"), key=lambda m: m.step)]
+    kl = [m.value for m in client.get_metric_history(run.info.run_id, "kl")]
+    first, last = sum(reward[:5]) / 5, sum(reward[-5:]) / 5
+    print(f"PPO with the {source}: mean reward, first 5 steps {first:.3f}, last 5 steps {last:.3f}; max KL {max(kl):.4f}")
+    assert last > first
+    assert max(kl) < 0.1
+
+
+# PPO (critic, GAE, KL penalty in the reward) for the reward-model runs above.
+PPO = ("rl.advantage_estimator=gae", "rl.use_kl_loss=false", "rl.init_kl_coef=0.05", "rl.kl_estimator=k1",
+       "rl.max_steps=20", "rl.eval_every=20", "eval.samples_per_prompt=1")
 # The re-runs below shorten the stages they rerun: what they check is which stages run, not how well.
-SHORT_SFT = ("sft.max_steps=60", "sft.lr=1e-3")
+SHORT_SFT = ("sft.max_steps=60", "sft.lr=1e-3", "rl.max_steps=2")
 
 
 def test_changed_reward_model_setting_reruns_only_the_rm(ws):
     result = run_cli(ws, "run", "rm.max_steps=20")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "ran", "prm": "cached", "eval": "cached"}
+    # the RL reward is the rule function, so the new RM changes nothing downstream
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "ran", "prm": "cached", "rl": "cached",
+                                  "eval": "cached"}
 
 
 def test_changed_sft_setting_reruns_sft_and_its_downstream_only(ws):
     result = run_cli(ws, "run", *SHORT_SFT, "rm.max_steps=20", "prm.max_steps=20")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "eval": "ran"}
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "eval": "ran"}
 
 
 def test_force_reruns_the_stage_and_its_downstream(ws):
     result = run_cli(ws, "run", "--force", "sft", *SHORT_SFT, "rm.max_steps=20", "prm.max_steps=20")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "eval": "ran"}
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "eval": "ran"}
     assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-sft'")) == 3
 
 

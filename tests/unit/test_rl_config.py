@@ -1,0 +1,69 @@
+"""The rl config section: consistency checks, derived settings, actor placement pools."""
+
+import pytest
+
+from configs import ConfigError, load_config
+from configs.schema import InfraConfig, PipelineConfig, TrainingConfig
+from stages.common.deepspeed_engine import engine_config
+from stages.rl.placement import group_sizes, pools
+
+
+@pytest.mark.parametrize("estimator", ["reinforce_baseline", "rloo", "group_norm", "dr_grpo"])
+def test_group_estimators_need_several_samples_per_prompt(estimator):
+    with pytest.raises(ConfigError, match=f"advantage_estimator={estimator} compares samples of a prompt"):
+        load_config(None, [f"rl.advantage_estimator={estimator}", "rl.n_samples_per_prompt=1"])
+
+
+@pytest.mark.parametrize("estimator", ["gae", "reinforce"])
+def test_single_sample_estimators_accept_one_sample(estimator):
+    cfg = load_config(None, [f"rl.advantage_estimator={estimator}", "rl.n_samples_per_prompt=1",
+                             "rl.rollout_batch_size=64", "rl.train_batch_size=64"])
+    assert cfg.rl.n_samples_per_prompt == 1
+
+
+def test_batch_sizes_must_divide():
+    with pytest.raises(ConfigError, match=r"must be a multiple of train_batch_size"):
+        load_config(None, ["rl.train_batch_size=48"])
+    with pytest.raises(ConfigError, match=r"multiple of micro_train_batch_size x actor.num_workers"):
+        load_config(None, ["rl.actor.num_workers=3"])
+
+
+def test_unknown_rl_key_is_named():
+    with pytest.raises(ConfigError, match="rl.clip_eps"):
+        load_config(None, ["rl.clip_eps=0.1"])
+
+
+def test_loss_aggregation_defaults_per_estimator():
+    assert PipelineConfig().rl.aggregation == "token_mean"
+    dr = PipelineConfig.model_validate({"rl": {"advantage_estimator": "dr_grpo"}})
+    assert dr.rl.aggregation == "seq_mean_token_sum_norm"
+    chosen = PipelineConfig.model_validate({"rl": {"advantage_estimator": "dr_grpo", "loss_aggregation": "token_mean"}})
+    assert chosen.rl.aggregation == "token_mean"
+
+
+def test_reference_model_only_with_a_kl_coefficient():
+    assert PipelineConfig().rl.needs_reference
+    assert not PipelineConfig.model_validate({"rl": {"init_kl_coef": 0}}).rl.needs_reference
+
+
+def test_group_sizes_and_pools():
+    cfg = PipelineConfig.model_validate({"rl": {"actor": {"num_workers": 2}, "micro_train_batch_size": 16}})
+    assert group_sizes(cfg, needs_critic=True) == {"actor": 2, "engine": 1, "reward": 1, "ref": 1, "critic": 1}
+    groups = list(group_sizes(cfg, needs_critic=True))
+    assert pools(cfg, groups) == [["actor"], ["engine"], ["reward"], ["ref"], ["critic"]]
+    paired = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"colocate_actor_ref": True, "colocate_critic_reward": True})})
+    assert pools(paired, groups) == [["actor", "ref"], ["critic", "reward"], ["engine"]]
+    together = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"colocate_all": True})})
+    assert pools(together, groups) == [groups]
+
+
+def test_tiny_preset_rl_fits_two_cpus():
+    cfg = load_config(None)
+    assert cfg.rl.colocate_all and cfg.infra.cpus_per_worker <= 2
+
+
+def test_engine_config_has_no_scheduler_for_a_constant_lr():
+    const = engine_config(InfraConfig(), TrainingConfig(warmup_ratio=0.0, min_lr_ratio=1.0), 100)
+    assert "scheduler" not in const
+    decayed = engine_config(InfraConfig(), TrainingConfig(warmup_ratio=0.1, min_lr_ratio=0.1), 100)
+    assert decayed["scheduler"]["params"]["warmup_num_steps"] == 10
