@@ -127,19 +127,24 @@ class LoRAConfig(Section):
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
 
 
-class TrainingConfig(Section):
-    """What every DeepSpeed training stage shares: optimizer, schedule, batching, eval and checkpoints."""
+class OptimConfig(Section):
+    """Optimizer (AdamW) and learning-rate schedule of one trained model."""
 
     lr: float = Field(1e-3, gt=0)
-    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine decay floor as a share of lr")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine decay floor as a share of lr (1.0 with no warm-up: constant)")
     warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0)
+    gradient_checkpointing: bool = False
+
+
+class TrainingConfig(OptimConfig):
+    """What every DeepSpeed training stage shares: optimizer, schedule, batching, eval and checkpoints."""
+
     epochs: int = Field(1, gt=0)
     max_steps: int | None = Field(None, gt=0, description="optimizer steps; overrides epochs")
     micro_batch_size: int = Field(32, gt=0)
     grad_accum_steps: int = Field(1, gt=0)
-    grad_clip: float = Field(1.0, gt=0)
-    gradient_checkpointing: bool = False
     eval_every: int = Field(50, gt=0, description="optimizer steps between eval passes")
     save_every: int = Field(50, gt=0, description="optimizer steps between resumable checkpoints")
 
@@ -180,15 +185,12 @@ class RewardConfig(Section):
     batch_size: int = Field(32, gt=0)
 
 
-class OptimConfig(Section):
-    """Optimizer and schedule of one trainable RL model (policy or critic)."""
+class RLModelConfig(OptimConfig):
+    """A trained RL model (policy or critic): its optimizer (constant lr by default) and its ranks."""
 
     lr: float = Field(1e-4, gt=0)
-    min_lr_ratio: float = Field(1.0, ge=0.0, le=1.0, description="cosine decay floor as a share of lr (1.0: constant)")
+    min_lr_ratio: float = Field(1.0, ge=0.0, le=1.0)
     warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    grad_clip: float = Field(1.0, gt=0)
-    gradient_checkpointing: bool = False
     num_workers: int = Field(1, gt=0, description="DeepSpeed ranks of this model's actor group")
 
 
@@ -197,8 +199,8 @@ class RLConfig(Section):
     (prompts x samples) except `rollout_batch_size`, which counts prompts, as in OpenRLHF."""
 
     advantage_estimator: Literal["gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"] = "group_norm"
-    actor: OptimConfig = OptimConfig(lr=1e-4)
-    critic: OptimConfig = OptimConfig(lr=1e-3)
+    actor: RLModelConfig = RLModelConfig(lr=1e-4)
+    critic: RLModelConfig = RLModelConfig(lr=1e-3)
     # rollouts
     engine: Literal["hf"] = Field("hf", description="rollout engine: HF generate in Ray actors")
     num_engines: int = Field(1, gt=0)

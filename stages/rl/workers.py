@@ -10,7 +10,7 @@ from pathlib import Path
 import ray
 import torch
 
-from configs.schema import OptimConfig, PipelineConfig, TrainingConfig
+from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
 from stages.common import checkpoint, deepspeed_engine
 from stages.rl.experience import Sample, micro_batches, trim
 from stages.rl.losses import (
@@ -72,7 +72,7 @@ class TrainerWorker(Worker):
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def setup(self, cfg: PipelineConfig, model_path: str, optim: OptimConfig, total_steps: int, master: tuple[str, int], cwd: str) -> None:
+    def setup(self, cfg: PipelineConfig, model_path: str, optim: RLModelConfig, total_steps: int, master: tuple[str, int], cwd: str) -> None:
         os.chdir(cwd)
         os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world), LOCAL_RANK="0")
@@ -82,11 +82,8 @@ class TrainerWorker(Worker):
         model = self.load_model(model_path)
         rl = cfg.rl
         grad_accum = rl.train_batch_size // (rl.micro_train_batch_size * self.world)
-        train = TrainingConfig(
-            lr=optim.lr, min_lr_ratio=optim.min_lr_ratio, warmup_ratio=optim.warmup_ratio, weight_decay=optim.weight_decay,
-            micro_batch_size=rl.micro_train_batch_size, grad_accum_steps=grad_accum, grad_clip=optim.grad_clip,
-            gradient_checkpointing=optim.gradient_checkpointing,
-        )
+        train = TrainingConfig(**optim.model_dump(exclude={"num_workers"}),
+                               micro_batch_size=rl.micro_train_batch_size, grad_accum_steps=grad_accum)
         if optim.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False

@@ -1,5 +1,6 @@
-"""Two DeepSpeed ranks per training stage on the local Ray cluster, ZeRO-3: the whole DAG runs, ranks
-agree through gloo, and the gathered checkpoint is a complete HF model."""
+"""Two DeepSpeed ranks per training stage on the local Ray cluster, ZeRO-3: the whole DAG runs (RL with
+two policy and two critic ranks), ranks agree through gloo, and the gathered checkpoints are complete
+HF models."""
 
 import pytest
 from transformers import AutoModelForCausalLM
@@ -13,6 +14,10 @@ FAST = [
     "data.synthetic.num_train=200", "data.synthetic.num_eval=21", "data.synthetic.num_prompts=20",
     "eval.max_samples=20", "sft.max_steps=6", "sft.eval_every=3", "sft.save_every=3",
     "rm.max_steps=4", "prm.max_steps=4", "sft.micro_batch_size=8", "rm.micro_batch_size=8", "prm.micro_batch_size=8",
+    # RL: two policy ranks and two critic ranks (PPO), sharing the two 1-CPU bundles with the other actors
+    "rl.advantage_estimator=gae", "rl.actor.num_workers=2", "rl.critic.num_workers=2", "rl.max_steps=2",
+    "rl.rollout_batch_size=4", "rl.n_samples_per_prompt=4", "rl.train_batch_size=8", "rl.micro_train_batch_size=4",
+    "rl.eval_every=2", "eval.samples_per_prompt=1",
 ]
 
 
@@ -23,9 +28,12 @@ def test_two_ranks_with_zero3(workdir, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # for the artifact download below
     exp = client.get_experiment_by_name("rlhf-pipeline")
     runs = client.search_runs([exp.experiment_id], f"tags.`{store.TAG_STATUS}` = '{store.COMPLETE}'")
-    assert {r.data.tags[store.TAG_STAGE] for r in runs} == {"data_prep", "sft", "rm", "prm", "eval"}
+    assert {r.data.tags[store.TAG_STAGE] for r in runs} == {"data_prep", "sft", "rm", "prm", "rl", "eval"}
     (sft,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "sft"]
     assert sft.data.params["infra.num_workers"] == "2" and sft.data.params["infra.zero_stage"] == "3"
-    path = store.download(store.ArtifactRef("sft_model", sft.info.run_id), workdir / "dl")
-    model = AutoModelForCausalLM.from_pretrained(path)
-    assert sum(p.numel() for p in model.parameters()) > 800_000
+    (rl,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "rl"]
+    assert "critic/value_loss" in rl.data.metrics
+    for name, run in (("sft_model", sft), ("rl_model", rl)):
+        path = store.download(store.ArtifactRef(name, run.info.run_id), workdir / "dl")
+        model = AutoModelForCausalLM.from_pretrained(path)
+        assert sum(p.numel() for p in model.parameters()) > 800_000

@@ -146,12 +146,12 @@ def test_ppo_with_the_pipelines_reward_model_raises_reward_with_bounded_kl(ws, s
     first, last = sum(reward[:5]) / 5, sum(reward[-5:]) / 5
     print(f"PPO with the {source}: mean reward, first 5 steps {first:.3f}, last 5 steps {last:.3f}; max KL {max(kl):.4f}")
     assert last > first
-    assert max(kl) < 0.1
+    assert max(kl) < 0.2
 
 
 # PPO (critic, GAE, KL penalty in the reward) for the reward-model runs above.
 PPO = ("rl.advantage_estimator=gae", "rl.use_kl_loss=false", "rl.init_kl_coef=0.05", "rl.kl_estimator=k1",
-       "rl.max_steps=20", "rl.eval_every=20", "eval.samples_per_prompt=1")
+       "rl.max_steps=15", "rl.eval_every=15", "eval.samples_per_prompt=1")
 # The re-runs below shorten the stages they rerun: what they check is which stages run, not how well.
 SHORT_SFT = ("sft.max_steps=60", "sft.lr=1e-3", "rl.max_steps=2")
 
