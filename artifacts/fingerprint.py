@@ -56,15 +56,18 @@ def fingerprint(stage: str, config: dict[str, Any], inputs: dict[str, str], code
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
-def local_sources(values: dict[str, Any]) -> dict[str, str]:
+def local_sources(values: dict[str, Any], fallback_dir: Path | None = None) -> dict[str, str]:
     """`{"source:<path>": "<size>:<mtime_ns>" per file}` for every value (or list item) that names a
-    local file or folder (`json@DIR` included); hub ids and empty values contribute nothing."""
+    local file or folder (`json@DIR` included); hub ids and empty values contribute nothing. A relative
+    path not found from the working directory is looked up in `fallback_dir` (as reward files are)."""
     found: dict[str, str] = {}
     for value in values.values():
         for item in value if isinstance(value, list) else [value]:
             if not isinstance(item, str) or not item:
                 continue
             path = Path(item.removeprefix("json@")).expanduser()
+            if not path.exists() and not path.is_absolute() and fallback_dir is not None:
+                path = fallback_dir / path
             files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path] if path.is_file() else []
             for file in files:
                 stat = file.stat()

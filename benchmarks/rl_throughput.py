@@ -74,7 +74,7 @@ def main() -> None:
         vcfg = load_config(None, [*variant, f"rl.max_steps={args.steps}", f"rl.eval_every={10**6}", *args.overrides])
         steps: list[dict[str, float]] = []
         ctx = make_ctx("rl", vcfg, root / name.split()[0].lower(),
-                       lambda m, s: steps.append(m) if "samples_per_s" in m else None)
+                       lambda m, s, steps=steps: steps.append(m) if "samples_per_s" in m else None)
         start = time.monotonic()
         rl_stage.run(ctx, {"sft_model": policy.outputs["sft_model"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
         wall = time.monotonic() - start

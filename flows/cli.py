@@ -17,7 +17,6 @@ from pathlib import Path
 
 from configs.errors import PipelineError
 
-
 QUIET_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",

@@ -15,7 +15,6 @@ from configs.schema import InfraConfig
 from stages.contract import StageContext, StageResult
 from stages.dag import StageSpec
 
-
 LOG_FLUSH_S = 1.0
 
 

@@ -9,10 +9,12 @@ import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from mlflow import MlflowClient
 from mlflow.entities import Param, RunStatus
 
+import configs
 from artifacts import fingerprint as fp
 from artifacts import store
 from artifacts.metrics import MlflowMetrics
@@ -63,7 +65,7 @@ def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome], cfg: 
 def stage_fingerprint(spec: dag.StageSpec, cfg: PipelineConfig, inputs: dict[str, store.ArtifactRef]) -> str:
     identities = {name: ref.identity for name, ref in inputs.items()}
     # files the config names (datasets, a local model) count by content, not only by path
-    identities.update(fp.local_sources(fp.config_subset(cfg, spec.local_sources)))
+    identities.update(fp.local_sources(fp.config_subset(cfg, spec.local_sources), Path(configs.__file__).parent))
     return fp.fingerprint(spec.name, fp.config_subset(cfg, spec.config_keys), identities, fp.code_version(spec.code))
 
 

@@ -310,18 +310,18 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     kl = approx_kl(old, got["ref"], rl.kl_estimator) * mask if "ref" in got else torch.zeros_like(mask)
     scores = scored.rewards.float()
     lengths = mask.sum(-1)
-    shaped = scores
+    penalty = torch.zeros_like(scores)
     if rl.overlong_buffer_len:
-        shaped = shaped + overlong_penalty(lengths, rl.generate_max_len, rl.overlong_buffer_len, rl.overlong_penalty_factor)
-    shaped = shaped.clamp(-rl.reward_clip, rl.reward_clip)
-    dense = None
+        penalty = overlong_penalty(lengths, rl.generate_max_len, rl.overlong_buffer_len, rl.overlong_penalty_factor)
+    shaped, dense = (scores + penalty).clamp(-rl.reward_clip, rl.reward_clip), None
     if scored.step_rewards is not None and not estimator.grouped:
-        # process rewards go on the tokens that end each step; the sequence score is then their aggregate only for logging
+        # process rewards go on the tokens that end each step; the sequence-level part is only the penalty
         separator = cfg.prm.step_separator
         positions = [step_end_tokens(tokenizer, s.response_ids, separator) for s in samples]
         values = [v[: len(p)] for v, p in zip(scored.step_rewards, positions)]
         dense = place_on_actions(values, [p[: len(v)] for p, v in zip(positions, values)], samples, mask.shape[1])
-        shaped = torch.zeros_like(shaped)
+        dense = dense.clamp(-rl.reward_clip, rl.reward_clip)
+        shaped = penalty
     advantages, returns = compute_advantages(
         rl.advantage_estimator, shaped, mask, n,
         kl=kl, kl_coef=0.0 if rl.use_kl_loss else kl_coef, dense=dense, values=got.get("values"),

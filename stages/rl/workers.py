@@ -246,7 +246,14 @@ class HFRolloutEngine(Worker):
         self.model = checkpoint.load_causal_lm(model_path, cfg.model, cfg.infra.precision).eval()
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state_dict)
+        """The policy's new weights. A ZeRO-3 gather lists tied weights once (e.g. lm_head tied to the
+        embeddings), so a key may be missing only when it shares storage with a key that is loaded."""
+        missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+        own = self.model.state_dict()
+        loaded = {own[k].data_ptr() for k in state_dict if k in own}
+        untied = [k for k in missing if own[k].data_ptr() not in loaded]
+        if untied or unexpected:
+            raise RuntimeError(f"rollout engine weight sync: missing {untied[:5]}, unexpected {unexpected[:5]}")
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,

@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from artifacts import fingerprint as fp
 from artifacts.fingerprint import code_version, config_subset, fingerprint, flatten
 from configs.loader import load_config
 from configs.schema import PipelineConfig
@@ -263,3 +264,12 @@ def test_code_version_missing_module_raises():
 def test_code_version_of_project_packages():
     v = code_version(("stages.contract", "stages.common"))
     assert len(v) == 16 and v == code_version(("stages.contract", "stages.common"))
+
+
+def test_local_sources_fall_back_to_a_folder_for_relative_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pkg" / "rewards").mkdir(parents=True)
+    (tmp_path / "pkg" / "rewards" / "r.py").write_text("x = 1\n")
+    assert fp.local_sources({"reward.func_path": "rewards/r.py"}) == {}
+    found = fp.local_sources({"reward.func_path": "rewards/r.py"}, fallback_dir=tmp_path / "pkg")
+    assert list(found) == [f"source:{(tmp_path / 'pkg' / 'rewards' / 'r.py').resolve()}"]

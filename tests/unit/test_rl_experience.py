@@ -48,7 +48,7 @@ def test_shard_and_micro_batches():
     assert [m["y"].tolist() for m in micro_batches(batch, 4)] == [[0, 1, 2, 3], [4, 5]]
     shuffled = [m["y"].tolist() for m in micro_batches(batch, 4, torch.Generator().manual_seed(0))]
     again = [m["y"].tolist() for m in micro_batches(batch, 4, torch.Generator().manual_seed(0))]
-    assert shuffled == again and sorted(sum(shuffled, [])) == list(range(6))
+    assert shuffled == again and sorted(y for m in shuffled for y in m) == list(range(6))
     for m in micro_batches(batch, 4, torch.Generator().manual_seed(0)):
         assert m["x"].flatten().tolist() == m["y"].tolist()  # rows stay whole
 
