@@ -241,7 +241,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
 
     print("[rl] held-out, before (SFT policy) -> after (RL policy)\n" + before_after(before, last_eval), flush=True)
     metrics = {f"eval_{k}": v for k, v in last_eval.items()} | {f"eval_{k}_before": v for k, v in before.items()}
-    metrics |= {k: v for k, v in logs.items() if k in ("reward", "kl", "samples_per_s")}
+    # the last step's training reward and KL, under names of their own (the per-step series are `reward`, `kl`)
+    metrics |= {f"train_{k}": logs[k] for k in ("reward", "kl") if k in logs}
     if start:
         metrics["resumed_from_step"] = float(start)
     return StageResult(outputs={"rl_model": out}, metrics=metrics)

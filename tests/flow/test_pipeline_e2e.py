@@ -83,7 +83,8 @@ def test_grpo_beats_sft_on_sampled_held_out_accuracy(ws):
     assert m["rl/sampled_accuracy"] >= m["sft/sampled_accuracy"] + 0.10
     assert m["rl/accuracy"] >= m["sft/accuracy"] - 0.05  # sharpening the samples does not cost greedy accuracy
     (rl_run,) = [r for r in stage_runs(ws, "rl") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
-    assert len(mlflow_client(ws).get_metric_history(rl_run.info.run_id, "reward")) == 40
+    history = mlflow_client(ws).get_metric_history(rl_run.info.run_id, "reward")
+    assert sorted(m.step for m in history) == list(range(1, 31))  # one point per rollout step of the preset
 
 
 def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path, monkeypatch):
@@ -151,7 +152,7 @@ def test_ppo_with_the_pipelines_reward_model_raises_reward_with_bounded_kl(ws, s
 
 # PPO (critic, GAE, KL penalty in the reward) for the reward-model runs above.
 PPO = ("rl.advantage_estimator=gae", "rl.use_kl_loss=false", "rl.init_kl_coef=0.05", "rl.kl_estimator=k1",
-       "rl.max_steps=15", "rl.eval_every=15", "eval.samples_per_prompt=1")
+       "rl.max_steps=12", "rl.eval_every=12", "eval.samples_per_prompt=0")
 # The re-runs below shorten the stages they rerun: what they check is which stages run, not how well.
 SHORT_SFT = ("sft.max_steps=60", "sft.lr=1e-3", "rl.max_steps=2")
 

@@ -47,10 +47,10 @@ def head():
                 break
         time.sleep(0.5)
     else:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("ray start --head did not open its port")
     yield port, proc
-    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGKILL)  # the head and every Ray process it started share its session
     proc.wait(timeout=60)
     shutil.rmtree(temp_dir, ignore_errors=True)
 

@@ -27,7 +27,7 @@ STEP_KEYS = {"reward", "reward_std", "kl", "actor/entropy", "actor/policy_loss",
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
