@@ -204,17 +204,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
             with timer("experience"):
                 batch, logs = make_experience(actors, tokenizer, samples, scored, cfg, kl_ctl.value)
             with timer("training"):
-                keys = ("input_ids", "attention_mask", "action_mask")
-                actor_batch = {k: batch[k] for k in (*keys, "old_log_probs", "advantages", "rollout_log_probs",
-                                                     *(("ref_log_probs", "kl_coef") if rl.use_kl_loss and actors.ref else ()))}
-                futures = [w.train.remote(s, step) for w, s in zip(actors.policy, shard(actor_batch, len(actors.policy)))]
-                if actors.critic:
-                    critic_batch = {k: batch[k] for k in (*keys, "values", "returns")}
-                    futures += [w.train.remote(s, step) for w, s in zip(actors.critic, shard(critic_batch, len(actors.critic)))]
-                results = ray.get(futures)
-                logs |= {f"actor/{k}": v for k, v in results[0].items()}
-                if actors.critic:
-                    logs |= {f"critic/{k}": v for k, v in results[len(actors.policy)].items()}
+                logs |= train(actors, batch, step, rl.use_kl_loss)
             with timer("weight_sync"):
                 sync_weights(actors)
             kl_ctl.update(logs["kl"], rl.rollout_batch_size * n)
@@ -246,6 +236,22 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     if start:
         metrics["resumed_from_step"] = float(start)
     return StageResult(outputs={"rl_model": out}, metrics=metrics)
+
+
+def train(actors: Actors, batch: dict[str, torch.Tensor], step: int, use_kl_loss: bool) -> dict[str, float]:
+    """One rollout batch through the policy ranks and, at the same time, the critic ranks."""
+    keys = ("input_ids", "attention_mask", "action_mask")
+    kl_keys = ("ref_log_probs", "kl_coef") if use_kl_loss and actors.ref else ()
+    actor_batch = {k: batch[k] for k in (*keys, "old_log_probs", "advantages", "rollout_log_probs", *kl_keys)}
+    futures = [w.train.remote(s, step) for w, s in zip(actors.policy, shard(actor_batch, len(actors.policy)))]
+    if actors.critic:
+        critic_batch = {k: batch[k] for k in (*keys, "values", "returns")}
+        futures += [w.train.remote(s, step) for w, s in zip(actors.critic, shard(critic_batch, len(actors.critic)))]
+    results = ray.get(futures)
+    logs = {f"actor/{k}": v for k, v in results[0].items()}  # rank-averaged by the workers
+    if actors.critic:
+        logs |= {f"critic/{k}": v for k, v in results[len(actors.policy)].items()}
+    return logs
 
 
 def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStream, cursor: int, cfg, step: int, timer: Timer):

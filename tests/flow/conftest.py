@@ -4,8 +4,13 @@ a real local Ray cluster, real DeepSpeed engines and an MLflow SQLite store in a
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -37,3 +42,33 @@ def mlflow_client(workdir: Path):
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_head():
+    """A cluster started with `ray start --head` (its own session, killed as a group afterwards): (port, process)."""
+    port = free_port()
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    ray_bin = Path(sys.executable).parent / "ray"
+    proc = subprocess.Popen([str(ray_bin), "start", "--head", "--block", "--num-cpus=2", f"--port={port}",
+                             "--include-dashboard=false", f"--temp-dir={temp_dir}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.5)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("ray start --head did not open its port")
+    yield port, proc
+    os.killpg(proc.pid, signal.SIGKILL)  # the head and every Ray process it started share its session
+    proc.wait(timeout=60)
+    shutil.rmtree(temp_dir, ignore_errors=True)
