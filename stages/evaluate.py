@@ -17,7 +17,7 @@ import torch
 from transformers import set_seed
 
 from stages.common import checkpoint
-from stages.common.answers import extract_answer, matches
+from stages.common.answers import extract_answer, is_correct, matches
 from stages.common.generation import generate
 from stages.common.progress import Progress
 from stages.common.tokenization import encode_segments, pad_batch
@@ -73,7 +73,7 @@ def sampled_accuracy(model, tokenizer, prompts: list[dict], e) -> float:
                          max_new_tokens=e.max_new_tokens, do_sample=True, temperature=e.sample_temperature)
     labels = [p["label"] for p in prompts for _ in range(k)]
     texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in generated]
-    return sum(matches(extract_answer(t, e.answer_pattern), label) for t, label in zip(texts, labels)) / len(texts)
+    return sum(is_correct(t, label, e.answer_pattern) for t, label in zip(texts, labels)) / len(texts)
 
 
 COLUMNS = (("accuracy", "accuracy", ".3f"), ("sampled_accuracy", "sampled accuracy", ".3f"),

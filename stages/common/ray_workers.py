@@ -18,43 +18,60 @@ from configs.schema import InfraConfig
 from stages.contract import StageContext, StageResult
 
 
+def prepare_process(num_threads: int) -> None:
+    """In a fresh Ray worker process: name the accelerator, use the cores this actor holds, quiet HF bars."""
+    import torch
+    import transformers
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # say it, rather than have DeepSpeed warn it guessed
+    torch.set_num_threads(num_threads)
+    transformers.utils.logging.disable_progress_bar()
+
+
+def free_address() -> tuple[str, int]:
+    """This node's IP and a free port: rank 0's rendezvous point for torch.distributed."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return ray.util.get_node_ip_address(), port
+
+
+def join_env(master: tuple[str, int], rank: int, world_size: int) -> None:
+    """The environment torch.distributed (and DeepSpeed) read to join the group."""
+    os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+
+
+def leave_process_group() -> None:
+    """A worker exiting with a process group open crashes Ray's task receiver."""
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 @ray.remote
 class StageWorker:
     """One rank of a stage. Sets the torch.distributed environment and the thread count Ray's
     `num_cpus` implies (Ray pins OMP threads to it), then calls the stage function."""
 
     def __init__(self, rank: int, world_size: int, num_threads: int):
-        import torch
-        import transformers
-
-        self.rank, self.world_size, self.num_threads = rank, world_size, num_threads
-        if not torch.cuda.is_available():
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # say it, rather than have DeepSpeed warn it guessed
-        transformers.utils.logging.disable_progress_bar()
+        self.rank, self.world_size = rank, world_size
+        prepare_process(num_threads)
 
     def rendezvous(self) -> tuple[str, int]:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return free_address()
 
     def run(self, entrypoint: str, ctx: StageContext, inputs: dict[str, Path], master: tuple[str, int], cwd: str):
-        import torch
-
         os.chdir(cwd)  # relative paths in the config mean what they meant to the driver
-        os.environ.update(
-            MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(self.rank),
-            WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
-        )
-        torch.set_num_threads(self.num_threads)
+        join_env(master, self.rank, self.world_size)
         module, func = entrypoint.split(":")
         stage_fn = getattr(importlib.import_module(module), func)
         try:
             return stage_fn(dataclasses.replace(ctx, rank=self.rank, world_size=self.world_size), inputs)
         finally:
-            # leave no process group behind: a worker exiting with one open crashes Ray's task receiver
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                torch.distributed.destroy_process_group()
+            leave_process_group()
 
 
 def check_resources(stage: str, n_workers: int, cpus: int, gpus: float) -> None:

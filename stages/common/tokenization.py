@@ -34,3 +34,9 @@ def pad_batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str,
         labels[i, : len(labs)] = torch.tensor(labs)
         attention_mask[i, : len(ids)] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the rightmost position whose mask is 1, per row (right or left padding alike)."""
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    return (positions * mask.long()).argmax(-1)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from configs.schema import TrainingConfig
+from configs.schema import InfraConfig, TrainingConfig
 from stages.common import deepspeed_engine
 from stages.common.progress import Progress
 from stages.contract import StageContext
@@ -71,11 +71,11 @@ def eval_batches(rows: list, rank: int, world: int, batch_size: int):
         yield (chunk, 1.0) if chunk else (rows[:1], 0.0)
 
 
-def build_engine(model: torch.nn.Module, ctx: StageContext, train: TrainingConfig, steps: int):
+def build_engine(model: torch.nn.Module, infra: InfraConfig, train: TrainingConfig, steps: int):
     if train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
-    return deepspeed_engine.initialize(model, deepspeed_engine.engine_config(ctx.config.infra, train, steps))
+    return deepspeed_engine.initialize(model, deepspeed_engine.engine_config(infra, train, steps))
 
 
 def fit(
@@ -93,7 +93,7 @@ def fit(
     Returns the engine (for saving) and the outcome.
     """
     steps = total_steps(len(rows), train.micro_batch_size, train.grad_accum_steps, ctx.world_size, train.epochs, train.max_steps)
-    engine = build_engine(model, ctx, train, steps)
+    engine = build_engine(model, ctx.config.infra, train, steps)
     stream = SampleStream(len(rows), train.micro_batch_size, ctx.rank, ctx.world_size, ctx.config.seed)
     outcome = train_loop(
         ctx, engine, train, steps,

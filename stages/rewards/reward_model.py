@@ -22,17 +22,11 @@ from transformers.utils import logging as hf_logging
 
 from configs.errors import CheckpointError
 from stages.common.checkpoint import DTYPES, load_tokenizer, resolve, validate
-from stages.common.tokenization import pad_batch
+from stages.common.tokenization import last_token_index, pad_batch
 from stages.rewards.base import RewardBatch, check_batch, first_line
 from stages.rewards.errors import RewardError
 
 SAFE_WEIGHTS, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"
-
-
-def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Index of the rightmost position whose mask is 1, per row (right or left padding alike)."""
-    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
-    return (positions * attention_mask.long()).argmax(-1)
 
 
 def rm_query(text: str, eos: str | None, pad: str | None) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from stages.common.tokenization import last_token_index
 from stages.rl.losses import masked_mean
 
 
@@ -80,12 +81,6 @@ def varied_groups(scores: torch.Tensor, n: int, eps: float = 1e-6) -> torch.Tens
     since a group of equal scores has zero advantage under every group estimator)."""
     g = _groups(scores, n)
     return (g.max(-1).values - g.min(-1).values) > eps
-
-
-def last_token_index(mask: torch.Tensor) -> torch.Tensor:
-    """[B] index of each row's last valid action (its EOS, or the last generated token)."""
-    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
-    return (positions * mask.long()).max(-1).values
 
 
 def token_rewards(

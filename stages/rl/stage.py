@@ -23,11 +23,12 @@ from transformers import set_seed
 
 from configs.errors import DataError
 from stages.common import checkpoint
-from stages.common.answers import extract_answer, matches
+from stages.common.answers import is_correct
 from stages.common.progress import Progress
 from stages.common.trainer import SampleStream
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
+from stages.rewards.base import RewardBatch
 from stages.rl import workers
 from stages.rl.advantages import (
     ESTIMATORS,
@@ -147,7 +148,7 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
         return samples, [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples], asked
 
     def accuracy(responses: list[str], asked: list[Prompt]) -> float:
-        return sum(matches(extract_answer(r, e.answer_pattern), p.label) for r, p in zip(responses, asked)) / len(asked)
+        return sum(is_correct(r, p.label, e.answer_pattern) for r, p in zip(responses, asked)) / len(asked)
 
     samples, responses, asked = answers(None, 1)
     scored = ray.get(actors.reward.score.remote([p.text for p in asked], responses, [p.label for p in asked]))
@@ -163,8 +164,10 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
 
 
 def sync_weights(actors: Actors) -> None:
-    state = ray.get([w.full_state_dict.remote() for w in actors.policy])[0]
-    ray.get([e.load_weights.remote(state) for e in actors.engines])
+    """Every policy rank takes part in the gather (ZeRO-3); rank 0's state goes to the engines straight
+    from the object store, not through the driver."""
+    states = [w.full_state_dict.remote() for w in actors.policy]
+    ray.get([e.load_weights.remote(states[0]) for e in actors.engines] + states[1:])
 
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
@@ -287,16 +290,12 @@ def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStre
     return samples, scored, cursor, filtered
 
 
-def _slice(scored, a: int, b: int):
-    from stages.rewards.base import RewardBatch
-
+def _slice(scored: RewardBatch, a: int, b: int) -> RewardBatch:
     steps = scored.step_rewards[a:b] if scored.step_rewards is not None else None
     return RewardBatch(rewards=scored.rewards[a:b], step_rewards=steps, extra_logs=scored.extra_logs)
 
 
-def _concat(parts: list):
-    from stages.rewards.base import RewardBatch
-
+def _concat(parts: list[RewardBatch]) -> RewardBatch:
     steps = None if parts[0].step_rewards is None else [s for p in parts for s in p.step_rewards]
     return RewardBatch(rewards=torch.cat([p.rewards for p in parts]), step_rewards=steps, extra_logs=parts[0].extra_logs)
 

@@ -11,7 +11,8 @@ import ray
 import torch
 
 from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
-from stages.common import checkpoint, deepspeed_engine
+from stages.common import checkpoint, deepspeed_engine, ray_workers
+from stages.common.trainer import build_engine
 from stages.rl.experience import Sample, micro_batches, trim
 from stages.rl.losses import (
     approx_kl,
@@ -28,12 +29,7 @@ class Worker:
     """Common set-up: CPU accelerator for DeepSpeed, the thread count of the cores this actor may use."""
 
     def __init__(self, threads: int):
-        import transformers
-
-        if not torch.cuda.is_available():
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        torch.set_num_threads(threads)
-        transformers.utils.logging.disable_progress_bar()
+        ray_workers.prepare_process(threads)
 
     def ready(self) -> bool:
         return True
@@ -65,17 +61,11 @@ class TrainerWorker(Worker):
         self.rank, self.world = rank, world_size
 
     def master(self) -> tuple[str, int]:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return ray_workers.free_address()
 
     def setup(self, cfg: PipelineConfig, model_path: str, optim: RLModelConfig, total_steps: int, master: tuple[str, int], cwd: str) -> None:
         os.chdir(cwd)
-        os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(self.rank),
-                          WORLD_SIZE=str(self.world), LOCAL_RANK="0")
+        ray_workers.join_env(master, self.rank, self.world)
         torch.manual_seed(cfg.seed + self.rank)
         deepspeed_engine.init_distributed()
         self.cfg, self.rl = cfg, cfg.rl
@@ -84,11 +74,8 @@ class TrainerWorker(Worker):
         grad_accum = rl.train_batch_size // (rl.micro_train_batch_size * self.world)
         train = TrainingConfig(**optim.model_dump(exclude={"num_workers"}),
                                micro_batch_size=rl.micro_train_batch_size, grad_accum_steps=grad_accum)
-        if optim.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-            model.config.use_cache = False
         optimizer_steps = total_steps * rl.max_epochs * (rl.rollout_batch_size * rl.n_samples_per_prompt // rl.train_batch_size)
-        self.engine = deepspeed_engine.initialize(model, deepspeed_engine.engine_config(cfg.infra, train, optimizer_steps))
+        self.engine = build_engine(model, cfg.infra, train, optimizer_steps)
 
     def load_model(self, path: str):
         raise NotImplementedError
@@ -124,8 +111,7 @@ class TrainerWorker(Worker):
         return deepspeed_engine.full_state_dict(self.engine)
 
     def close(self) -> None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        ray_workers.leave_process_group()
 
 
 @ray.remote
@@ -137,8 +123,7 @@ class PolicyWorker(TrainerWorker):
     @torch.no_grad()
     def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         self.engine.eval()
-        return torch.cat([_pad_to(token_log_probs(self.engine, trim(m), self.rl.temperature), m)
-                          for m in micro_batches(batch, self.rl.micro_rollout_batch_size)])
+        return per_micro_batch(lambda m: token_log_probs(self.engine, m, self.rl.temperature), batch, self.rl)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         rl, mask = self.rl, batch["action_mask"]
@@ -191,7 +176,7 @@ class CriticWorker(TrainerWorker):
     @torch.no_grad()
     def values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         self.engine.eval()
-        return torch.cat([_pad_to(self._values(trim(m)), m) for m in micro_batches(batch, self.rl.micro_rollout_batch_size)])
+        return per_micro_batch(self._values, batch, self.rl)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         values = self._values(batch)
@@ -199,10 +184,14 @@ class CriticWorker(TrainerWorker):
         return loss, {"value_loss": loss.item()}
 
 
-def _pad_to(per_token: torch.Tensor, full_batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """A trimmed micro-batch's [b, t] result widened back to the batch's [b, T-1] with zeros."""
-    width = full_batch["action_mask"].shape[1]
-    return torch.nn.functional.pad(per_token.float(), (0, width - per_token.shape[1]))
+def per_micro_batch(fn, batch: dict[str, torch.Tensor], rl) -> torch.Tensor:
+    """`fn` ([b, t] per token) over `micro_rollout_batch_size` rows at a time, each trimmed of unused
+    padding and widened back with zeros, concatenated to the batch's [B, T-1]."""
+    width, parts = batch["action_mask"].shape[1], []
+    for micro in micro_batches(batch, rl.micro_rollout_batch_size):
+        out = fn(trim(micro)).float()
+        parts.append(torch.nn.functional.pad(out, (0, width - out.shape[1])))
+    return torch.cat(parts)
 
 
 @ray.remote
@@ -216,8 +205,7 @@ class ReferenceWorker(Worker):
 
     @torch.no_grad()
     def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return torch.cat([_pad_to(token_log_probs(self.model, trim(m), self.rl.temperature), m)
-                          for m in micro_batches(batch, self.rl.micro_rollout_batch_size)])
+        return per_micro_batch(lambda m: token_log_probs(self.model, m, self.rl.temperature), batch, self.rl)
 
 
 @ray.remote

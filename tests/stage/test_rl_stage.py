@@ -85,12 +85,17 @@ def test_grpo_trains_the_policy_and_syncs_the_engine(grpo, prepared):
     assert model.config.vocab_size > 0
 
 
+def quick_reward_model(stage, module, data: str, output: str, prepared, root):
+    """A 4-step rm or prm checkpoint trained from the base model (a scorer to plug into RL)."""
+    cfg = load_config(None, [*FAST, f"{stage}.max_steps=4", f"{stage}.eval_every=2", f"{stage}.save_every=2"])
+    result = module.run(make_ctx(stage, cfg, root / stage), {"sft_model": prepared["base_model"], data: prepared[data]})
+    return result.outputs[output]
+
+
 def test_ppo_with_critic_and_reward_model(prepared, tmp_path):
-    cfg = load_config(None, [*FAST, "rm.max_steps=4", "rm.eval_every=2", "rm.save_every=2"])
-    rm = reward_model.run(make_ctx("rm", cfg, tmp_path / "rm"), {"sft_model": prepared["base_model"],
-                                                                 "pref_data": prepared["pref_data"]})
+    rm = quick_reward_model("rm", reward_model, "pref_data", "reward_model", prepared, tmp_path)
     result, logged = run_rl(prepared, tmp_path / "rl", ["rl.advantage_estimator=gae", "reward.source=rm"],
-                            extra_inputs={"reward_model": rm.outputs["reward_model"]})
+                            extra_inputs={"reward_model": rm})
     steps = [m for _, m in logged if "reward" in m]
     assert all("critic/value_loss" in m for m in steps)
     assert steps[0]["reward_std"] > 0  # the RM scores differ between samples
@@ -98,11 +103,9 @@ def test_ppo_with_critic_and_reward_model(prepared, tmp_path):
 
 
 def test_reinforce_with_dense_process_rewards(prepared, tmp_path):
-    cfg = load_config(None, [*FAST, "prm.max_steps=4", "prm.eval_every=2", "prm.save_every=2"])
-    prm_out = prm.run(make_ctx("prm", cfg, tmp_path / "prm"), {"sft_model": prepared["base_model"],
-                                                               "prm_data": prepared["prm_data"]})
+    prm_dir = quick_reward_model("prm", prm, "prm_data", "prm", prepared, tmp_path)
     result, logged = run_rl(prepared, tmp_path / "rl", ["rl.advantage_estimator=reinforce", "reward.source=prm"],
-                            extra_inputs={"prm": prm_out.outputs["prm"]})
+                            extra_inputs={"prm": prm_dir})
     steps = [m for _, m in logged if "reward" in m]
     assert all("reward/prm/steps" in m for m in steps)
     assert result.outputs["rl_model"].is_dir()

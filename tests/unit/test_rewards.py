@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request, Response
 
 import configs
 from configs.schema import RewardConfig
+from stages.common.tokenization import last_token_index
 from stages.rewards import (
     FunctionScorer,
     RemoteScorer,
@@ -32,7 +33,7 @@ from stages.rewards.process_reward import (
     with_placeholders,
 )
 from stages.rewards.remote import backoff_delays
-from stages.rewards.reward_model import last_token_index, rm_query
+from stages.rewards.reward_model import rm_query
 
 PH = "<|step|>"
 

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from stages.common.tokenization import last_token_index
 from stages.rl.advantages import (
     ESTIMATORS,
     compute_advantages,
@@ -12,7 +13,6 @@ from stages.rl.advantages import (
     gae,
     group_mean_baseline,
     group_normalized,
-    last_token_index,
     overlong_penalty,
     rloo_baseline,
     token_rewards,
