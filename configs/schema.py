@@ -171,6 +171,26 @@ class PRMConfig(TrainingConfig):
     step_separator: str = Field("\n", description="splits a response into steps when it has no placeholders")
 
 
+class DPOConfig(TrainingConfig):
+    """Direct preference optimisation of the SFT policy against its frozen starting weights."""
+
+    micro_batch_size: int = Field(16, gt=0, description="preference pairs (KTO: examples) per micro-batch")
+    beta: float = Field(0.1, gt=0, description="strength of the KL anchor to the reference")
+    loss: Literal["sigmoid", "ipo", "kto"] = Field("sigmoid", description="sigmoid: DPO (cDPO with label_smoothing); ipo; kto")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="cDPO: assumed probability that a pair's label is flipped")
+    nll_loss_coef: float = Field(0.0, ge=0.0, description="weight of the chosen responses' NLL added to the loss")
+    desirable_weight: float = Field(1.0, gt=0, description="KTO: weight of desirable examples")
+    undesirable_weight: float = Field(1.0, gt=0, description="KTO: weight of undesirable examples")
+
+    @model_validator(mode="after")
+    def _loss_options(self) -> DPOConfig:
+        if self.label_smoothing and self.loss != "sigmoid":
+            raise ValueError(f"label_smoothing (cDPO) needs loss: sigmoid, not {self.loss}")
+        if (self.desirable_weight, self.undesirable_weight) != (1.0, 1.0) and self.loss != "kto":
+            raise ValueError(f"desirable_weight / undesirable_weight need loss: kto, not {self.loss}")
+        return self
+
+
 class RewardConfig(Section):
     """Where rewards come from for later stages (one scorer interface over all sources)."""
 
@@ -291,4 +311,5 @@ class PipelineConfig(Section):
     prm: PRMConfig = PRMConfig()
     reward: RewardConfig = RewardConfig()
     rl: RLConfig = RLConfig()
+    dpo: DPOConfig = DPOConfig()
     eval: EvalConfig = EvalConfig()

@@ -49,7 +49,7 @@ class NothingToDo(Exception):
 
 def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome], cfg: PipelineConfig) -> dict[str, store.ArtifactRef]:
     available = {name: ref for outcome in upstream.values() for name, ref in outcome.outputs.items()}
-    wanted = spec.wanted_inputs(cfg)
+    wanted = [name for name in spec.wanted_inputs(cfg) if name in available or name not in spec.optional_inputs]
     missing = [name for name in wanted if name not in available]
     skipped = [name for name in missing if upstream.get(dag.producer(name).name, None) is not None
                and upstream[dag.producer(name).name].status == "skipped"]

@@ -23,6 +23,7 @@ class StageSpec:
     local_sources: tuple[str, ...] = ()  # config keys naming local files whose content the result depends on
     # inputs consumed only when the config asks for them (e.g. the pipeline's own RM as the RL reward)
     input_when: dict[str, Callable] = field(default_factory=dict)
+    optional_inputs: tuple[str, ...] = ()  # used when upstream made them, not needed (eval's candidate models)
     driver: bool = False  # the entrypoint runs in the flow process and starts its own Ray actors
 
     def wanted_inputs(self, cfg) -> tuple[str, ...]:
@@ -104,9 +105,21 @@ STAGES: tuple[StageSpec, ...] = (
         register=("rl_model",),
     ),
     StageSpec(
+        name="dpo",
+        entrypoint="stages.dpo.stage:run",
+        inputs=("sft_model", "pref_data"),
+        outputs=("dpo_model",),
+        config_keys=("seed", "model.attn_implementation", "dpo", *TRAINING_INFRA),
+        code=(*COMMON_CODE, "stages.dpo"),
+        key_metric="eval_reward_acc",
+        distributed=True,
+        register=("dpo_model",),
+    ),
+    StageSpec(
         name="eval",
         entrypoint="stages.evaluate:run",
-        inputs=("base_model", "sft_model", "rl_model", "sft_data", "eval_data"),
+        inputs=("base_model", "sft_model", "rl_model", "dpo_model", "sft_data", "eval_data"),
+        optional_inputs=("dpo_model",),
         outputs=("eval_report",),
         config_keys=("seed", "model.attn_implementation", "eval"),
         code=(*COMMON_CODE, "stages.evaluate"),

@@ -1,5 +1,5 @@
 """Two DeepSpeed ranks per training stage on the local Ray cluster, ZeRO-3: the whole DAG runs (RL with
-two policy and two critic ranks), ranks agree through gloo, and the gathered checkpoints are complete
+two policy and two critic ranks, DPO as KTO), ranks agree through gloo, and the gathered checkpoints are complete
 HF models."""
 
 import pytest
@@ -18,6 +18,8 @@ FAST = [
     "rl.advantage_estimator=gae", "rl.actor.num_workers=2", "rl.critic.num_workers=2", "rl.max_steps=2",
     "rl.rollout_batch_size=4", "rl.n_samples_per_prompt=4", "rl.train_batch_size=8", "rl.micro_train_batch_size=4",
     "rl.eval_every=2", "eval.samples_per_prompt=1",
+    # DPO as KTO: its KL reference point is averaged over the two ranks
+    "dpo.loss=kto", "dpo.max_steps=2", "dpo.micro_batch_size=4",
 ]
 
 
@@ -28,12 +30,14 @@ def test_two_ranks_with_zero3(workdir, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # for the artifact download below
     exp = client.get_experiment_by_name("rlhf-pipeline")
     runs = client.search_runs([exp.experiment_id], f"tags.`{store.TAG_STATUS}` = '{store.COMPLETE}'")
-    assert {r.data.tags[store.TAG_STAGE] for r in runs} == {"data_prep", "sft", "rm", "prm", "rl", "eval"}
+    assert {r.data.tags[store.TAG_STAGE] for r in runs} == {"data_prep", "sft", "rm", "prm", "rl", "dpo", "eval"}
     (sft,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "sft"]
     assert sft.data.params["infra.num_workers"] == "2" and sft.data.params["infra.zero_stage"] == "3"
     (rl,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "rl"]
     assert "critic/value_loss" in rl.data.metrics
-    for name, run in (("sft_model", sft), ("rl_model", rl)):
+    (dpo,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "dpo"]
+    assert {"train/kl", "eval/reward_acc"} <= set(dpo.data.metrics)
+    for name, run in (("sft_model", sft), ("rl_model", rl), ("dpo_model", dpo)):
         path = store.download(store.ArtifactRef(name, run.info.run_id), workdir / "dl")
         model = AutoModelForCausalLM.from_pretrained(path)
         assert sum(p.numel() for p in model.parameters()) > 800_000

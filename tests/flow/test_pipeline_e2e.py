@@ -2,7 +2,8 @@
 
 1. killed during SFT, then re-run: SFT resumes from its last checkpoint, nothing half-written is published
 2. the SFT model beats the base model on held-out accuracy; the GRPO policy beats the SFT model
-   on sampled held-out accuracy; PPO with the RM and with the PRM raises the mean reward, KL bounded
+   on sampled held-out accuracy, and so does DPO; PPO with the RM and with the PRM raises the mean
+   reward, KL bounded
 3. the MLflow store holds the runs, params, loss curves and a loadable registered checkpoint
 4. a second identical run is all cached; a changed setting reruns exactly its stage and what
    depends on it; `--force sft` reruns SFT and everything downstream of it
@@ -66,7 +67,7 @@ def test_killed_during_sft_then_resumed(ws):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "[sft] resumed from step" in result.stdout
     statuses = stage_statuses(ws)
-    assert statuses == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "eval": "ran"}
+    assert statuses == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "dpo": "ran", "eval": "ran"}
 
 
 def test_sft_beats_base_on_held_out_accuracy(ws):
@@ -86,6 +87,22 @@ def test_grpo_beats_sft_on_sampled_held_out_accuracy(ws):
     (rl_run,) = [r for r in stage_runs(ws, "rl") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
     history = mlflow_client(ws).get_metric_history(rl_run.info.run_id, "reward")
     assert sorted(m.step for m in history) == list(range(1, 31))  # one point per rollout step of the preset
+
+
+def test_dpo_beats_sft_on_sampled_held_out_accuracy_and_reports_reward_accuracy(ws):
+    (eval_run,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    m = eval_run.data.metrics
+    (dpo_run,) = [r for r in stage_runs(ws, "dpo") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    d = dpo_run.data.metrics
+    print(f"dpo: held-out accuracy greedy {m['dpo/accuracy']:.3f} / sampled {m['dpo/sampled_accuracy']:.3f} "
+          f"(sft {m['sft/accuracy']:.3f} / {m['sft/sampled_accuracy']:.3f}); eval reward accuracy {d['eval_reward_acc']:.3f}, "
+          f"margin {d['eval_margin']:.3f}")
+    assert m["dpo/sampled_accuracy"] >= m["sft/sampled_accuracy"] + 0.10
+    assert m["dpo/accuracy"] >= m["sft/accuracy"] - 0.05
+    assert d["eval_reward_acc"] >= 0.9 and d["eval_margin"] > 0
+    assert {"eval/reward_acc", "eval/chosen_reward", "eval/rejected_reward", "train/margin"} <= set(d)
+    (version,) = mlflow_client(ws).search_model_versions("name = 'rlhf-dpo'")
+    assert version.run_id == dpo_run.info.run_id
 
 
 def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path, monkeypatch):
@@ -139,7 +156,7 @@ def test_ppo_with_the_pipelines_reward_model_raises_reward_with_bounded_kl(ws, s
     result = run_cli(ws, "run", f"reward.source={source}", *PPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "cached", "prm": "cached",
-                                  "rl": "ran", "eval": "ran"}
+                                  "rl": "ran", "dpo": "cached", "eval": "ran"}
     client = mlflow_client(ws)
     (run,) = [r for r in stage_runs(ws, "rl") if r.data.params.get("reward.source") == source
               and r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
@@ -155,7 +172,7 @@ def test_ppo_with_the_pipelines_reward_model_raises_reward_with_bounded_kl(ws, s
 PPO = ("rl.advantage_estimator=gae", "rl.use_kl_loss=false", "rl.init_kl_coef=0.05", "rl.kl_estimator=k1",
        "rl.max_steps=9", "rl.eval_every=9", "eval.samples_per_prompt=0")
 # The re-runs below shorten the stages they rerun: what they check is which stages run, not how well.
-SHORT_SFT = ("sft.max_steps=60", "sft.lr=1e-3", "rl.max_steps=2", "eval.samples_per_prompt=0")
+SHORT_SFT = ("sft.max_steps=60", "sft.lr=1e-3", "rl.max_steps=2", "dpo.max_steps=2", "eval.samples_per_prompt=0")
 
 
 def test_changed_reward_model_setting_reruns_only_the_rm(ws):
@@ -163,19 +180,19 @@ def test_changed_reward_model_setting_reruns_only_the_rm(ws):
     assert result.returncode == 0, result.stderr[-3000:]
     # the RL reward is the rule function, so the new RM changes nothing downstream
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "ran", "prm": "cached", "rl": "cached",
-                                  "eval": "cached"}
+                                  "dpo": "cached", "eval": "cached"}
 
 
 def test_changed_sft_setting_reruns_sft_and_its_downstream_only(ws):
     result = run_cli(ws, "run", *SHORT_SFT, "rm.max_steps=20", "prm.max_steps=20")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "eval": "ran"}
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "dpo": "ran", "eval": "ran"}
 
 
 def test_force_reruns_the_stage_and_its_downstream(ws):
     result = run_cli(ws, "run", "--force", "sft", *SHORT_SFT, "rm.max_steps=20", "prm.max_steps=20")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "eval": "ran"}
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "dpo": "ran", "eval": "ran"}
     assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-sft'")) == 3
 
 

@@ -13,8 +13,8 @@ from stages.dag import BY_NAME, STAGES, check_order, downstream, producer, upstr
 
 
 def test_stage_names_and_order():
-    assert [s.name for s in STAGES] == ["data_prep", "sft", "rm", "prm", "rl", "eval"]
-    assert list(BY_NAME) == ["data_prep", "sft", "rm", "prm", "rl", "eval"]
+    assert [s.name for s in STAGES] == ["data_prep", "sft", "rm", "prm", "rl", "dpo", "eval"]
+    assert list(BY_NAME) == ["data_prep", "sft", "rm", "prm", "rl", "dpo", "eval"]
     assert all(BY_NAME[s.name] is s for s in STAGES)
 
 
@@ -57,7 +57,8 @@ def test_upstream():
     assert upstream(BY_NAME["data_prep"]) == []
     assert upstream(BY_NAME["sft"]) == ["data_prep"]
     assert upstream(BY_NAME["rl"]) == ["data_prep", "sft", "rm", "prm"]
-    assert upstream(BY_NAME["eval"]) == ["data_prep", "sft", "rl"]
+    assert upstream(BY_NAME["dpo"]) == ["data_prep", "sft"]
+    assert upstream(BY_NAME["eval"]) == ["data_prep", "sft", "rl", "dpo"]
 
 
 def test_rl_consumes_the_pipelines_reward_models_only_when_the_reward_config_asks():
@@ -72,12 +73,13 @@ def test_rl_consumes_the_pipelines_reward_models_only_when_the_reward_config_ask
 
 
 def test_downstream():
-    assert downstream({"sft"}) == {"sft", "rm", "prm", "rl", "eval"}
+    assert downstream({"sft"}) == {"sft", "rm", "prm", "rl", "dpo", "eval"}
     assert downstream({"rm"}) == {"rm", "rl", "eval"}
-    assert downstream({"data_prep"}) == {"data_prep", "sft", "rm", "prm", "rl", "eval"}
+    assert downstream({"dpo"}) == {"dpo", "eval"}
+    assert downstream({"data_prep"}) == {"data_prep", "sft", "rm", "prm", "rl", "dpo", "eval"}
     assert downstream({"data_prep"}) == {s.name for s in STAGES}
     assert downstream({"eval"}) == {"eval"}
-    assert downstream(["sft", "eval"]) == {"sft", "rm", "prm", "rl", "eval"}
+    assert downstream(["sft", "eval"]) == {"sft", "rm", "prm", "rl", "dpo", "eval"}
     assert downstream(set()) == set()
 
 
@@ -120,7 +122,8 @@ def test_code_modules_exist(spec):
 
 
 def test_distributed_and_metrics():
-    assert [s.name for s in STAGES if s.distributed] == ["sft", "rm", "prm"]
+    assert [s.name for s in STAGES if s.distributed] == ["sft", "rm", "prm", "dpo"]
+    assert BY_NAME["dpo"].register == ("dpo_model",) and BY_NAME["dpo"].key_metric == "eval_reward_acc"
     assert BY_NAME["sft"].register == ("sft_model",)
     assert BY_NAME["rm"].register == ("reward_model",) and BY_NAME["prm"].register == ("prm",)
     assert BY_NAME["rm"].key_metric == "eval_acc" and BY_NAME["prm"].key_metric == "eval_step_acc"

@@ -35,6 +35,17 @@ def test_a_missing_optional_output_skips_the_consumer():
         resolve_inputs(dag.BY_NAME["prm"], {"sft": sft, "data_prep": data_prep_outcome()}, PipelineConfig())
 
 
+def test_an_optional_input_is_used_when_upstream_made_it_and_dropped_otherwise():
+    def outcome(stage, name):
+        return StageOutcome(stage, "ran", 1.0, stage, "f", outputs={name: ArtifactRef(name, stage)})
+
+    upstream = {"data_prep": data_prep_outcome(), "sft": outcome("sft", "sft_model"), "rl": outcome("rl", "rl_model")}
+    got = resolve_inputs(dag.BY_NAME["eval"], upstream, PipelineConfig())
+    assert "dpo_model" not in got and {"base_model", "sft_model", "rl_model", "eval_data"} <= set(got)
+    upstream["dpo"] = outcome("dpo", "dpo_model")
+    assert resolve_inputs(dag.BY_NAME["eval"], upstream, PipelineConfig())["dpo_model"] == ArtifactRef("dpo_model", "dpo")
+
+
 def test_a_missing_required_output_is_an_error():
     with pytest.raises(PipelineError, match=r"stage sft needs sft_data \(from data_prep\)"):
         resolve_inputs(dag.BY_NAME["sft"], {"data_prep": data_prep_outcome(("base_model",))}, PipelineConfig())

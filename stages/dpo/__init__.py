@@ -1,0 +1,1 @@
+"""Preference optimisation: offline DPO / IPO / cDPO / KTO and iterative (online) DPO."""

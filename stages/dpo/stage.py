@@ -1,0 +1,245 @@
+"""DPO stage: direct preference optimisation of the SFT policy (DPO, IPO, cDPO or KTO).
+
+Reads `sft_model` and `pref_data`; writes `dpo_model`, an HF causal-LM checkpoint. The reference
+model is the SFT checkpoint the policy starts from: its log-probs of every training and eval
+sequence are computed once, before the policy's engine is built (TRL's `precompute_ref_log_probs`),
+and kept in the work dir, so no second model sits in memory while training and a resumed run
+reuses them.
+
+`dpo.loss` picks the objective: `sigmoid` (DPO; with `label_smoothing` > 0, cDPO), `ipo` (on
+length-averaged log-probs) or `kto` (each pair split into a desirable and an undesirable example;
+the KL reference point comes from mismatched prompt/completion pairs). Eval reports the implicit
+reward accuracy, margin and rewards on the held-out pairs for every objective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from transformers import set_seed
+
+from configs.schema import DPOConfig
+from stages.common import checkpoint, deepspeed_engine
+from stages.common.trainer import eval_batches, fit
+from stages.contract import StageContext, StageResult
+from stages.data_prep import read_split
+from stages.dpo.losses import (
+    dpo_loss,
+    kto_loss,
+    kto_reference_point,
+    sequence_logps,
+    token_logps,
+)
+
+Seq = tuple[list[int], list[int]]  # prompt ids, response ids
+REFERENCE_FILE = "reference_logps.pt"
+
+
+def encode_pairs(tokenizer, rows: list[dict]) -> list[tuple[Seq, Seq]]:
+    """(chosen, rejected) sequences, prompt and responses tokenized apart as the policy produces them."""
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    return [((ids(r["prompt"]), ids(r["chosen"])), (ids(r["prompt"]), ids(r["rejected"]))) for r in rows]
+
+
+def sequence_batch(seqs: list[Seq], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded prompt+response rows with a mask of the response tokens."""
+    width = max(len(p) + len(r) for p, r in seqs)
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    response_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, (prompt, response) in enumerate(seqs):
+        n = len(prompt) + len(response)
+        input_ids[i, :n] = torch.tensor(prompt + response)
+        attention_mask[i, :n] = 1
+        response_mask[i, len(prompt) : n] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask}
+
+
+def response_logps(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the summed log-prob of the response tokens, and how many there are."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    mask = batch["response_mask"][:, 1:]
+    logps = token_logps(logits[:, :-1], batch["input_ids"][:, 1:])
+    return sequence_logps(logps, mask), mask.sum(-1)
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def reference_logps(engine, seqs: list[Seq], batch_size: int, pad_id: int, rank: int, world: int) -> torch.Tensor:
+    """Summed response log-probs of every sequence under the engine's current weights, on every rank
+    (each rank scores `seqs[rank::world]`, then the shares are gathered)."""
+    mine: list[float] = []
+    for chunk, weight in eval_batches(seqs, rank, world, batch_size):
+        sums, _ = response_logps(engine, to_device(sequence_batch(chunk, pad_id), engine.device))
+        if weight:
+            mine.extend(sums.tolist())
+    shares = [mine]
+    if world > 1:
+        shares = [None] * world
+        dist.all_gather_object(shares, mine)
+    out = [0.0] * len(seqs)
+    for r, values in enumerate(shares):
+        out[r::world] = values
+    return torch.tensor(out, dtype=torch.float32)
+
+
+class PairObjective:
+    """DPO / cDPO / IPO on (chosen, rejected) pairs; row i is pair i."""
+
+    def __init__(self, cfg: DPOConfig, pairs: list[tuple[Seq, Seq]], pad_id: int):
+        self.cfg, self.pad_id, self.n_rows = cfg, pad_id, len(pairs)
+        # the sequences whose reference log-probs the rows need: chosen ones, then rejected ones
+        self.sequences = [c for c, _ in pairs] + [r for _, r in pairs]
+
+    def collate(self, ref: torch.Tensor, idx: list[int]) -> dict:
+        rejected = [self.n_rows + i for i in idx]
+        batch = sequence_batch([self.sequences[i] for i in idx + rejected], self.pad_id)
+        batch["ref"] = ref[idx + rejected]
+        return batch
+
+    def pair_terms(self, model, batch: dict):
+        """Per pair: losses, chosen / rejected implicit rewards; also the chosen NLL per token."""
+        sums, counts = response_logps(model, batch)
+        policy, ref = sums, batch["ref"]
+        if self.cfg.loss == "ipo":
+            policy, ref = sums / counts.clamp(min=1), ref / counts.clamp(min=1)
+        (pc, pr), (rc, rr) = policy.chunk(2), ref.chunk(2)
+        loss_type = "sigmoid" if self.cfg.loss == "kto" else self.cfg.loss  # KTO's eval reports DPO-style terms
+        losses, chosen, rejected = dpo_loss(pc, pr, rc, rr, self.cfg.beta, loss_type, self.cfg.label_smoothing)
+        chosen_sums, chosen_counts = sums.chunk(2)[0], counts.chunk(2)[0]
+        nll = -chosen_sums.sum() / chosen_counts.sum().clamp(min=1)  # per token, as in SFT
+        return losses, chosen, rejected, nll
+
+    def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
+        losses, chosen, rejected, nll = self.pair_terms(engine, batch)
+        loss = losses.mean()
+        if self.cfg.nll_loss_coef:
+            loss = loss + self.cfg.nll_loss_coef * nll
+        return loss, {**pair_logs(chosen, rejected), "nll": nll.item()}, int(batch["attention_mask"].sum())
+
+
+class KTOObjective:
+    """KTO on unpaired examples: pair i gives example 2i (chosen, desirable) and 2i+1 (rejected,
+    undesirable). Example j's KL sequence is its prompt with the completion of example j+2 (another
+    prompt's); their log-ratios estimate the reference point z0."""
+
+    def __init__(self, cfg: DPOConfig, pairs: list[tuple[Seq, Seq]], pad_id: int, world: int):
+        self.cfg, self.pad_id, self.world = cfg, pad_id, world
+        examples = [seq for pair in pairs for seq in pair]
+        self.n_rows = m = len(examples)
+        self.sequences = examples + [(examples[j][0], examples[(j + 2) % m][1]) for j in range(m)]
+
+    def collate(self, ref: torch.Tensor, idx: list[int]) -> dict:
+        kl_idx = [self.n_rows + j for j in idx]
+        batch = sequence_batch([self.sequences[j] for j in idx], self.pad_id)
+        kl = sequence_batch([self.sequences[j] for j in kl_idx], self.pad_id)
+        batch.update({f"kl_{k}": v for k, v in kl.items()})
+        batch["ref"], batch["ref_kl"] = ref[idx], ref[kl_idx]
+        batch["desirable"] = torch.tensor([j % 2 == 0 for j in idx])
+        return batch
+
+    def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
+        sums, _ = response_logps(engine, batch)
+        with torch.no_grad():
+            kl_sums, _ = response_logps(engine, {k.removeprefix("kl_"): v for k, v in batch.items() if k.startswith("kl_")})
+        z0 = kto_reference_point(kl_sums, batch["ref_kl"], self._mean_over_ranks if self.world > 1 else None)
+        losses, rewards = kto_loss(sums, batch["ref"], batch["desirable"], z0, self.cfg.beta,
+                                   self.cfg.desirable_weight, self.cfg.undesirable_weight)
+        good = batch["desirable"]
+        logs = {"kl": float(z0)}
+        if good.any():
+            logs["desirable_reward"] = float(rewards[good].mean())
+        if (~good).any():
+            logs["undesirable_reward"] = float(rewards[~good].mean())
+        return losses.mean(), logs, int(batch["attention_mask"].sum())
+
+    def _mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(value)
+        return value / self.world
+
+
+def pair_logs(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
+    return {
+        "reward_acc": float((chosen > rejected).float().mean()),
+        "chosen_reward": float(chosen.mean()),
+        "rejected_reward": float(rejected.mean()),
+        "margin": float((chosen - rejected).mean()),
+    }
+
+
+def eval_pairs(engine, objective: PairObjective, ref: torch.Tensor, batch_size: int, rank: int, world: int) -> dict[str, float]:
+    """Held-out pairs: implicit reward accuracy, rewards and margin; the pair loss and chosen NLL."""
+    keys = ("loss", "reward_acc", "chosen_reward", "rejected_reward", "margin", "nll")
+    sums = torch.zeros(len(keys) + 1, dtype=torch.float64)
+    for chunk, weight in eval_batches(list(range(objective.n_rows)), rank, world, batch_size):
+        batch = to_device(objective.collate(ref, chunk), engine.device)
+        losses, chosen, rejected, nll = objective.pair_terms(engine, batch)
+        n = len(chunk) * weight
+        logs = {"loss": float(losses.mean()), **pair_logs(chosen, rejected), "nll": float(nll)}
+        sums += torch.tensor([logs[k] * n for k in keys] + [n], dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(sums)
+    n = max(float(sums[-1]), 1.0)
+    return {k: float(v) / n for k, v in zip(keys, sums[:-1])}
+
+
+def cached_reference(ctx: StageContext, compute: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The reference log-probs saved in the work dir by an earlier (killed) run, else `compute()`d and
+    saved: after a resume the policy's weights are no longer the reference's."""
+    path = ctx.work_dir / REFERENCE_FILE
+    if path.is_file():
+        return torch.load(path)
+    ref = compute()
+    if ctx.is_main:
+        ctx.work_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(ref, tmp)
+        tmp.replace(path)  # a killed save leaves no half-written file behind
+    if ctx.world_size > 1:
+        dist.barrier()
+    return ref
+
+
+def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+    cfg, d = ctx.config, ctx.config.dpo
+    set_seed(cfg.seed)
+    deepspeed_engine.init_distributed()
+    tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
+    pad_id = tokenizer.pad_token_id
+    train_pairs = encode_pairs(tokenizer, read_split(inputs["pref_data"], "train"))
+
+    evaluation = PairObjective(d, encode_pairs(tokenizer, read_split(inputs["pref_data"], "eval")), pad_id)
+    objective = (KTOObjective(d, train_pairs, pad_id, ctx.world_size) if d.loss == "kto"
+                 else PairObjective(d, train_pairs, pad_id))
+
+    def precompute() -> dict[str, torch.Tensor]:
+        reference = checkpoint.load_causal_lm(inputs["sft_model"], cfg.model).eval()
+        with torch.no_grad():
+            return {name: reference_logps(reference, o.sequences, d.micro_batch_size, pad_id, ctx.rank, ctx.world_size)
+                    for name, o in (("train", objective), ("eval", evaluation))}
+
+    ref = cached_reference(ctx, precompute)  # before the policy's engine exists: one model in memory at a time
+    model = checkpoint.load_causal_lm(inputs["sft_model"], cfg.model)
+    engine, outcome = fit(
+        ctx, model, d, list(range(objective.n_rows)),
+        collate=lambda idx: objective.collate(ref["train"], idx),
+        loss_fn=objective.loss,
+        evaluate=lambda engine: eval_pairs(engine, evaluation, ref["eval"], d.micro_batch_size, ctx.rank, ctx.world_size),
+    )
+
+    state = deepspeed_engine.full_state_dict(engine)
+    out = ctx.output_dir / "dpo_model"
+    if ctx.is_main:
+        checkpoint.save(engine.module, tokenizer, out, state_dict=state)
+    metrics = {f"eval_{k}": v for k, v in outcome.last_eval.items()}
+    metrics["train_loss"] = outcome.last_train.get("loss", float("nan"))
+    if outcome.start_step:
+        metrics["resumed_from_step"] = float(outcome.start_step)
+    return StageResult(outputs={"dpo_model": out}, metrics=metrics)

@@ -1,0 +1,121 @@
+"""The dpo stage on tiny data: each objective's first loss is its value at the reference (so the
+precomputed reference log-probs equal the training forward's), eval reward metrics per eval step,
+an HF checkpoint, and a killed run resuming to the same weights as an uninterrupted one.
+(Held-out accuracy on the real preset: flow tests.)"""
+
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from configs import load_config
+from stages.dpo import stage as dpo
+from tests.stage.conftest import FAST, make_ctx
+from tests.stage.test_sft_stage import Recorder
+
+SHORT = [*FAST, "dpo.micro_batch_size=8", "dpo.max_steps=8", "dpo.eval_every=4",
+         "dpo.save_every=2", "dpo.lr=2e-3", "dpo.warmup_ratio=0", "dpo.min_lr_ratio=1.0"]
+
+
+def run_dpo(prepared, root, extra=(), recorder=None):
+    cfg = load_config(None, [*SHORT, *extra])
+    ctx = make_ctx("dpo", cfg, root, recorder)
+    # the base model stands in for the SFT checkpoint: same format, no SFT run needed here
+    return dpo.run(ctx, {"sft_model": prepared["base_model"], "pref_data": prepared["pref_data"]})
+
+
+@pytest.fixture(scope="module")
+def trained(prepared, tmp_path_factory):
+    rec = Recorder()
+    return run_dpo(prepared, tmp_path_factory.mktemp("dpo"), recorder=rec), rec
+
+
+def test_dpo_logs_reward_metrics_per_eval_step_and_separates_the_pairs(trained):
+    result, rec = trained
+    evals = [(s, m) for s, m in rec.rows if "eval/reward_acc" in m]
+    assert [s for s, _ in evals] == [4, 8]
+    assert {"eval/loss", "eval/margin", "eval/chosen_reward", "eval/rejected_reward", "eval/nll"} <= set(evals[-1][1])
+    train = [m for _, m in rec.rows if "train/loss" in m][-1]
+    assert {"train/reward_acc", "train/margin", "train/chosen_reward", "train/nll", "train/lr"} <= set(train)
+    # 8 steps from log 2: the implicit reward now prefers the correct solutions
+    assert result.metrics["eval_loss"] < math.log(2) - 0.03
+    assert result.metrics["eval_margin"] > 0 and result.metrics["eval_reward_acc"] > 0.6
+
+
+def test_dpo_checkpoint_loads_with_plain_transformers(trained, prepared):
+    result, _ = trained
+    model = AutoModelForCausalLM.from_pretrained(result.outputs["dpo_model"])
+    base = AutoModelForCausalLM.from_pretrained(prepared["base_model"])
+    moved = max(float((a - b).abs().max()) for a, b in zip(model.state_dict().values(), base.state_dict().values()))
+    assert moved > 1e-4
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ([], math.log(2)),  # DPO: -log sigmoid(0)
+    (["dpo.label_smoothing=0.2"], math.log(2)),  # cDPO is symmetric at margin 0
+    (["dpo.loss=ipo", "dpo.beta=0.5"], 1.0),  # (0 - 1 / (2 * 0.5))^2
+    (["dpo.loss=kto", "dpo.desirable_weight=1.5", "dpo.undesirable_weight=1.5"], 0.75),  # 1.5 * (1 - sigmoid(0))
+])
+def test_objective_at_the_reference(prepared, overrides, expected):
+    """With policy == reference the precomputed reference log-probs must equal the training forward's,
+    so each objective's loss is its value at margin 0 (and KTO's KL reference point is 0)."""
+    from stages.common import checkpoint
+    from stages.data_prep import read_split
+
+    d = load_config(None, ["dpo.nll_loss_coef=0", *overrides]).dpo  # the NLL term is not 0 at the reference
+    tok = checkpoint.load_tokenizer(prepared["base_model"])
+    model = AutoModelForCausalLM.from_pretrained(prepared["base_model"]).eval()
+    pairs = dpo.encode_pairs(tok, read_split(prepared["pref_data"], "train")[:6])
+    objective = (dpo.KTOObjective(d, pairs, tok.pad_token_id, world=1) if d.loss == "kto"
+                 else dpo.PairObjective(d, pairs, tok.pad_token_id))
+    with torch.no_grad():
+        ref = dpo.reference_logps(model, objective.sequences, batch_size=4, pad_id=tok.pad_token_id, rank=0, world=1)
+        loss, logs, _ = objective.loss(model, objective.collate(ref, list(range(objective.n_rows))))
+    assert float(loss) == pytest.approx(expected, abs=1e-5)
+    if d.loss == "kto":
+        assert logs["kl"] == pytest.approx(0.0, abs=1e-6)
+    else:
+        assert logs["margin"] == pytest.approx(0.0, abs=1e-6) and logs["nll"] > 0
+
+
+def test_killed_run_resumes_from_last_checkpoint_and_matches_uninterrupted(prepared, trained, tmp_path, capsys):
+    with pytest.raises(KeyboardInterrupt):
+        run_dpo(prepared, tmp_path, recorder=Recorder(fail_at=4))  # dies at step 4's eval, before its save
+    reference_file = tmp_path / "work" / dpo.REFERENCE_FILE
+    assert reference_file.is_file()
+    written = reference_file.stat().st_mtime_ns
+    result = run_dpo(prepared, tmp_path)
+    assert "[dpo] resumed from step 2/8" in capsys.readouterr().out
+    assert result.metrics["resumed_from_step"] == 2
+    assert reference_file.stat().st_mtime_ns == written  # reused, not recomputed from the trained weights
+    resumed = load_file(result.outputs["dpo_model"] / "model.safetensors")
+    uninterrupted = load_file(trained[0].outputs["dpo_model"] / "model.safetensors")
+    assert max(float((resumed[k] - uninterrupted[k]).abs().max()) for k in uninterrupted) < 1e-5
+
+
+def test_loss_options_are_checked_against_the_loss():
+    from configs.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="label_smoothing"):
+        load_config(None, ["dpo.loss=ipo", "dpo.label_smoothing=0.1"])
+    with pytest.raises(ConfigError, match="desirable_weight"):
+        load_config(None, ["dpo.desirable_weight=2"])
+
+
+def test_reference_logps_match_an_independent_hf_forward(prepared):
+    """The precompute's summed response log-probs equal a plain HF forward's, sequence by sequence."""
+    from stages.common import checkpoint
+    from stages.data_prep import read_split
+
+    tok = checkpoint.load_tokenizer(prepared["base_model"])
+    model = AutoModelForCausalLM.from_pretrained(prepared["base_model"]).eval()
+    pairs = dpo.encode_pairs(tok, read_split(prepared["pref_data"], "eval")[:5])
+    seqs = [c for c, _ in pairs] + [r for _, r in pairs]
+    with torch.no_grad():
+        ours = dpo.reference_logps(model, seqs, batch_size=3, pad_id=tok.pad_token_id, rank=0, world=1)
+        for value, (prompt, response) in zip(ours, seqs):
+            ids = torch.tensor([prompt + response])
+            logps = model(input_ids=ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+            assert float(value) == pytest.approx(float(logps[len(prompt) - 1 :].sum()), abs=1e-4)
