@@ -214,6 +214,9 @@ class RLModelConfig(OptimConfig):
     num_workers: int = Field(1, gt=0, description="DeepSpeed ranks of this model's actor group")
 
 
+CPU_KV_CACHE_MIB = 512  # vLLM on CPU would otherwise reserve most of the RAM
+
+
 class RLConfig(Section):
     """Online RL from the SFT policy (OpenRLHF's PPO family). Batch sizes count sequences
     (prompts x samples) except `rollout_batch_size`, which counts prompts, as in OpenRLHF."""
@@ -222,8 +225,12 @@ class RLConfig(Section):
     actor: RLModelConfig = RLModelConfig(lr=1e-4)
     critic: RLModelConfig = RLModelConfig(lr=1e-3)
     # rollouts
-    engine: Literal["hf"] = Field("hf", description="rollout engine: HF generate in Ray actors")
+    engine: Literal["hf", "vllm"] = Field("hf", description="rollout engine: HF generate or vLLM, in Ray actors")
     num_engines: int = Field(1, gt=0)
+    vllm_python: str | None = Field(None, description="Python of the env holding vLLM (`rlhf vllm-env`); empty: the pipeline's own")
+    vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory a vLLM engine may take")
+    vllm_kv_cache_mib: int | None = Field(None, gt=0, description=f"vLLM KV cache size; empty: set by vllm_gpu_memory_utilization on a GPU, {CPU_KV_CACHE_MIB} MiB on CPU")
+    enable_prefix_caching: bool = Field(False, description="vLLM reuses the KV cache of shared prompt prefixes")
     rollout_batch_size: int = Field(32, gt=0, description="prompts per rollout step")
     n_samples_per_prompt: int = Field(4, gt=0)
     micro_rollout_batch_size: int = Field(32, gt=0, description="sequences per forward pass while making experience")

@@ -5,6 +5,7 @@
   rlhf runs [--config PRESET|FILE] [--limit N]
   rlhf compare RUN [RUN ...] [--config PRESET|FILE]
   rlhf serve-rm --model PATH [--host HOST] [--port N] [--batch-size N]
+  rlhf vllm-env PATH
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     data_prep.preflight(cfg)
     check_local_resources(cfg)
+    if cfg.rl.engine == "vllm":
+        from stages.rl.rollout_engines import check_installed
+
+        check_installed(cfg)
     if os.environ.get("RAY_ADDRESS") or cfg.infra.ray_address:
         from flows.ray_cluster import use_local_token
 
@@ -118,6 +123,13 @@ def cmd_serve_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_vllm_env(args: argparse.Namespace) -> int:
+    from flows.vllm_env import create
+
+    create(Path(args.path))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf", description="Cached, re-runnable LLM post-training pipeline.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -145,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve_rm.add_argument("--port", type=int, default=5001)
     serve_rm.add_argument("--batch-size", type=int, default=32)
     serve_rm.set_defaults(func=cmd_serve_rm)
+    vllm_env = sub.add_parser("vllm-env", help="make a Python environment with the CPU build of vLLM for the rollout engine (rl.engine=vllm)")
+    vllm_env.add_argument("path", metavar="PATH", help="where to create it, e.g. .venv-vllm")
+    vllm_env.set_defaults(func=cmd_vllm_env)
     return parser
 
 

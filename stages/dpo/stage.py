@@ -1,8 +1,9 @@
 """DPO stage: direct preference optimisation of the SFT policy (DPO, IPO, cDPO or KTO).
 
 Reads `sft_model` and `pref_data`; writes `dpo_model`, an HF causal-LM checkpoint. The reference
-model is the SFT checkpoint the policy starts from: its log-probs of every training and eval
-sequence are computed once, before the policy's engine is built (TRL's `precompute_ref_log_probs`),
+model is the SFT checkpoint the policy starts from: its log-probs of the training sequences the run
+will draw and of every eval sequence are computed once, before the policy's engine is built (TRL's
+`precompute_ref_log_probs`),
 and kept in the work dir, so no second model sits in memory while training and a resumed run
 reuses them.
 
@@ -23,7 +24,7 @@ from transformers import set_seed
 
 from configs.schema import DPOConfig
 from stages.common import checkpoint, deepspeed_engine
-from stages.common.trainer import eval_batches, fit
+from stages.common.trainer import SampleStream, eval_batches, fit, total_steps
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 from stages.dpo.losses import (
@@ -98,6 +99,9 @@ class PairObjective:
         # the sequences whose reference log-probs the rows need: chosen ones, then rejected ones
         self.sequences = [c for c, _ in pairs] + [r for _, r in pairs]
 
+    def sequence_ids(self, rows: list[int]) -> list[int]:
+        return rows + [self.n_rows + i for i in rows]
+
     def collate(self, ref: torch.Tensor, idx: list[int]) -> dict:
         rejected = [self.n_rows + i for i in idx]
         batch = sequence_batch([self.sequences[i] for i in idx + rejected], self.pad_id)
@@ -135,6 +139,9 @@ class KTOObjective:
         examples = [seq for pair in pairs for seq in pair]
         self.n_rows = m = len(examples)
         self.sequences = examples + [(examples[j][0], examples[(j + 2) % m][1]) for j in range(m)]
+
+    def sequence_ids(self, rows: list[int]) -> list[int]:
+        return rows + [self.n_rows + j for j in rows]
 
     def collate(self, ref: torch.Tensor, idx: list[int]) -> dict:
         kl_idx = [self.n_rows + j for j in idx]
@@ -190,6 +197,25 @@ def eval_pairs(engine, objective: PairObjective, ref: torch.Tensor, batch_size: 
     return {k: float(v) / n for k, v in zip(keys, sums[:-1])}
 
 
+def rows_trained_on(n_rows: int, d: DPOConfig, world: int, seed: int) -> list[int]:
+    """The rows the run's micro-batches will draw, over all ranks (SampleStream's order): only these
+    need reference log-probs, which matters for short runs on large datasets."""
+    steps = total_steps(n_rows, d.micro_batch_size, d.grad_accum_steps, world, d.epochs, d.max_steps)
+    stream = SampleStream(n_rows, d.micro_batch_size, 0, 1, seed)  # one rank's view of every rank's rows
+    micro_batches = steps * d.grad_accum_steps * world
+    if micro_batches * d.micro_batch_size >= n_rows:  # an epoch or more: every row
+        return list(range(n_rows))
+    return sorted({i for g in range(micro_batches) for i in stream.micro_batch(g)})
+
+
+def scored_reference(model, objective, rows: list[int], batch_size: int, pad_id: int, rank: int, world: int) -> torch.Tensor:
+    """Reference log-probs of the sequences `rows` need (NaN for the others, which are never read)."""
+    ids = objective.sequence_ids(rows)
+    ref = torch.full((len(objective.sequences),), float("nan"))
+    ref[ids] = reference_logps(model, [objective.sequences[i] for i in ids], batch_size, pad_id, rank, world)
+    return ref
+
+
 def cached_reference(ctx: StageContext, compute: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """The reference log-probs saved in the work dir by an earlier (killed) run, else `compute()`d and
     saved: after a resume the policy's weights are no longer the reference's."""
@@ -221,9 +247,10 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
 
     def precompute() -> dict[str, torch.Tensor]:
         reference = checkpoint.load_causal_lm(inputs["sft_model"], cfg.model).eval()
+        used = rows_trained_on(objective.n_rows, d, ctx.world_size, cfg.seed)
         with torch.no_grad():
-            return {name: reference_logps(reference, o.sequences, d.micro_batch_size, pad_id, ctx.rank, ctx.world_size)
-                    for name, o in (("train", objective), ("eval", evaluation))}
+            return {name: scored_reference(reference, o, rows, d.micro_batch_size, pad_id, ctx.rank, ctx.world_size)
+                    for name, o, rows in (("train", objective, used), ("eval", evaluation, list(range(evaluation.n_rows))))}
 
     ref = cached_reference(ctx, precompute)  # before the policy's engine exists: one model in memory at a time
     model = checkpoint.load_causal_lm(inputs["sft_model"], cfg.model)

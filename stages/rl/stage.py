@@ -29,7 +29,7 @@ from stages.common.trainer import SampleStream
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 from stages.rewards.base import RewardBatch
-from stages.rl import workers
+from stages.rl import rollout_engines, workers
 from stages.rl.advantages import (
     ESTIMATORS,
     compute_advantages,
@@ -100,7 +100,7 @@ class Actors:
         r = slots["reward"][0]
         self.reward = workers.RewardWorker.options(**r.options()).remote(
             cfg, str(own_rm) if own_rm else None, str(own_prm) if own_prm else None, r.threads, cwd)
-        self.engines = [workers.HFRolloutEngine.options(**s.options()).remote(cfg, sft, s.threads) for s in slots["engine"]]
+        self.engines = rollout_engines.start(cfg, sft, slots["engine"])
         pending = [self.reward.ready.remote()]  # a bad reward config fails here, before any model loads
         ray.get(pending)
         for group, optim in ((self.policy, rl.actor), (self.critic, rl.critic)):
@@ -183,6 +183,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     stream = SampleStream(len(prompts), 1, 0, 1, cfg.seed)
     ckpt = {"policy": ctx.work_dir / "checkpoints" / "policy", "critic": ctx.work_dir / "checkpoints" / "critic"}
 
+    rollout_engines.check(cfg, ray.cluster_resources().get("GPU", 0))
     placement = Placement(cfg, estimator.needs_critic)
     actors = None
     try:

