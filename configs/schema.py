@@ -125,6 +125,13 @@ class LoRAConfig(Section):
     alpha: int = Field(16, gt=0)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    load_in_4bit: bool = Field(False, description="QLoRA: the frozen base in 4-bit NF4 (bitsandbytes, CUDA only)")
+
+    @model_validator(mode="after")
+    def _qlora_needs_adapters(self) -> LoRAConfig:
+        if self.load_in_4bit and not self.rank:
+            raise ValueError("load_in_4bit (QLoRA) trains adapters on a frozen 4-bit base: set lora.rank > 0")
+        return self
 
 
 class OptimConfig(Section):
@@ -147,6 +154,7 @@ class TrainingConfig(OptimConfig):
     grad_accum_steps: int = Field(1, gt=0)
     eval_every: int = Field(50, gt=0, description="optimizer steps between eval passes")
     save_every: int = Field(50, gt=0, description="optimizer steps between resumable checkpoints")
+    lora: LoRAConfig = LoRAConfig()
 
 
 class SFTConfig(TrainingConfig):
@@ -160,7 +168,6 @@ class RewardModelConfig(TrainingConfig):
     micro_batch_size: int = Field(16, gt=0, description="preference pairs per micro-batch")
     value_head_prefix: str = Field("score", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     normalize_reward: bool = Field(False, description="scorers return (r - mean) / std with the eval-split statistics")
-    lora: LoRAConfig = LoRAConfig()
 
 
 class PRMConfig(TrainingConfig):

@@ -6,6 +6,7 @@
   rlhf compare RUN [RUN ...] [--config PRESET|FILE]
   rlhf serve-rm --model PATH [--host HOST] [--port N] [--batch-size N]
   rlhf vllm-env PATH
+  rlhf merge --adapter PATH --out PATH [--base PATH] [--is-rm]
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ QUIET_DEFAULTS = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
     "RAY_DEDUP_LOGS": "0",
+    # Prefect waits 20 s for its temporary server; a busy 2-core machine can need longer
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
 }
 
 
@@ -36,9 +39,18 @@ def _prefect_home(state_dir: str) -> None:
 
 
 def check_local_resources(cfg) -> None:
-    """A local Ray cluster has `infra.num_cpus` CPUs (default: all): training stages must fit in it."""
+    """A local Ray cluster has `infra.num_cpus` CPUs (default: all): training stages must fit in it; and
+    this machine's GPUs: options that need CUDA (flash attention, QLoRA) fail here when it has none."""
     if os.environ.get("RAY_ADDRESS") or cfg.infra.ray_address:
         return  # a remote cluster's size is checked when the stage asks for it
+    from stages.common import checkpoint, lora
+    from stages.dag import LORA_SECTIONS
+
+    if cfg.model.attn_implementation == "flash_attention_2":
+        checkpoint.require_flash_attn()
+    for section in LORA_SECTIONS:
+        if getattr(cfg, section).lora.load_in_4bit:
+            lora.require_qlora(f"{section}.lora")
     have = cfg.infra.num_cpus or os.cpu_count() or 1
     need = cfg.infra.num_workers * cfg.infra.cpus_per_worker
     if need > have:
@@ -130,6 +142,17 @@ def cmd_vllm_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    from stages.lora_merge import merge
+
+    out = Path(args.out)
+    if out.exists():
+        raise PipelineError(f"--out {out}: already exists; choose a new directory")
+    diff = merge(Path(args.adapter), out, base=args.base, is_rm=True if args.is_rm else None)
+    print(f"merged {args.adapter} into {args.base or 'its base'}: {out} (max |logit diff| vs the adapter model {diff:.2e})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf", description="Cached, re-runnable LLM post-training pipeline.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -160,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     vllm_env = sub.add_parser("vllm-env", help="make a Python environment with the CPU build of vLLM for the rollout engine (rl.engine=vllm)")
     vllm_env.add_argument("path", metavar="PATH", help="where to create it, e.g. .venv-vllm")
     vllm_env.set_defaults(func=cmd_vllm_env)
+    merge = sub.add_parser("merge", help="merge a LoRA adapter into its base and save a full HF checkpoint")
+    merge.add_argument("--adapter", required=True, metavar="PATH", help="adapter directory (adapter_config.json)")
+    merge.add_argument("--out", required=True, metavar="PATH", help="where to write the merged checkpoint")
+    merge.add_argument("--base", default=None, metavar="PATH", help="base checkpoint (default: the one the adapter records)")
+    merge.add_argument("--is-rm", action="store_true", help="a reward model (sequence classification); default: from the adapter")
+    merge.set_defaults(func=cmd_merge)
     return parser
 
 

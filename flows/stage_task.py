@@ -22,7 +22,7 @@ from artifacts.tracking import TrackingSetup
 from configs.errors import PipelineError
 from configs.schema import PipelineConfig
 from flows.ray_cluster import RaySession
-from stages import dag
+from stages import dag, lora_merge
 from stages.contract import StageContext
 
 
@@ -48,6 +48,8 @@ class NothingToDo(Exception):
 
 
 def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome], cfg: PipelineConfig) -> dict[str, store.ArtifactRef]:
+    if spec.run_when is not None and not spec.run_when(cfg):
+        raise NothingToDo("not asked for by the config")
     available = {name: ref for outcome in upstream.values() for name, ref in outcome.outputs.items()}
     wanted = [name for name in spec.wanted_inputs(cfg) if name in available or name not in spec.optional_inputs]
     missing = [name for name in wanted if name not in available]
@@ -117,6 +119,8 @@ def execute_stage(
         print(f"[{spec.name}] running (MLflow run {run_id}, fingerprint {fingerprint})", flush=True)
 
         local_inputs = {n: store.download(ref, setup.state_dir / "downloads") for n, ref in inputs.items()}
+        if not spec.takes_adapters:  # a model trained as a LoRA adapter reaches the stage merged
+            local_inputs = {n: lora_merge.materialize(p) for n, p in local_inputs.items()}
         work_dir = setup.state_dir / "work" / f"{spec.name}-{fingerprint}"
         output_dir = work_dir / "output"
         shutil.rmtree(output_dir, ignore_errors=True)  # a previous, interrupted attempt's partial outputs

@@ -25,6 +25,8 @@ class StageSpec:
     input_when: dict[str, Callable] = field(default_factory=dict)
     optional_inputs: tuple[str, ...] = ()  # used when upstream made them, not needed (eval's candidate models)
     driver: bool = False  # the entrypoint runs in the flow process and starts its own Ray actors
+    run_when: Callable | None = None  # the stage runs only when this holds for the config (else skipped)
+    takes_adapters: bool = False  # inputs that are LoRA adapters reach it as they are, not merged
 
     def wanted_inputs(self, cfg) -> tuple[str, ...]:
         return tuple(name for name in self.inputs if name not in self.input_when or self.input_when[name](cfg))
@@ -42,6 +44,11 @@ def uses_own_prm(cfg) -> bool:
     return cfg.reward.source == "prm" and not cfg.reward.prm_path
 
 
+def trains_adapters(cfg) -> bool:
+    return any(getattr(cfg, section).lora.rank for section in LORA_SECTIONS)
+
+
+LORA_SECTIONS = ("sft", "rm", "prm", "dpo")
 COMMON_CODE = ("stages.contract", "stages.common")
 TRAINING_INFRA = ("infra.zero_stage", "infra.precision", "infra.num_workers")
 
@@ -114,6 +121,19 @@ STAGES: tuple[StageSpec, ...] = (
         key_metric="eval_reward_acc",
         distributed=True,
         register=("dpo_model",),
+    ),
+    StageSpec(
+        name="lora_merge",
+        entrypoint="stages.lora_merge:run",
+        inputs=("sft_model", "reward_model", "prm", "dpo_model", "rl_model"),
+        optional_inputs=("sft_model", "reward_model", "prm", "dpo_model", "rl_model"),
+        outputs=("merged_models",),
+        config_keys=("seed", *(f"{section}.lora" for section in LORA_SECTIONS)),
+        code=(*COMMON_CODE, "stages.lora_merge", "stages.reward_model"),
+        key_metric="max_logit_diff",
+        run_when=trains_adapters,
+        takes_adapters=True,
+        register=("merged_models",),
     ),
     StageSpec(
         name="eval",

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import set_seed
 
 from configs.errors import CheckpointError, DataError
-from stages.common import checkpoint, deepspeed_engine
+from stages.common import checkpoint, deepspeed_engine, lora
 from stages.common.tokenization import IGNORE_INDEX, pad_batch
 from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
@@ -65,7 +65,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     set_seed(cfg.seed)
     deepspeed_engine.init_distributed()
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
-    model = checkpoint.load_causal_lm(inputs["sft_model"], cfg.model)
+    model, signature = lora.load_for_training(inputs["sft_model"], cfg.model, p.lora, "prm.lora")
     placeholder_id = single_token_id(tokenizer, p.placeholder_token, "prm.placeholder_token")
     reward_ids = tuple(single_token_id(tokenizer, t, "prm.reward_tokens") for t in p.reward_tokens)
 
@@ -101,10 +101,9 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     state = deepspeed_engine.full_state_dict(engine)
     out = ctx.output_dir / "prm"
     if ctx.is_main:
-        engine.module.config.prm_placeholder_token = p.placeholder_token
-        engine.module.config.prm_reward_tokens = list(p.reward_tokens)
-        engine.module.config.prm_step_separator = p.step_separator
-        checkpoint.save(engine.module, tokenizer, out, state_dict=state)
+        fields = {"prm_placeholder_token": p.placeholder_token, "prm_reward_tokens": list(p.reward_tokens),
+                  "prm_step_separator": p.step_separator}
+        lora.save_trained(engine.module, tokenizer, out, state, signature, fields)
     metrics = {"eval_step_acc": outcome.last_eval["step_acc"], "eval_loss": outcome.last_eval["loss"]}
     if outcome.start_step:
         metrics["resumed_from_step"] = float(outcome.start_step)

@@ -128,13 +128,13 @@ def reward_stats(rewards: torch.Tensor, world: int) -> tuple[float, float]:
     return mean, max(var**0.5, 1e-6)
 
 
-def load_reward_backbone(path: Path, model_cfg):
-    """The SFT checkpoint with a fresh scalar head (its LM head is dropped)."""
+def load_reward_backbone(path: Path, model_cfg, **kwargs):
+    """The SFT checkpoint with a fresh scalar head (its LM head is dropped); `kwargs` go to `from_pretrained`."""
     source = checkpoint.resolve(path)
     try:
         return AutoModelForSequenceClassification.from_pretrained(
             source, num_labels=1, attn_implementation=model_cfg.attn_implementation,
-            trust_remote_code=model_cfg.trust_remote_code,
+            trust_remote_code=model_cfg.trust_remote_code, **kwargs,
         )
     except Exception as exc:
         raise CheckpointError(f"{source}: cannot load as a reward model ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
@@ -156,10 +156,9 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     set_seed(cfg.seed)
     deepspeed_engine.init_distributed()
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
-    model = load_reward_backbone(inputs["sft_model"], cfg.model)
+    model = load_reward_backbone(inputs["sft_model"], cfg.model, **lora.load_kwargs(r.lora, "rm.lora"))
     model.config.pad_token_id = tokenizer.pad_token_id  # where the HF head finds the last token
-    if r.lora.rank:
-        model = lora.apply(model, r.lora, "SEQ_CLS")  # adapters plus a trainable score head
+    model, signature = lora.prepare(model, r.lora, "SEQ_CLS")  # with LoRA: adapters plus a trainable score head
 
     train_rows = [encode_pair(tokenizer, row) for row in read_split(inputs["pref_data"], "train")]
     eval_rows = [encode_pair(tokenizer, row) for row in read_split(inputs["pref_data"], "eval")]
@@ -180,10 +179,10 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         state = {k.removeprefix("model."): v for k, v in state.items()}
     out = ctx.output_dir / "reward_model"
     hf_model = engine.module.model
-    if ctx.is_main and r.lora.rank:  # the adapter only; merging it is the LoRA-merge stage's job
+    if ctx.is_main and signature:  # the adapter only; merging it is the lora_merge stage's job
         stats = {"value_head_prefix": r.value_head_prefix, "normalize_reward": r.normalize_reward,
                  "reward_mean": mean, "reward_std": std}
-        lora.save_adapter(hf_model, tokenizer, out, state, extra=stats)
+        lora.save_adapter(hf_model, tokenizer, out, state, signature, stats)
     elif ctx.is_main:
         save_reward_model(hf_model, tokenizer, out, state, r.value_head_prefix, r.normalize_reward, mean, std)
     metrics = {"eval_acc": final["acc"], "eval_margin": final["margin"], "eval_loss": final["loss"],

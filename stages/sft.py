@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from transformers import set_seed
 
-from stages.common import checkpoint, deepspeed_engine
+from stages.common import checkpoint, deepspeed_engine, lora
 from stages.common.tokenization import IGNORE_INDEX, encode_segments, pad_batch
 from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
@@ -44,7 +44,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     set_seed(cfg.seed)
     deepspeed_engine.init_distributed()
     tokenizer = checkpoint.load_tokenizer(inputs["base_model"])
-    model = checkpoint.load_causal_lm(inputs["base_model"], cfg.model)
+    model, signature = lora.load_for_training(inputs["base_model"], cfg.model, s.lora, "sft.lora")
 
     def encode(split: str) -> list[tuple[list[int], list[int]]]:
         return [encode_segments(tokenizer, r["texts"], r["train"]) for r in read_split(inputs["sft_data"], split)]
@@ -61,7 +61,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     state = deepspeed_engine.full_state_dict(engine)
     out = ctx.output_dir / "sft_model"
     if ctx.is_main:
-        checkpoint.save(engine.module, tokenizer, out, state_dict=state)
+        lora.save_trained(engine.module, tokenizer, out, state, signature)
     metrics = {"eval_loss": outcome.last_eval["loss"], "train_loss": outcome.last_train.get("loss", float("nan"))}
     if outcome.start_step:
         metrics["resumed_from_step"] = float(outcome.start_step)

@@ -75,23 +75,25 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_causal_lm(path: str | Path, model_cfg: ModelConfig, precision: str = "fp32") -> PreTrainedModel:
+def load_causal_lm(path: str | Path, model_cfg: ModelConfig, precision: str = "fp32", **kwargs) -> PreTrainedModel:
+    """`kwargs` go to `from_pretrained` (e.g. QLoRA's quantization config)."""
     source = resolve(path)
     attn = model_cfg.attn_implementation
     if attn == "flash_attention_2":
-        _require_flash_attn()
+        require_flash_attn()
     try:
         return AutoModelForCausalLM.from_pretrained(
             source,
             dtype=DTYPES[precision],
             attn_implementation=attn,
             trust_remote_code=model_cfg.trust_remote_code,
+            **kwargs,
         )
     except Exception as exc:
         raise CheckpointError(f"{source}: cannot load as a causal LM ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
 
 
-def _require_flash_attn() -> None:
+def require_flash_attn() -> None:
     if not torch.cuda.is_available():
         raise CheckpointError("model.attn_implementation=flash_attention_2 needs a CUDA GPU; use sdpa on this machine")
     try:

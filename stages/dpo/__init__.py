@@ -1,1 +1,1 @@
-"""Preference optimisation: offline DPO / IPO / cDPO / KTO and iterative (online) DPO."""
+"""Preference optimisation: DPO, IPO, cDPO and KTO against a frozen reference (losses.py: the math; stage.py: the stage)."""

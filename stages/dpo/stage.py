@@ -23,7 +23,7 @@ import torch.distributed as dist
 from transformers import set_seed
 
 from configs.schema import DPOConfig
-from stages.common import checkpoint, deepspeed_engine
+from stages.common import checkpoint, deepspeed_engine, lora
 from stages.common.trainer import SampleStream, eval_batches, fit, total_steps
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
@@ -253,7 +253,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
                     for name, o, rows in (("train", objective, used), ("eval", evaluation, list(range(evaluation.n_rows))))}
 
     ref = cached_reference(ctx, precompute)  # before the policy's engine exists: one model in memory at a time
-    model = checkpoint.load_causal_lm(inputs["sft_model"], cfg.model)
+    model, signature = lora.load_for_training(inputs["sft_model"], cfg.model, d.lora, "dpo.lora")
     engine, outcome = fit(
         ctx, model, d, list(range(objective.n_rows)),
         collate=lambda idx: objective.collate(ref["train"], idx),
@@ -264,7 +264,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     state = deepspeed_engine.full_state_dict(engine)
     out = ctx.output_dir / "dpo_model"
     if ctx.is_main:
-        checkpoint.save(engine.module, tokenizer, out, state_dict=state)
+        lora.save_trained(engine.module, tokenizer, out, state, signature)
     metrics = {f"eval_{k}": v for k, v in outcome.last_eval.items()}
     metrics["train_loss"] = outcome.last_train.get("loss", float("nan"))
     if outcome.start_step:

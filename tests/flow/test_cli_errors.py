@@ -103,3 +103,59 @@ def test_more_training_workers_than_local_cpus(workdir):
     assert_one_line_error(run_cli(workdir, "run", "infra.num_workers=4", "infra.num_cpus=2"),
                           "infra.num_workers=4", "needs 8 CPUs", "has 2")
     assert_no_work_started(workdir)
+
+
+def test_qlora_without_a_gpu(workdir):
+    assert_one_line_error(run_cli(workdir, "run", "dpo.lora.rank=8", "dpo.lora.load_in_4bit=true"),
+                          "dpo.lora.load_in_4bit=true", "needs a CUDA GPU", "plain LoRA")
+    assert_no_work_started(workdir)
+
+
+def test_flash_attention_without_a_gpu(workdir):
+    assert_one_line_error(run_cli(workdir, "run", "model.attn_implementation=flash_attention_2"),
+                          "flash_attention_2", "needs a CUDA GPU")
+    assert_no_work_started(workdir)
+
+
+@pytest.fixture(scope="module")
+def adapter(local_checkpoint, tmp_path_factory) -> Path:
+    """A LoRA adapter on `local_checkpoint` with non-zero (random) B matrices, so merging changes the weights."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from stages.common import lora
+
+    base = AutoModelForCausalLM.from_pretrained(local_checkpoint)
+    signature = lora.base_signature(base)
+    model = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules="all-linear", init_lora_weights=False))
+    return lora.save_adapter(model, checkpoint.load_tokenizer(local_checkpoint), tmp_path_factory.mktemp("adapter") / "a",
+                             None, signature)
+
+
+def test_merge_writes_a_plain_checkpoint_matching_the_adapter_model(workdir, adapter, local_checkpoint):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    result = run_cli(workdir, "merge", "--adapter", str(adapter), "--out", str(workdir / "merged"))
+    assert result.returncode == 0, result.stderr
+    assert f"merged {adapter} into its base: {workdir / 'merged'}" in result.stdout
+    merged = AutoModelForCausalLM.from_pretrained(workdir / "merged")
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(local_checkpoint), adapter)
+    ids = torch.arange(3, 20).unsqueeze(0)
+    with torch.no_grad():
+        assert float((merged(input_ids=ids).logits - peft(input_ids=ids).logits).abs().max()) < 1e-4
+    again = run_cli(workdir, "merge", "--adapter", str(adapter), "--out", str(workdir / "merged"))
+    assert_one_line_error(again, "--out", "already exists")
+
+
+def test_merge_onto_another_base_or_of_a_full_model_is_one_line(workdir, adapter, local_checkpoint, tmp_path):
+    tok = checkpoint.load_tokenizer(local_checkpoint)
+    other = build_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2), tok, seed=1)
+    checkpoint.save(other, tok, tmp_path / "other")
+    wrong = run_cli(workdir, "merge", "--adapter", str(adapter), "--base", str(tmp_path / "other"), "--out", str(tmp_path / "m1"))
+    assert_one_line_error(wrong, "was trained on another base than", "pass the checkpoint the adapter was trained from")
+    full = run_cli(workdir, "merge", "--adapter", str(local_checkpoint), "--out", str(tmp_path / "m2"))
+    assert_one_line_error(full, "not a LoRA adapter")
+    assert not (tmp_path / "m1").exists() and not (tmp_path / "m2").exists()

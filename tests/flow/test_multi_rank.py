@@ -1,6 +1,7 @@
-"""Two DeepSpeed ranks per training stage on the local Ray cluster, ZeRO-3: the whole DAG runs (RL with
-two policy and two critic ranks, DPO as KTO), ranks agree through gloo, and the gathered checkpoints are complete
-HF models."""
+"""Two DeepSpeed ranks per training stage on the local Ray cluster, ZeRO-3: the whole DAG runs (SFT as a
+LoRA adapter, which the later stages receive merged, RL with two policy and two critic ranks, DPO as KTO),
+ranks agree through gloo, the gathered checkpoints are complete HF models, and lora_merge merges the
+SFT adapter."""
 
 import pytest
 from transformers import AutoModelForCausalLM
@@ -20,6 +21,8 @@ FAST = [
     "rl.eval_every=2", "eval.samples_per_prompt=1",
     # DPO as KTO: its KL reference point is averaged over the two ranks
     "dpo.loss=kto", "dpo.max_steps=2", "dpo.micro_batch_size=4",
+    # SFT trains a LoRA adapter (gathered from the ZeRO-3 partitions); lora_merge makes it a full model
+    "sft.lora.rank=4", "sft.lora.alpha=8",
 ]
 
 
@@ -30,14 +33,19 @@ def test_two_ranks_with_zero3(workdir, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # for the artifact download below
     exp = client.get_experiment_by_name("rlhf-pipeline")
     runs = client.search_runs([exp.experiment_id], f"tags.`{store.TAG_STATUS}` = '{store.COMPLETE}'")
-    assert {r.data.tags[store.TAG_STAGE] for r in runs} == {"data_prep", "sft", "rm", "prm", "rl", "dpo", "eval"}
+    assert {r.data.tags[store.TAG_STAGE] for r in runs} == {"data_prep", "sft", "rm", "prm", "rl", "dpo", "lora_merge", "eval"}
     (sft,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "sft"]
     assert sft.data.params["infra.num_workers"] == "2" and sft.data.params["infra.zero_stage"] == "3"
     (rl,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "rl"]
     assert "critic/value_loss" in rl.data.metrics
     (dpo,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "dpo"]
     assert {"train/kl", "eval/reward_acc"} <= set(dpo.data.metrics)
-    for name, run in (("sft_model", sft), ("rl_model", rl), ("dpo_model", dpo)):
-        path = store.download(store.ArtifactRef(name, run.info.run_id), workdir / "dl")
+    (merge,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "lora_merge"]
+    assert merge.data.metrics["merged_models"] == 1 and merge.data.metrics["max_logit_diff"] < 1e-4
+    adapter = store.download(store.ArtifactRef("sft_model", sft.info.run_id), workdir / "dl")
+    assert (adapter / "adapter_config.json").is_file() and not (adapter / "model.safetensors").exists()
+    merged = store.download(store.ArtifactRef("merged_models", merge.info.run_id), workdir / "dl") / "sft_model"
+    for path in (merged, *(store.download(store.ArtifactRef(name, run.info.run_id), workdir / "dl")
+                           for name, run in (("rl_model", rl), ("dpo_model", dpo)))):
         model = AutoModelForCausalLM.from_pretrained(path)
         assert sum(p.numel() for p in model.parameters()) > 800_000

@@ -67,7 +67,7 @@ def test_killed_during_sft_then_resumed(ws):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "[sft] resumed from step" in result.stdout
     statuses = stage_statuses(ws)
-    assert statuses == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "dpo": "ran", "eval": "ran"}
+    assert statuses == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "dpo": "ran", "lora_merge": "skipped", "eval": "ran"}
 
 
 def test_sft_beats_base_on_held_out_accuracy(ws):
@@ -133,7 +133,8 @@ def test_identical_rerun_is_all_cached_and_trains_nothing(ws):
     before = len(stage_runs(ws, "sft"))
     result = run_cli(ws, "run")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert set(stage_statuses(ws).values()) == {"cached"}
+    statuses = stage_statuses(ws)
+    assert statuses.pop("lora_merge") == "skipped" and set(statuses.values()) == {"cached"}
     assert "[sft] step" not in result.stdout and "[ray] connected" not in result.stdout
     assert len(stage_runs(ws, "sft")) == before
 
@@ -156,7 +157,7 @@ def test_ppo_with_the_pipelines_reward_model_raises_reward_with_bounded_kl(ws, s
     result = run_cli(ws, "run", f"reward.source={source}", *PPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "cached", "prm": "cached",
-                                  "rl": "ran", "dpo": "cached", "eval": "ran"}
+                                  "rl": "ran", "dpo": "cached", "lora_merge": "skipped", "eval": "ran"}
     client = mlflow_client(ws)
     (run,) = [r for r in stage_runs(ws, "rl") if r.data.params.get("reward.source") == source
               and r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
@@ -180,13 +181,13 @@ def test_changed_reward_model_setting_reruns_only_the_rm(ws):
     assert result.returncode == 0, result.stderr[-3000:]
     # the RL reward is the rule function, so the new RM changes nothing downstream
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "ran", "prm": "cached", "rl": "cached",
-                                  "dpo": "cached", "eval": "cached"}
+                                  "dpo": "cached", "lora_merge": "skipped", "eval": "cached"}
 
 
 def test_changed_sft_setting_reruns_sft_and_its_downstream_only(ws):
     result = run_cli(ws, "run", *SHORT_SFT, "rm.max_steps=20", "prm.max_steps=20")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "dpo": "ran", "eval": "ran"}
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "dpo": "ran", "lora_merge": "skipped", "eval": "ran"}
 
 
 def test_force_reruns_the_stage_even_when_nothing_changed(ws):
@@ -195,7 +196,7 @@ def test_force_reruns_the_stage_even_when_nothing_changed(ws):
     result = run_cli(ws, "run", "--force", "rm", *SHORT_SFT, "rm.max_steps=20", "prm.max_steps=20")
     assert result.returncode == 0, result.stderr[-3000:]
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "ran", "prm": "cached", "rl": "cached",
-                                  "dpo": "cached", "eval": "cached"}
+                                  "dpo": "cached", "lora_merge": "skipped", "eval": "cached"}
     assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-reward'")) == 4
 
 

@@ -96,7 +96,7 @@ def test_rm_with_lora_trains_and_saves_only_an_adapter_that_peft_loads(prepared,
     assert is_adapter(path) and not (path / "model.safetensors").exists()
     adapter_cfg = json.loads((path / "adapter_config.json").read_text())
     assert adapter_cfg["r"] == 4 and adapter_cfg["base_model_name_or_path"] == str(prepared["base_model"])
-    stats = json.loads((path / "adapter_extra.json").read_text())
+    stats = json.loads((path / "adapter_extra.json").read_text())["config_fields"]
     assert stats["reward_mean"] == pytest.approx(result.metrics["reward_mean"])
 
     base = AutoModelForSequenceClassification.from_pretrained(prepared["base_model"], num_labels=1)

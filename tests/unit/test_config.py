@@ -347,3 +347,9 @@ def test_schema_forbids_unknown_keys_and_validates_assignment():
     cfg = PipelineConfig()
     with pytest.raises(ValidationError):
         cfg.sft.lr = -1.0
+
+
+def test_qlora_without_adapters_is_refused():
+    with pytest.raises(ConfigError, match="sft.lora.*load_in_4bit.*rank > 0"):
+        load_config(None, ["sft.lora.load_in_4bit=true"])
+    assert load_config(None, ["rm.lora.rank=8", "rm.lora.load_in_4bit=true"]).rm.lora.load_in_4bit

@@ -13,8 +13,8 @@ from stages.dag import BY_NAME, STAGES, check_order, downstream, producer, upstr
 
 
 def test_stage_names_and_order():
-    assert [s.name for s in STAGES] == ["data_prep", "sft", "rm", "prm", "rl", "dpo", "eval"]
-    assert list(BY_NAME) == ["data_prep", "sft", "rm", "prm", "rl", "dpo", "eval"]
+    names = ["data_prep", "sft", "rm", "prm", "rl", "dpo", "lora_merge", "eval"]
+    assert [s.name for s in STAGES] == names and list(BY_NAME) == names
     assert all(BY_NAME[s.name] is s for s in STAGES)
 
 
@@ -59,6 +59,7 @@ def test_upstream():
     assert upstream(BY_NAME["rl"]) == ["data_prep", "sft", "rm", "prm"]
     assert upstream(BY_NAME["dpo"]) == ["data_prep", "sft"]
     assert upstream(BY_NAME["eval"]) == ["data_prep", "sft", "rl", "dpo"]
+    assert upstream(BY_NAME["lora_merge"]) == ["sft", "rm", "prm", "rl", "dpo"]
 
 
 def test_rl_consumes_the_pipelines_reward_models_only_when_the_reward_config_asks():
@@ -73,13 +74,12 @@ def test_rl_consumes_the_pipelines_reward_models_only_when_the_reward_config_ask
 
 
 def test_downstream():
-    assert downstream({"sft"}) == {"sft", "rm", "prm", "rl", "dpo", "eval"}
-    assert downstream({"rm"}) == {"rm", "rl", "eval"}
-    assert downstream({"dpo"}) == {"dpo", "eval"}
-    assert downstream({"data_prep"}) == {"data_prep", "sft", "rm", "prm", "rl", "dpo", "eval"}
+    assert downstream({"sft"}) == {"sft", "rm", "prm", "rl", "dpo", "lora_merge", "eval"}
+    assert downstream({"rm"}) == {"rm", "rl", "lora_merge", "eval"}
+    assert downstream({"dpo"}) == {"dpo", "lora_merge", "eval"}
     assert downstream({"data_prep"}) == {s.name for s in STAGES}
     assert downstream({"eval"}) == {"eval"}
-    assert downstream(["sft", "eval"]) == {"sft", "rm", "prm", "rl", "dpo", "eval"}
+    assert downstream(["sft", "eval"]) == {"sft", "rm", "prm", "rl", "dpo", "lora_merge", "eval"}
     assert downstream(set()) == set()
 
 
@@ -132,3 +132,13 @@ def test_distributed_and_metrics():
     assert BY_NAME["eval"].key_metric == "accuracy"
     assert [s.name for s in STAGES if s.driver] == ["rl"]
     assert BY_NAME["rl"].register == ("rl_model",) and BY_NAME["rl"].key_metric == "eval_accuracy"
+    assert BY_NAME["lora_merge"].register == ("merged_models",) and BY_NAME["lora_merge"].key_metric == "max_logit_diff"
+
+
+def test_lora_merge_runs_only_when_a_stage_trains_an_adapter():
+    merge = BY_NAME["lora_merge"]
+    assert merge.takes_adapters and not any(s.takes_adapters for s in STAGES if s is not merge)
+    assert not merge.run_when(PipelineConfig())
+    for section in dag.LORA_SECTIONS:
+        assert merge.run_when(PipelineConfig.model_validate({section: {"lora": {"rank": 4}}}))
+    assert set(merge.optional_inputs) == set(merge.inputs)
