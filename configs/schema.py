@@ -178,6 +178,19 @@ class PRMConfig(TrainingConfig):
     step_separator: str = Field("\n", description="splits a response into steps when it has no placeholders")
 
 
+class IterativeDPOConfig(Section):
+    """Iterative (online) DPO: each round samples responses to fresh prompts from the current policy,
+    ranks them with the reward scorer (the `reward` section) and trains on best-versus-worst pairs."""
+
+    rounds: int = Field(0, ge=0, description="0: offline DPO on pref_data; N: N rounds sharing dpo.max_steps")
+    prompts_per_round: int = Field(64, gt=0)
+    samples_per_prompt: int = Field(4, ge=2, description="responses sampled per prompt; the best and the worst make a pair")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(64, gt=0)
+    generate_batch_size: int = Field(64, gt=0, description="sequences per generate call")
+
+
 class DPOConfig(TrainingConfig):
     """Direct preference optimisation of the SFT policy against its frozen starting weights."""
 
@@ -188,9 +201,13 @@ class DPOConfig(TrainingConfig):
     nll_loss_coef: float = Field(0.0, ge=0.0, description="weight of the chosen responses' NLL added to the loss")
     desirable_weight: float = Field(1.0, gt=0, description="KTO: weight of desirable examples")
     undesirable_weight: float = Field(1.0, gt=0, description="KTO: weight of undesirable examples")
+    iterative: IterativeDPOConfig = IterativeDPOConfig()
 
     @model_validator(mode="after")
     def _loss_options(self) -> DPOConfig:
+        rounds = self.iterative.rounds
+        if rounds and (self.max_steps is None or self.max_steps < rounds):
+            raise ValueError(f"iterative.rounds={rounds} splits max_steps between the rounds: set max_steps >= {rounds}")
         if self.label_smoothing and self.loss != "sigmoid":
             raise ValueError(f"label_smoothing (cDPO) needs loss: sigmoid, not {self.loss}")
         if (self.desirable_weight, self.undesirable_weight) != (1.0, 1.0) and self.loss != "kto":

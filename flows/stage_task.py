@@ -67,8 +67,10 @@ def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome], cfg: 
 def stage_fingerprint(spec: dag.StageSpec, cfg: PipelineConfig, inputs: dict[str, store.ArtifactRef]) -> str:
     identities = {name: ref.identity for name, ref in inputs.items()}
     # files the config names (datasets, a local model) count by content, not only by path
-    identities.update(fp.local_sources(fp.config_subset(cfg, spec.local_sources), Path(configs.__file__).parent))
-    return fp.fingerprint(spec.name, fp.config_subset(cfg, spec.config_keys), identities, fp.code_version(spec.code))
+    sources = fp.config_subset(cfg, spec.wanted_config(spec.local_sources, cfg))
+    identities.update(fp.local_sources(sources, Path(configs.__file__).parent))
+    return fp.fingerprint(spec.name, fp.config_subset(cfg, spec.wanted_config(spec.config_keys, cfg)), identities,
+                          fp.code_version(spec.code))
 
 
 def execute_stage(
@@ -114,7 +116,7 @@ def execute_stage(
             },
         )
         run_id = run.info.run_id
-        params = fp.flatten(fp.config_subset(cfg, spec.config_keys))
+        params = fp.flatten(fp.config_subset(cfg, spec.wanted_config(spec.config_keys, cfg)))
         client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
         print(f"[{spec.name}] running (MLflow run {run_id}, fingerprint {fingerprint})", flush=True)
 

@@ -23,6 +23,8 @@ class StageSpec:
     local_sources: tuple[str, ...] = ()  # config keys naming local files whose content the result depends on
     # inputs consumed only when the config asks for them (e.g. the pipeline's own RM as the RL reward)
     input_when: dict[str, Callable] = field(default_factory=dict)
+    # config keys and local sources that count only when the config uses them (the reward for iterative DPO)
+    config_when: dict[str, Callable] = field(default_factory=dict)
     optional_inputs: tuple[str, ...] = ()  # used when upstream made them, not needed (eval's candidate models)
     driver: bool = False  # the entrypoint runs in the flow process and starts its own Ray actors
     run_when: Callable | None = None  # the stage runs only when this holds for the config (else skipped)
@@ -30,6 +32,10 @@ class StageSpec:
 
     def wanted_inputs(self, cfg) -> tuple[str, ...]:
         return tuple(name for name in self.inputs if name not in self.input_when or self.input_when[name](cfg))
+
+    def wanted_config(self, keys: tuple[str, ...], cfg) -> tuple[str, ...]:
+        """`keys` (config_keys or local_sources) less those `config_when` rules out for `cfg`."""
+        return tuple(key for key in keys if key not in self.config_when or self.config_when[key](cfg))
 
     def load(self):
         module, func = self.entrypoint.split(":")
@@ -42,6 +48,17 @@ def uses_own_rm(cfg) -> bool:
 
 def uses_own_prm(cfg) -> bool:
     return cfg.reward.source == "prm" and not cfg.reward.prm_path
+
+
+def iterative_dpo(cfg) -> bool:
+    return cfg.dpo.iterative.rounds > 0
+
+
+def iterative_dpo_with(uses: Callable) -> Callable:
+    return lambda cfg: iterative_dpo(cfg) and uses(cfg)
+
+
+REWARD_SOURCES = ("reward.func_path", "reward.rm_paths", "reward.prm_path")  # local files the reward reads
 
 
 def trains_adapters(cfg) -> bool:
@@ -105,7 +122,7 @@ STAGES: tuple[StageSpec, ...] = (
         outputs=("rl_model",),
         config_keys=("seed", "model.attn_implementation", "rl", "reward", "prm.step_separator", "eval",
                      "infra.zero_stage", "infra.precision"),
-        local_sources=("reward.func_path", "reward.rm_paths", "reward.prm_path"),
+        local_sources=REWARD_SOURCES,
         code=(*COMMON_CODE, "stages.rl", "stages.rewards"),
         key_metric="eval_accuracy",
         driver=True,
@@ -114,10 +131,14 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="dpo",
         entrypoint="stages.dpo.stage:run",
-        inputs=("sft_model", "pref_data"),
+        inputs=("sft_model", "pref_data", "prompts", "reward_model", "prm"),
+        input_when={"prompts": iterative_dpo, "reward_model": iterative_dpo_with(uses_own_rm),
+                    "prm": iterative_dpo_with(uses_own_prm)},
         outputs=("dpo_model",),
-        config_keys=("seed", "model.attn_implementation", "dpo", *TRAINING_INFRA),
-        code=(*COMMON_CODE, "stages.dpo"),
+        config_keys=("seed", "model.attn_implementation", "dpo", *TRAINING_INFRA, "reward", "prm.step_separator"),
+        local_sources=REWARD_SOURCES,
+        config_when=dict.fromkeys(("reward", "prm.step_separator", *REWARD_SOURCES), iterative_dpo),
+        code=(*COMMON_CODE, "stages.dpo", "stages.rewards"),
         key_metric="eval_reward_acc",
         distributed=True,
         register=("dpo_model",),

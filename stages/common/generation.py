@@ -17,8 +17,10 @@ def generate(
     do_sample: bool = False,
     temperature: float = 1.0,
     top_p: float = 1.0,
+    **generate_kwargs,
 ) -> list[list[int]]:
-    """The generated token ids per prompt, stopped at (and including) EOS, without padding."""
+    """The generated token ids per prompt, stopped at (and including) EOS, without padding.
+    `generate_kwargs` go to `model.generate` (e.g. `synced_gpus` under ZeRO-3)."""
     model.eval()
     tokenizer.padding_side = "left"
     eos = tokenizer.eos_token_id
@@ -29,7 +31,7 @@ def generate(
         # top_k=0: sample from the whole (temperature-scaled, top-p) distribution, not HF's default top 50
         sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if do_sample else {"do_sample": False}
         out = model.generate(
-            **enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos, **sampling
+            **enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos, **sampling, **generate_kwargs
         )
         for row in out[:, enc["input_ids"].shape[1] :].tolist():
             outputs.append(row[: row.index(eos) + 1] if eos in row else [t for t in row if t != tokenizer.pad_token_id])

@@ -24,9 +24,11 @@ from transformers import set_seed
 
 from configs.schema import DPOConfig
 from stages.common import checkpoint, deepspeed_engine, lora
-from stages.common.trainer import SampleStream, eval_batches, fit, total_steps
+from stages.common.trainer import SampleStream, build_engine, eval_batches, fit, total_steps, train_loop
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
+from stages.dpo.iterative import Rounds
+from stages.rewards.factory import build_scorer
 from stages.dpo.losses import (
     dpo_loss,
     kto_loss,
@@ -95,7 +97,7 @@ class PairObjective:
     """DPO / cDPO / IPO on (chosen, rejected) pairs; row i is pair i."""
 
     def __init__(self, cfg: DPOConfig, pairs: list[tuple[Seq, Seq]], pad_id: int):
-        self.cfg, self.pad_id, self.n_rows = cfg, pad_id, len(pairs)
+        self.cfg, self.pad_id, self.n_rows, self.pairs = cfg, pad_id, len(pairs), pairs
         # the sequences whose reference log-probs the rows need: chosen ones, then rejected ones
         self.sequences = [c for c, _ in pairs] + [r for _, r in pairs]
 
@@ -135,7 +137,7 @@ class KTOObjective:
     prompt's); their log-ratios estimate the reference point z0."""
 
     def __init__(self, cfg: DPOConfig, pairs: list[tuple[Seq, Seq]], pad_id: int, world: int):
-        self.cfg, self.pad_id, self.world = cfg, pad_id, world
+        self.cfg, self.pad_id, self.world, self.pairs = cfg, pad_id, world, pairs
         examples = [seq for pair in pairs for seq in pair]
         self.n_rows = m = len(examples)
         self.sequences = examples + [(examples[j][0], examples[(j + 2) % m][1]) for j in range(m)]
@@ -239,27 +241,35 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     deepspeed_engine.init_distributed()
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
     pad_id = tokenizer.pad_token_id
-    train_pairs = encode_pairs(tokenizer, read_split(inputs["pref_data"], "train"))
+
+    def make_objective(pairs):
+        return KTOObjective(d, pairs, pad_id, ctx.world_size) if d.loss == "kto" else PairObjective(d, pairs, pad_id)
 
     evaluation = PairObjective(d, encode_pairs(tokenizer, read_split(inputs["pref_data"], "eval")), pad_id)
-    objective = (KTOObjective(d, train_pairs, pad_id, ctx.world_size) if d.loss == "kto"
-                 else PairObjective(d, train_pairs, pad_id))
+    # offline: the preference pairs; iterative: none until each round samples its own
+    objective = None if d.iterative.rounds else make_objective(encode_pairs(tokenizer, read_split(inputs["pref_data"], "train")))
 
     def precompute() -> dict[str, torch.Tensor]:
         reference = checkpoint.load_causal_lm(inputs["sft_model"], cfg.model).eval()
-        used = rows_trained_on(objective.n_rows, d, ctx.world_size, cfg.seed)
+        scored = {"eval": (evaluation, list(range(evaluation.n_rows)))}
+        if objective is not None:
+            scored["train"] = (objective, rows_trained_on(objective.n_rows, d, ctx.world_size, cfg.seed))
         with torch.no_grad():
             return {name: scored_reference(reference, o, rows, d.micro_batch_size, pad_id, ctx.rank, ctx.world_size)
-                    for name, o, rows in (("train", objective, used), ("eval", evaluation, list(range(evaluation.n_rows))))}
+                    for name, (o, rows) in scored.items()}
 
     ref = cached_reference(ctx, precompute)  # before the policy's engine exists: one model in memory at a time
     model, signature = lora.load_for_training(inputs["sft_model"], cfg.model, d.lora, "dpo.lora")
-    engine, outcome = fit(
-        ctx, model, d, list(range(objective.n_rows)),
-        collate=lambda idx: objective.collate(ref["train"], idx),
-        loss_fn=objective.loss,
-        evaluate=lambda engine: eval_pairs(engine, evaluation, ref["eval"], d.micro_batch_size, ctx.rank, ctx.world_size),
-    )
+
+    def evaluate(engine) -> dict[str, float]:
+        return eval_pairs(engine, evaluation, ref["eval"], d.micro_batch_size, ctx.rank, ctx.world_size)
+
+    if objective is not None:
+        engine, outcome = fit(ctx, model, d, list(range(objective.n_rows)),
+                              collate=lambda idx: objective.collate(ref["train"], idx),
+                              loss_fn=objective.loss, evaluate=evaluate)
+    else:
+        engine, outcome = fit_iterative(ctx, model, tokenizer, inputs, make_objective, evaluate)
 
     state = deepspeed_engine.full_state_dict(engine)
     out = ctx.output_dir / "dpo_model"
@@ -270,3 +280,21 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     if outcome.start_step:
         metrics["resumed_from_step"] = float(outcome.start_step)
     return StageResult(outputs={"dpo_model": out}, metrics=metrics)
+
+
+def fit_iterative(ctx: StageContext, model, tokenizer, inputs: dict[str, Path], make_objective, evaluate):
+    """Iterative DPO: `dpo.max_steps` optimizer steps split into rounds, each on pairs the policy sampled
+    at the round's start and the reward scorer ranked (see stages/dpo/iterative.py)."""
+    cfg, d = ctx.config, ctx.config.dpo
+
+    def reference(engine, objective):
+        with torch.no_grad():
+            return scored_reference(engine, objective, list(range(objective.n_rows)), d.micro_batch_size,
+                                    tokenizer.pad_token_id, ctx.rank, ctx.world_size)
+
+    scorer = build_scorer(cfg.reward, inputs.get("reward_model"), inputs.get("prm"))
+    rounds = Rounds(ctx, tokenizer, read_split(inputs["prompts"], "train"), scorer, make_objective, reference)
+    engine = build_engine(model, cfg.infra, d, d.max_steps)
+    outcome = train_loop(ctx, engine, d, d.max_steps, micro_batch=lambda g: rounds.micro_batch(engine, g),
+                         loss_fn=rounds.loss, evaluate=lambda: evaluate(engine))
+    return engine, outcome

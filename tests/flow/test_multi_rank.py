@@ -1,5 +1,6 @@
 """Two DeepSpeed ranks per training stage on the local Ray cluster, ZeRO-3: the whole DAG runs (SFT as a
-LoRA adapter, which the later stages receive merged, RL with two policy and two critic ranks, DPO as KTO),
+LoRA adapter, which the later stages receive merged, RL with two policy and two critic ranks, DPO as
+iterative KTO ranked by the RM),
 ranks agree through gloo, the gathered checkpoints are complete HF models, and lora_merge merges the
 SFT adapter."""
 
@@ -19,8 +20,11 @@ FAST = [
     "rl.advantage_estimator=gae", "rl.actor.num_workers=2", "rl.critic.num_workers=2", "rl.max_steps=2",
     "rl.rollout_batch_size=4", "rl.n_samples_per_prompt=4", "rl.train_batch_size=8", "rl.micro_train_batch_size=4",
     "rl.eval_every=2", "eval.samples_per_prompt=1",
-    # DPO as KTO: its KL reference point is averaged over the two ranks
-    "dpo.loss=kto", "dpo.max_steps=2", "dpo.micro_batch_size=4",
+    # DPO as iterative KTO: each round's samples drawn by both ranks in lockstep (ZeRO-3) and ranked by
+    # the pipeline's RM (also the PPO reward); the KL reference point is averaged over the two ranks
+    "dpo.loss=kto", "dpo.max_steps=2", "dpo.micro_batch_size=4", "dpo.iterative.rounds=2",
+    "dpo.iterative.prompts_per_round=4", "dpo.iterative.samples_per_prompt=2", "dpo.iterative.max_new_tokens=8",
+    "reward.source=rm",
     # SFT trains a LoRA adapter (gathered from the ZeRO-3 partitions); lora_merge makes it a full model
     "sft.lora.rank=4", "sft.lora.alpha=8",
 ]
@@ -39,7 +43,8 @@ def test_two_ranks_with_zero3(workdir, monkeypatch):
     (rl,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "rl"]
     assert "critic/value_loss" in rl.data.metrics
     (dpo,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "dpo"]
-    assert {"train/kl", "eval/reward_acc"} <= set(dpo.data.metrics)
+    assert {"train/kl", "eval/reward_acc", "round/pairs"} <= set(dpo.data.metrics)
+    assert dpo.data.tags[store.TAG_INPUT_PREFIX + "reward_model"].startswith("runs:/")
     (merge,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "lora_merge"]
     assert merge.data.metrics["merged_models"] == 1 and merge.data.metrics["max_logit_diff"] < 1e-4
     adapter = store.download(store.ArtifactRef("sft_model", sft.info.run_id), workdir / "dl")

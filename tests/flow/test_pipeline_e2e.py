@@ -2,8 +2,8 @@
 
 1. killed during SFT, then re-run: SFT resumes from its last checkpoint, nothing half-written is published
 2. the SFT model beats the base model on held-out accuracy; the GRPO policy beats the SFT model
-   on sampled held-out accuracy, and so does DPO; PPO with the RM and with the PRM raises the mean
-   reward, KL bounded
+   on sampled held-out accuracy, and so does DPO; iterative DPO with the rule reward beats offline
+   DPO; PPO with the RM and with the PRM raises the mean reward, KL bounded
 3. the MLflow store holds the runs, params, loss curves and a loadable registered checkpoint
 4. a second identical run is all cached; a changed setting reruns exactly its stage and what
    depends on it; `--force rm` reruns the RM though nothing changed
@@ -103,6 +103,37 @@ def test_dpo_beats_sft_on_sampled_held_out_accuracy_and_reports_reward_accuracy(
     assert {"eval/reward_acc", "eval/chosen_reward", "eval/rejected_reward", "train/margin"} <= set(d)
     (version,) = mlflow_client(ws).search_model_versions("name = 'rlhf-dpo'")
     assert version.run_id == dpo_run.info.run_id
+
+
+def test_iterative_dpo_with_the_rule_reward_beats_offline_dpo(ws):
+    """Six rounds of sampling, ranking by the rule reward and DPO on best-vs-worst pairs, against
+    the offline DPO of the first run: same steps, learning rate and beta."""
+    result = run_cli(ws, "run", "dpo.iterative.rounds=6")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    statuses = stage_statuses(ws)
+    assert statuses.pop("dpo") == "ran" and statuses.pop("eval") == "ran"
+    assert set(statuses.values()) <= {"cached", "skipped"}
+    assert "[dpo] round 6/6: 256 prompts x 4 samples" in result.stdout
+
+    def eval_of(dpo_run) -> dict[str, float]:
+        (run,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE
+                  and dpo_run.info.run_id in r.data.tags.get(store.TAG_INPUT_PREFIX + "dpo_model", "")]
+        return run.data.metrics
+
+    done = [r for r in stage_runs(ws, "dpo") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    (offline,) = [r for r in done if r.data.params["dpo.iterative.rounds"] == "0"]
+    (online,) = [r for r in done if r.data.params["dpo.iterative.rounds"] == "6"]
+    rounds = sorted(mlflow_client(ws).get_metric_history(online.info.run_id, "round/reward_mean"), key=lambda m: m.step)
+    assert [m.step for m in rounds] == [0, 25, 50, 75, 100, 125]
+    m_off, m_on = eval_of(offline), eval_of(online)
+    print("held-out accuracy (greedy / sampled at T=1):")
+    for name, m in (("sft", m_off), ("dpo offline", m_off), ("dpo iterative x6", m_on)):
+        key = "sft" if name == "sft" else "dpo"
+        print(f"  {name:<17} {m[f'{key}/accuracy']:.3f} / {m[f'{key}/sampled_accuracy']:.3f}")
+    print("  round reward mean (the policy's own samples): " + ", ".join(f"{m.value:.3f}" for m in rounds))
+    assert m_on["dpo/sampled_accuracy"] >= m_off["dpo/sampled_accuracy"] + 0.02
+    assert m_on["dpo/accuracy"] >= m_off["dpo/accuracy"]
+    assert rounds[-1].value > rounds[0].value  # the policy's own samples get better round by round
 
 
 def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path, monkeypatch):

@@ -135,3 +135,85 @@ def test_reference_is_computed_for_exactly_the_rows_the_run_draws():
     assert rows == sorted(drawn) and len(rows) == 48
     assert dpo.rows_trained_on(40, d, world=2, seed=5) == list(range(40))  # more draws than rows: all of them
 
+
+
+# --- iterative (online) DPO ----------------------------------------------------------------
+
+ITERATIVE = ["dpo.iterative.rounds=2", "dpo.max_steps=4", "dpo.eval_every=1", "dpo.save_every=2",
+             "dpo.iterative.prompts_per_round=8", "dpo.iterative.samples_per_prompt=4", "dpo.iterative.max_new_tokens=12"]
+
+
+def run_iterative(prepared, root, length_reward, recorder=None):
+    cfg = load_config(None, [*SHORT, *ITERATIVE, f"reward.func_path={length_reward}"])
+    ctx = make_ctx("dpo", cfg, root, recorder)
+    return dpo.run(ctx, {"sft_model": prepared["base_model"], "pref_data": prepared["pref_data"],
+                         "prompts": prepared["prompts"]})
+
+
+@pytest.fixture(scope="module")
+def length_reward(tmp_path_factory):
+    from tests.stage.test_rl_stage import LENGTH_REWARD
+
+    path = tmp_path_factory.mktemp("reward") / "length.py"
+    path.write_text(LENGTH_REWARD)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def iterative(prepared, length_reward, tmp_path_factory):
+    rec, root = Recorder(), tmp_path_factory.mktemp("iterative")
+    return run_iterative(prepared, root, length_reward, rec), rec, root
+
+
+def test_best_worst_pairs_by_hand():
+    from stages.dpo.iterative import best_worst_pairs
+
+    rewards = torch.tensor([[0.0, 1.0, 1.0, 0.5], [2.0, 2.0, 2.0, 2.0], [3.0, -1.0, 3.0, -1.0]])
+    assert best_worst_pairs(rewards) == [(1, 0), None, (0, 1)]
+
+
+def test_each_round_pairs_the_policys_best_and_worst_samples(iterative, prepared):
+    from stages.common import checkpoint
+
+    result, rec, root = iterative
+    rounds = [(s, m) for s, m in rec.rows if "round/pairs" in m]
+    assert [s for s, _ in rounds] == [0, 2]  # two rounds, max_steps 4 split in two
+    assert all(m["round/prompts"] == 8 and 0 < m["round/pairs"] <= 8 for _, m in rounds)
+    assert all(m["round/best_reward_mean"] > m["round/reward_mean"] for _, m in rounds)
+    tokenizer = checkpoint.load_tokenizer(prepared["base_model"])
+    for r in range(2):
+        saved = torch.load(root / "work" / "rounds" / f"round{r}.pt")
+        assert len(saved["pairs"]) == rounds[r][1]["round/pairs"]
+        for (prompt, chosen), (prompt2, rejected) in saved["pairs"]:
+            assert prompt == prompt2
+            # the length reward: the chosen response is the longer text
+            assert len(tokenizer.decode(chosen, skip_special_tokens=True)) > len(tokenizer.decode(rejected, skip_special_tokens=True))
+    assert {"eval/reward_acc", "eval/margin"} <= set(rec.rows[-1][1])
+    assert AutoModelForCausalLM.from_pretrained(result.outputs["dpo_model"]) is not None
+
+
+def test_first_rounds_reference_is_the_starting_policy(iterative, prepared):
+    """Round 0's reference log-probs are the SFT (here: base) model's, from an independent HF forward."""
+    _, _, root = iterative
+    saved = torch.load(root / "work" / "rounds" / "round0.pt")
+    model = AutoModelForCausalLM.from_pretrained(prepared["base_model"]).eval()
+    chosen = [c for c, _ in saved["pairs"]]
+    batch = dpo.sequence_batch(chosen, 0)
+    with torch.no_grad():
+        expected, _ = dpo.response_logps(model, batch)
+    assert torch.allclose(saved["ref"][: len(chosen)], expected, atol=1e-4)
+
+
+def test_killed_iterative_run_resumes_on_the_saved_round(prepared, length_reward, iterative, tmp_path, capsys):
+    with pytest.raises(KeyboardInterrupt):
+        run_iterative(prepared, tmp_path, length_reward, Recorder(fail_at=3))  # round 2 made at step 2, saved at 2
+    round_file = tmp_path / "work" / "rounds" / "round1.pt"
+    written = round_file.stat().st_mtime_ns
+    capsys.readouterr()
+    result = run_iterative(prepared, tmp_path, length_reward)
+    out = capsys.readouterr().out
+    assert "[dpo] resumed from step 2/4" in out and "round 2/2" not in out  # the round is reloaded, not resampled
+    assert round_file.stat().st_mtime_ns == written
+    resumed = load_file(result.outputs["dpo_model"] / "model.safetensors")
+    uninterrupted = load_file(iterative[0].outputs["dpo_model"] / "model.safetensors")
+    assert max(float((resumed[k] - uninterrupted[k]).abs().max()) for k in uninterrupted) < 1e-5

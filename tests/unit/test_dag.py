@@ -57,7 +57,7 @@ def test_upstream():
     assert upstream(BY_NAME["data_prep"]) == []
     assert upstream(BY_NAME["sft"]) == ["data_prep"]
     assert upstream(BY_NAME["rl"]) == ["data_prep", "sft", "rm", "prm"]
-    assert upstream(BY_NAME["dpo"]) == ["data_prep", "sft"]
+    assert upstream(BY_NAME["dpo"]) == ["data_prep", "sft", "rm", "prm"]
     assert upstream(BY_NAME["eval"]) == ["data_prep", "sft", "rl", "dpo"]
     assert upstream(BY_NAME["lora_merge"]) == ["sft", "rm", "prm", "rl", "dpo"]
 
@@ -73,9 +73,21 @@ def test_rl_consumes_the_pipelines_reward_models_only_when_the_reward_config_ask
     assert BY_NAME["sft"].wanted_inputs(rm) == BY_NAME["sft"].inputs
 
 
+def test_dpo_consumes_prompts_and_rewards_and_fingerprints_the_reward_only_when_iterative():
+    dpo = BY_NAME["dpo"]
+    offline = PipelineConfig.model_validate({"reward": {"source": "rm"}})
+    assert dpo.wanted_inputs(offline) == ("sft_model", "pref_data")
+    assert "reward" not in dpo.wanted_config(dpo.config_keys, offline) and not dpo.wanted_config(dpo.local_sources, offline)
+    online = PipelineConfig.model_validate({"reward": {"source": "rm"}, "dpo": {"max_steps": 4, "iterative": {"rounds": 2}}})
+    assert dpo.wanted_inputs(online) == ("sft_model", "pref_data", "prompts", "reward_model")
+    assert {"reward", "prm.step_separator"} <= set(dpo.wanted_config(dpo.config_keys, online))
+    assert dpo.wanted_config(dpo.local_sources, online) == dag.REWARD_SOURCES
+    assert BY_NAME["rl"].wanted_config(BY_NAME["rl"].config_keys, offline) == BY_NAME["rl"].config_keys
+
+
 def test_downstream():
     assert downstream({"sft"}) == {"sft", "rm", "prm", "rl", "dpo", "lora_merge", "eval"}
-    assert downstream({"rm"}) == {"rm", "rl", "lora_merge", "eval"}
+    assert downstream({"rm"}) == {"rm", "rl", "dpo", "lora_merge", "eval"}
     assert downstream({"dpo"}) == {"dpo", "lora_merge", "eval"}
     assert downstream({"data_prep"}) == {s.name for s in STAGES}
     assert downstream({"eval"}) == {"eval"}
