@@ -236,6 +236,7 @@ class RLModelConfig(OptimConfig):
     min_lr_ratio: float = Field(1.0, ge=0.0, le=1.0)
     warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0)
     num_workers: int = Field(1, gt=0, description="DeepSpeed ranks of this model's actor group")
+    lora: LoRAConfig = LoRAConfig()
 
 
 CPU_KV_CACHE_MIB = 512  # vLLM on CPU would otherwise reserve most of the RAM

@@ -44,12 +44,12 @@ def check_local_resources(cfg) -> None:
     if os.environ.get("RAY_ADDRESS") or cfg.infra.ray_address:
         return  # a remote cluster's size is checked when the stage asks for it
     from stages.common import checkpoint, lora
-    from stages.dag import LORA_SECTIONS
+    from stages.dag import LORA_SECTIONS, lora_of
 
     if cfg.model.attn_implementation == "flash_attention_2":
         checkpoint.require_flash_attn()
     for section in LORA_SECTIONS:
-        if getattr(cfg, section).lora.load_in_4bit:
+        if lora_of(cfg, section).load_in_4bit:
             lora.require_qlora(f"{section}.lora")
     have = cfg.infra.num_cpus or os.cpu_count() or 1
     need = cfg.infra.num_workers * cfg.infra.cpus_per_worker

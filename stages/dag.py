@@ -61,11 +61,20 @@ def iterative_dpo_with(uses: Callable) -> Callable:
 REWARD_SOURCES = ("reward.func_path", "reward.rm_paths", "reward.prm_path")  # local files the reward reads
 
 
+def lora_of(cfg, section: str):
+    """The LoRA config of a dotted section, e.g. `rl.actor`."""
+    for part in section.split("."):
+        cfg = getattr(cfg, part)
+    return cfg.lora
+
+
 def trains_adapters(cfg) -> bool:
-    return any(getattr(cfg, section).lora.rank for section in LORA_SECTIONS)
+    """Some stage saves its model as a LoRA adapter."""
+    return any(lora_of(cfg, section).rank for section in ADAPTER_SECTIONS)
 
 
-LORA_SECTIONS = ("sft", "rm", "prm", "dpo")
+LORA_SECTIONS = ("sft", "rm", "prm", "dpo", "rl.actor", "rl.critic")  # config sections with a `lora` key
+ADAPTER_SECTIONS = LORA_SECTIONS[:-1]  # those whose stage output is then an adapter (the critic stays inside RL)
 COMMON_CODE = ("stages.contract", "stages.common")
 TRAINING_INFRA = ("infra.zero_stage", "infra.precision", "infra.num_workers")
 
@@ -149,7 +158,7 @@ STAGES: tuple[StageSpec, ...] = (
         inputs=("sft_model", "reward_model", "prm", "dpo_model", "rl_model"),
         optional_inputs=("sft_model", "reward_model", "prm", "dpo_model", "rl_model"),
         outputs=("merged_models",),
-        config_keys=("seed", *(f"{section}.lora" for section in LORA_SECTIONS)),
+        config_keys=("seed", *(f"{section}.lora" for section in ADAPTER_SECTIONS)),
         code=(*COMMON_CODE, "stages.lora_merge", "stages.reward_model"),
         key_metric="max_logit_diff",
         run_when=trains_adapters,

@@ -22,12 +22,14 @@ def is_adapter(path: str | Path) -> bool:
 
 
 def apply(model: torch.nn.Module, cfg: LoRAConfig, task_type: str) -> torch.nn.Module:
-    """`model` with LoRA adapters on `cfg.target_modules`; for SEQ_CLS peft also trains the score head."""
+    """`model` with LoRA adapters on `cfg.target_modules`; for SEQ_CLS / TOKEN_CLS peft also trains the
+    fresh head in full (so it gets no adapter of its own, even under `all-linear`)."""
     from peft import LoraConfig, get_peft_model
 
     peft_cfg = LoraConfig(
         r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
         target_modules=cfg.target_modules, task_type=task_type,
+        exclude_modules=[head.rstrip(".") for head in FRESH_HEADS] if task_type != "CAUSAL_LM" else None,
     )
     return get_peft_model(model, peft_cfg)
 
@@ -69,12 +71,32 @@ def load_kwargs(cfg: LoRAConfig, field: str) -> dict:
     return {"quantization_config": quant, "device_map": {"": torch.cuda.current_device()}}
 
 
-def load_for_training(path: str | Path, model_cfg, cfg: LoRAConfig, field: str) -> tuple[torch.nn.Module, str | None]:
+def load_for_training(path: str | Path, model_cfg, cfg: LoRAConfig, field: str,
+                      precision: str = "fp32") -> tuple[torch.nn.Module, str | None]:
     """The causal LM a stage trains: the whole model, or LoRA adapters on its (for QLoRA, 4-bit) base;
     and the base's signature when it trains adapters. `field` names the config section in errors."""
     from stages.common import checkpoint
 
-    return prepare(checkpoint.load_causal_lm(path, model_cfg, **load_kwargs(cfg, field)), cfg, "CAUSAL_LM")
+    model = checkpoint.load_causal_lm(path, model_cfg, precision, **load_kwargs(cfg, field))
+    return prepare(model, cfg, "CAUSAL_LM")
+
+
+def merged_weights(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """The plain HF state dict behind a peft model's full state dict, adapters merged in: W + scaling·B·A
+    for every adapted weight (what a rollout engine loads after each RL update; the model is not touched)."""
+    out = {}
+    for key, value in state.items():
+        if ".lora_" in key or ".original_module." in key:
+            continue
+        if ".base_layer." in key:
+            prefix = key.rsplit(".base_layer.", 1)[0]
+            a = state.get(f"{prefix}.lora_A.default.weight")
+            if key.endswith(".weight") and a is not None:
+                b = state[f"{prefix}.lora_B.default.weight"]
+                value = value + (scaling * (b.float() @ a.float())).to(value.dtype)
+        name = key.removeprefix("base_model.model.").replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")
+        out[name] = value
+    return out
 
 
 def prepare(model: torch.nn.Module, cfg: LoRAConfig, task_type: str) -> tuple[torch.nn.Module, str | None]:

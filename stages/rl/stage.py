@@ -166,7 +166,7 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
 def sync_weights(actors: Actors) -> None:
     """Every policy rank takes part in the gather (ZeRO-3); rank 0's state goes to the engines straight
     from the object store, not through the driver."""
-    states = [w.full_state_dict.remote() for w in actors.policy]
+    states = [w.synced_state_dict.remote() for w in actors.policy]
     ray.get([e.load_weights.remote(states[0]) for e in actors.engines] + states[1:])
 
 

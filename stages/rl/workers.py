@@ -11,7 +11,7 @@ import ray
 import torch
 
 from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
-from stages.common import checkpoint, deepspeed_engine, ray_workers
+from stages.common import checkpoint, deepspeed_engine, lora, ray_workers
 from stages.common.trainer import build_engine
 from stages.rl.experience import Sample, micro_batches, trim
 from stages.rl.losses import (
@@ -68,7 +68,7 @@ class TrainerWorker(Worker):
         ray_workers.join_env(master, self.rank, self.world)
         torch.manual_seed(cfg.seed + self.rank)
         deepspeed_engine.init_distributed()
-        self.cfg, self.rl = cfg, cfg.rl
+        self.cfg, self.rl, self.optim = cfg, cfg.rl, optim
         model = self.load_model(model_path)
         rl = cfg.rl
         grad_accum = rl.train_batch_size // (rl.micro_train_batch_size * self.world)
@@ -118,7 +118,16 @@ class TrainerWorker(Worker):
 class PolicyWorker(TrainerWorker):
     def load_model(self, path: str):
         self.tokenizer = checkpoint.load_tokenizer(path)
-        return checkpoint.load_causal_lm(path, self.cfg.model, self.cfg.infra.precision)
+        model, self.signature = lora.load_for_training(path, self.cfg.model, self.optim.lora, "rl.actor.lora",
+                                                       self.cfg.infra.precision)
+        return model
+
+    def synced_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The policy's weights as the rollout engines load them (HF names; LoRA adapters merged in)."""
+        state = self.full_state_dict()
+        if state is not None and self.signature:
+            state = lora.merged_weights(state, self.optim.lora.alpha / self.optim.lora.rank)
+        return state
 
     @torch.no_grad()
     def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -148,10 +157,10 @@ class PolicyWorker(TrainerWorker):
         return loss, metrics
 
     def export(self, out_dir: str) -> None:
-        """The policy as an HF checkpoint (ZeRO-3 partitions gathered; every rank must call)."""
+        """The policy as an HF checkpoint, or its LoRA adapter (ZeRO-3 partitions gathered; every rank must call)."""
         state = self.full_state_dict()
         if self.rank == 0:
-            checkpoint.save(self.engine.module, self.tokenizer, Path(out_dir), state_dict=state)
+            lora.save_trained(self.engine.module, self.tokenizer, Path(out_dir), state, self.signature)
 
 
 @ray.remote
@@ -164,10 +173,11 @@ class CriticWorker(TrainerWorker):
         source = checkpoint.resolve(path)
         config = AutoConfig.from_pretrained(source, num_labels=1)
         config.classifier_dropout = 0.0  # values must not change between experience making and training
-        return AutoModelForTokenClassification.from_pretrained(
+        model = AutoModelForTokenClassification.from_pretrained(
             source, config=config, dtype=checkpoint.DTYPES[self.cfg.infra.precision],
-            attn_implementation=self.cfg.model.attn_implementation,
+            attn_implementation=self.cfg.model.attn_implementation, **lora.load_kwargs(self.optim.lora, "rl.critic.lora"),
         )
+        return lora.prepare(model, self.optim.lora, "TOKEN_CLS")[0]  # with LoRA: adapters plus the value head
 
     def _values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         out = self.engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits

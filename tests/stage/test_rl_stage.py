@@ -80,6 +80,28 @@ def test_grpo_trains_the_policy_and_syncs_the_engine(grpo, prepared):
     assert model.config.vocab_size > 0
 
 
+def test_ppo_with_lora_actor_and_critic_syncs_merged_weights_and_saves_the_adapter(prepared, length_reward, tmp_path):
+    """The engines sample from the merged LoRA policy: at step 2 their log-probs are the trainer's."""
+    from peft import PeftModel
+
+    from stages.common import lora
+
+    result, logged = run_rl(prepared, tmp_path, ["rl.advantage_estimator=gae", f"reward.func_path={length_reward}",
+                                                 "rl.actor.lora.rank=4", "rl.actor.lora.alpha=8", "rl.critic.lora.rank=4",
+                                                 "rl.actor.lr=5e-3", "rl.init_kl_coef=0"])
+    step2 = next(m for s, m in logged if s == 2 and "reward" in m)
+    assert step2["rollout_logprob_gap"] < 1e-4 and "critic/value_loss" in step2
+    out = result.outputs["rl_model"]
+    assert lora.is_adapter(out) and not (out / "model.safetensors").exists()
+    base = AutoModelForCausalLM.from_pretrained(prepared["base_model"])
+    adapted = PeftModel.from_pretrained(base, out).eval()
+    ids = torch.arange(3, 30).unsqueeze(0)
+    with torch.no_grad():
+        with adapted.disable_adapter():
+            plain = adapted(input_ids=ids).logits
+        assert float((adapted(input_ids=ids).logits - plain).abs().max()) > 1e-4  # the adapter trained
+
+
 def quick_reward_model(stage, module, data: str, output: str, prepared, root):
     """A 4-step rm or prm checkpoint trained from the base model (a scorer to plug into RL)."""
     cfg = load_config(None, [*FAST, f"{stage}.max_steps=4", f"{stage}.eval_every=2", f"{stage}.save_every=2"])

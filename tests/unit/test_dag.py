@@ -152,5 +152,8 @@ def test_lora_merge_runs_only_when_a_stage_trains_an_adapter():
     assert merge.takes_adapters and not any(s.takes_adapters for s in STAGES if s is not merge)
     assert not merge.run_when(PipelineConfig())
     for section in dag.LORA_SECTIONS:
-        assert merge.run_when(PipelineConfig.model_validate({section: {"lora": {"rank": 4}}}))
+        nested = {"lora": {"rank": 4}}
+        for part in reversed(section.split(".")):
+            nested = {part: nested}
+        assert merge.run_when(PipelineConfig.model_validate(nested)) == (section != "rl.critic")
     assert set(merge.optional_inputs) == set(merge.inputs)
