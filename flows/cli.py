@@ -1,6 +1,7 @@
 """The `rlhf` command line.
 
-  rlhf run [--config PRESET|FILE] [--force STAGE ...] [KEY=VALUE ...]
+  rlhf run [--config PRESET|FILE] [--force STAGE ...] [--only STAGE ...] [KEY=VALUE ...]
+  rlhf serve [--config PRESET|FILE] [--prefect-port N] [--mlflow-port N | --no-ui]
   rlhf ui  [--config PRESET|FILE] [--port N]
   rlhf runs [--config PRESET|FILE] [--limit N]
   rlhf compare RUN [RUN ...] [--config PRESET|FILE]
@@ -76,11 +77,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         use_local_token()  # Ray reads it when first imported, which is about to happen
     _prefect_home(cfg.tracking.state_dir)
-    from flows.pipeline import check_force, rlhf_pipeline
+    from flows.pipeline import check_stages, rlhf_pipeline
 
     force = [s for item in args.force for s in item.split(",") if s]
-    check_force(force)
-    rlhf_pipeline(config=args.config or "tiny", overrides=args.overrides, force=force)
+    only = [s for item in args.only for s in item.split(",") if s]
+    check_stages(force, "--force")
+    check_stages(only, "--only")
+    rlhf_pipeline(config=args.config or "tiny", overrides=args.overrides, force=force, only=only or None)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from configs import load_config
+    from flows.serve import serve
+
+    _prefect_home(load_config(args.config).tracking.state_dir)
+    serve(args.config, args.prefect_port, None if args.no_ui else args.mlflow_port)
     return 0
 
 
@@ -160,8 +172,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", default=None, help="preset name in configs/ or a YAML path (default: tiny)")
     run.add_argument("--force", action="append", default=[], metavar="STAGE",
                      help="rerun this stage and its downstream (repeatable, or comma-separated)")
+    run.add_argument("--only", action="append", default=[], metavar="STAGE",
+                     help="run just this stage, its inputs reused from MLflow (repeatable, or comma-separated)")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. sft.lr=3e-4 seed=7")
     run.set_defaults(func=cmd_run)
+    serve = sub.add_parser("serve", help="serve the rlhf-pipeline/full and /stage deployments (starting a Prefect server and the MLflow UI if needed)")
+    serve.add_argument("--config", default=None, help="the deployments' default preset or YAML, and the store to use")
+    serve.add_argument("--prefect-port", type=int, default=4200, help="port of the Prefect server started here")
+    serve.add_argument("--mlflow-port", type=int, default=5000, help="port of the MLflow UI")
+    serve.add_argument("--no-ui", action="store_true", help="do not start the MLflow UI")
+    serve.set_defaults(func=cmd_serve)
     ui = sub.add_parser("ui", help="open the MLflow UI on the pipeline's store")
     ui.add_argument("--config", default=None)
     ui.add_argument("--port", type=int, default=5000)

@@ -27,28 +27,40 @@ FLOW_NAME = "rlhf-pipeline"
 # MLflow, not Prefect, is the cache (it survives a wiped Prefect DB); see stages/dag.py and artifacts/.
 @task(name="stage", cache_policy=NO_CACHE)
 def stage_task(stage: str, cfg: PipelineConfig, setup, experiment_id: str, parent_run_id: str,
-               upstream: dict[str, StageOutcome], force: bool, ray_session: RaySession):
-    outcome = execute_stage(dag.BY_NAME[stage], cfg, setup, experiment_id, parent_run_id, upstream, force, ray_session)
+               upstream: dict[str, StageOutcome], force: bool, ray_session: RaySession, reuse_only: bool = False):
+    outcome = execute_stage(dag.BY_NAME[stage], cfg, setup, experiment_id, parent_run_id, upstream, force, ray_session,
+                            reuse_only)
     if outcome.status == "failed":
         return Failed(message=f"{stage}: {outcome.error}", data=outcome)
     return Completed(name="Cached" if outcome.status == "cached" else "Completed", data=outcome)
 
 
-def check_force(force: list[str]) -> None:
+def check_stages(names: list[str], option: str) -> None:
     from configs.errors import ConfigError
 
-    unknown = [s for s in force if s not in dag.BY_NAME]
+    unknown = [s for s in names if s not in dag.BY_NAME]
     if unknown:
-        raise ConfigError(f"--force {' '.join(unknown)}: unknown stage (stages: {', '.join(dag.BY_NAME)})")
+        raise ConfigError(f"{option} {' '.join(unknown)}: unknown stage (stages: {', '.join(dag.BY_NAME)})")
 
 
 @flow(name=FLOW_NAME)
-def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, force: list[str] | None = None) -> list[dict]:
-    """Run the whole DAG; returns the summary rows. Raises the first failed stage's error."""
+def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, force: list[str] | None = None,
+                  only: list[str] | None = None) -> list[dict]:
+    """Run the DAG; returns the summary rows. Raises the first failed stage's error.
+
+    `only`: run just these stages; the stages they need are reused from MLflow (their cached runs for
+    this config), never run, and nothing downstream runs."""
     started = time.monotonic()
     cfg = load_config(config, overrides or [])
-    check_force(force or [])
+    check_stages(force or [], "--force")
+    check_stages(only or [], "--only")
     forced = dag.downstream(force or [])
+    reused = dag.needed_by(only, cfg) - set(only) if only else set()
+    if set(force or []) & reused:
+        from configs.errors import ConfigError
+
+        both = sorted(set(force or []) & reused)
+        raise ConfigError(f"--force {' '.join(both)}: --only reuses it; add it to --only to rerun it")
     setup = tracking.resolve(cfg.tracking)
     client = MlflowClient(setup.uri)
     experiment_id = tracking.experiment_id(client, setup)
@@ -56,7 +68,7 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
         experiment_id,
         run_name=f"pipeline {config}",
         tags={"rlhf.kind": "pipeline", "rlhf.config": config, "rlhf.overrides": " ".join(overrides or []),
-              "rlhf.force": ",".join(force or [])},
+              "rlhf.force": ",".join(force or []), "rlhf.only": ",".join(only or [])},
     )
     parent_id = parent.info.run_id
     params = fp.flatten(cfg.model_dump(mode="json"))
@@ -66,9 +78,12 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
     futures = {}
     try:
         for spec in dag.STAGES:  # declared in dependency order
-            upstream = {name: futures[name] for name in dag.upstream(spec)}
+            if only and spec.name not in set(only) | reused:
+                continue
+            upstream = {name: futures[name] for name in dag.upstream(spec) if name in futures}
             futures[spec.name] = stage_task.with_options(name=spec.name, task_run_name=spec.name).submit(
-                spec.name, cfg, setup, experiment_id, parent_id, upstream, spec.name in forced, ray_session
+                spec.name, cfg, setup, experiment_id, parent_id, upstream, spec.name in forced, ray_session,
+                spec.name in reused,
             )
         wait(list(futures.values()))
     finally:

@@ -82,8 +82,10 @@ def execute_stage(
     upstream: dict[str, StageOutcome],
     force: bool,
     ray_session: RaySession,
+    reuse_only: bool = False,
 ) -> StageOutcome:
-    """Reuse a cached run or run the stage on Ray; never raises (a failure is an outcome)."""
+    """Reuse a cached run or run the stage on Ray (`reuse_only`: a cache miss is an error); never
+    raises (a failure is an outcome)."""
     started = time.monotonic()
     client = MlflowClient(setup.uri)
     run_id = fingerprint = None
@@ -103,6 +105,9 @@ def execute_stage(
             )
             print(f"[{spec.name}] cached: reusing MLflow run {cached.info.run_id}", flush=True)
             return outcome
+        if reuse_only:
+            raise PipelineError(f"stage {spec.name}: no finished run matches this config (fingerprint {fingerprint}), and "
+                                f"--only reuses the stages it needs; run the pipeline first or add {spec.name} to --only")
 
         run = client.create_run(
             experiment_id,

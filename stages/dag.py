@@ -202,6 +202,16 @@ def downstream(names: set[str] | list[str]) -> set[str]:
     return closed
 
 
+def needed_by(names: set[str] | list[str], cfg) -> set[str]:
+    """The stages whose outputs the given stages consume under `cfg`, transitively (not themselves
+    unless one consumes another)."""
+    needed: set[str] = set()
+    for spec in reversed(STAGES):  # consumers before producers
+        if spec.name in names or spec.name in needed:
+            needed |= {producer(a).name for a in spec.wanted_inputs(cfg)}
+    return needed
+
+
 def check_order() -> None:
     """Every stage's producers are declared before it (the flow relies on it)."""
     seen: set[str] = set()

@@ -67,6 +67,11 @@ def test_unknown_forced_stage(workdir):
     assert_no_work_started(workdir)
 
 
+def test_unknown_only_stage(workdir):
+    assert_one_line_error(run_cli(workdir, "run", "--only", "rm,evall"), "--only evall", "unknown stage")
+    assert_no_work_started(workdir)
+
+
 def test_vllm_engine_without_vllm(workdir):
     assert_one_line_error(run_cli(workdir, "run", "rl.engine=vllm"), "rl.engine=vllm", "vLLM is not installed", "rlhf vllm-env")
     assert_no_work_started(workdir)

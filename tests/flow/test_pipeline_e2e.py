@@ -8,6 +8,7 @@
 4. a second identical run is all cached; a changed setting reruns exactly its stage and what
    depends on it; `--force rm` reruns the RM though nothing changed
 5. `infra.ray_address` naming a `ray start --head` cluster runs the stages there
+6. `rlhf serve` + `prefect deployment run rlhf-pipeline/full` / `stage` run the served pipeline
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -256,3 +259,59 @@ def test_stages_run_on_the_cluster_named_in_the_config(ws, ray_head):
     assert "Started a local Ray instance" not in result.stdout + result.stderr
     assert stage_statuses(ws)["eval"] == "ran"
     assert head.poll() is None  # the pipeline disconnects; it does not stop a cluster it did not start
+
+
+def test_served_deployments_run_the_pipeline_and_one_stage(ws, tmp_path):
+    """`rlhf serve` starts a Prefect server and the MLflow UI and serves rlhf-pipeline/full and /stage;
+    `prefect deployment run` drives them; stopping the serve stops both servers."""
+    import urllib.request
+
+    from tests.flow.conftest import free_port
+
+    prefect_port, mlflow_port = free_port(), free_port()
+    env = cli_env(ws) | {"PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        serve = subprocess.Popen([*CLI, "serve", "--prefect-port", str(prefect_port), "--mlflow-port", str(mlflow_port)],
+                                 cwd=ws, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    api = f"http://127.0.0.1:{prefect_port}/api"
+
+    def answers(url: str) -> bool:
+        try:
+            return urllib.request.urlopen(url, timeout=2).status == 200
+        except OSError:
+            return False
+
+    def deployment_run(name: str, *params: str) -> subprocess.CompletedProcess:
+        args = [a for p in params for a in ("-p", p)]
+        return subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "run", f"rlhf-pipeline/{name}",
+                               "--watch", *args], cwd=tmp_path, env=env | {"PREFECT_API_URL": api},
+                              capture_output=True, text=True, timeout=600)
+
+    try:
+        deadline = time.monotonic() + 240
+        while "prefect deployment run" not in log.read_text() and time.monotonic() < deadline:
+            assert serve.poll() is None, log.read_text()[-3000:]
+            time.sleep(1)
+        assert answers(f"{api}/health") and answers(f"http://127.0.0.1:{mlflow_port}/health"), log.read_text()[-3000:]
+
+        full = deployment_run("full", 'overrides=["rm.max_steps=15"]')
+        assert full.returncode == 0 and "Completed" in full.stdout, full.stdout[-3000:] + log.read_text()[-3000:]
+        statuses = stage_statuses(ws)
+        assert statuses.pop("rm") == "ran" and statuses.pop("lora_merge") == "skipped"
+        assert set(statuses.values()) == {"cached"}
+        (rm,) = [r for r in stage_runs(ws, "rm") if r.data.params.get("rm.max_steps") == "15"]
+        assert rm.data.tags.get(store.TAG_STATUS) == store.COMPLETE
+
+        again = deployment_run("full", 'overrides=["rm.max_steps=15"]')
+        assert again.returncode == 0 and "prefect.task-run.Cached" in again.stdout, again.stdout[-3000:]
+        statuses = stage_statuses(ws)
+        assert statuses.pop("lora_merge") == "skipped" and set(statuses.values()) == {"cached"}
+
+        one = deployment_run("stage", 'only=["prm"]', 'overrides=["prm.max_steps=15"]')
+        assert one.returncode == 0, one.stdout[-3000:] + log.read_text()[-3000:]
+        assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "prm": "ran"}
+    finally:
+        serve.send_signal(signal.SIGTERM)  # the serve process itself: it must stop what it started
+        serve.wait(timeout=90)
+    assert not answers(f"{api}/health") and not answers(f"http://127.0.0.1:{mlflow_port}/health")

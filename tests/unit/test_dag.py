@@ -157,3 +157,13 @@ def test_lora_merge_runs_only_when_a_stage_trains_an_adapter():
             nested = {part: nested}
         assert merge.run_when(PipelineConfig.model_validate(nested)) == (section != "rl.critic")
     assert set(merge.optional_inputs) == set(merge.inputs)
+
+
+def test_needed_by_follows_the_inputs_the_config_wants():
+    cfg = PipelineConfig()
+    assert dag.needed_by({"rm"}, cfg) == {"data_prep", "sft"}
+    assert dag.needed_by({"eval"}, cfg) == {"data_prep", "sft", "rl", "dpo"}
+    assert dag.needed_by({"rl"}, cfg) == {"data_prep", "sft"}  # the rule reward: no rm, no prm
+    assert dag.needed_by({"rl"}, PipelineConfig.model_validate({"reward": {"source": "prm"}})) == {"data_prep", "sft", "prm"}
+    assert dag.needed_by({"sft", "rm"}, cfg) == {"data_prep", "sft"}  # sft is asked for and needed
+    assert dag.needed_by({"data_prep"}, cfg) == set()

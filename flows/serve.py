@@ -1,0 +1,122 @@
+"""`rlhf serve`: the pipeline's deployments, served from this process, plus what they need.
+
+Brings up what is missing, on loopback: a Prefect server (the one at PREFECT_API_URL when it
+answers, else one started here with its SQLite DB under the state folder), an MLflow UI on the
+pipeline's store, and serves two deployments of the `rlhf-pipeline` flow:
+
+- `rlhf-pipeline/full`: the whole DAG (parameters `config`, `overrides`, `force`, `only`)
+- `rlhf-pipeline/stage`: the stages named by `only`, their inputs reused from MLflow
+
+Stopping it (Ctrl-C or SIGTERM) stops the servers it started, and only those.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from configs.errors import PipelineError
+
+START_TIMEOUT_S = 120
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def start(command: list[str], health_url: str, what: str, log: Path, env: dict | None = None) -> subprocess.Popen:
+    """Start a server in its own session (so stopping it stops its children) and wait until it answers."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise PipelineError(f"{what} exited with code {proc.returncode} while starting; see {log}")
+        if answers(health_url):
+            return proc
+        time.sleep(0.5)
+    stop(proc)
+    raise PipelineError(f"{what} did not answer at {health_url} within {START_TIMEOUT_S} s; see {log}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def prefect_server(state_dir: Path, port: int) -> tuple[str, subprocess.Popen | None]:
+    """The API URL of a Prefect server that answers: PREFECT_API_URL's, else one started here."""
+    given = os.environ.get("PREFECT_API_URL")
+    if given and answers(given.rstrip("/") + "/health"):
+        return given, None
+    if given:
+        raise PipelineError(f"PREFECT_API_URL={given}: no Prefect server answers there; unset it to start one here")
+    api = f"http://127.0.0.1:{port}/api"
+    if answers(api + "/health"):
+        raise PipelineError(f"port {port} already has a Prefect server: set PREFECT_API_URL={api} to use it, or pick --prefect-port")
+    home = state_dir / "prefect"
+    proc = start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                 api + "/health", "the Prefect server", state_dir / "logs" / "prefect-server.log", {"PREFECT_HOME": str(home)})
+    return api, proc
+
+
+def mlflow_ui(uri: str, state_dir: Path, port: int) -> subprocess.Popen:
+    url = f"http://127.0.0.1:{port}"
+    if answers(url + "/health"):
+        raise PipelineError(f"port {port} is taken (something answers at {url}); pick --mlflow-port")
+    return start([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)],
+                 url + "/health", "the MLflow UI", state_dir / "logs" / "mlflow-ui.log")
+
+
+def serve(config: str | None, prefect_port: int, mlflow_port: int | None) -> None:
+    from artifacts import tracking
+    from configs import load_config
+
+    setup = tracking.resolve(load_config(config).tracking)
+    started: list[subprocess.Popen] = []
+    try:
+        api, proc = prefect_server(setup.state_dir, prefect_port)
+        started += [proc] if proc else []
+        os.environ["PREFECT_API_URL"] = api  # for the runner below and the flow runs it starts
+        if mlflow_port:
+            started.append(mlflow_ui(setup.uri, setup.state_dir, mlflow_port))
+        serve_deployments(config or "tiny", api, mlflow_port)
+    finally:
+        for proc in reversed(started):
+            stop(proc)
+
+
+def serve_deployments(config: str, api: str, mlflow_port: int | None) -> None:
+    from prefect import serve as prefect_serve
+
+    from flows.pipeline import FLOW_NAME, rlhf_pipeline
+
+    full = rlhf_pipeline.to_deployment(name="full", parameters={"config": config},
+                                       description="The whole DAG; unchanged stages are reused from MLflow.")
+    stage = rlhf_pipeline.to_deployment(name="stage", parameters={"config": config, "only": ["eval"]},
+                                        description="The stages named by `only`; the stages they need are reused from MLflow.")
+    ui = api.removesuffix("/api")
+    print(f"Prefect UI:  {ui}", flush=True)
+    if mlflow_port:
+        print(f"MLflow UI:   http://127.0.0.1:{mlflow_port}", flush=True)
+    print(f"Run, from another shell (PREFECT_API_URL={api}):\n"
+          f"  prefect deployment run {FLOW_NAME}/full --watch\n"
+          f"  prefect deployment run {FLOW_NAME}/full --watch -p overrides='[\"sft.lr=3e-4\"]' -p force='[\"rm\"]'\n"
+          f"  prefect deployment run {FLOW_NAME}/stage --watch -p only='[\"rm\"]'", flush=True)
+    prefect_serve(full, stage, print_starting_message=False)
