@@ -17,6 +17,8 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import RunStatus
 
+from configs.errors import PipelineError
+
 TAG_STAGE = "rlhf.stage"
 TAG_FINGERPRINT = "rlhf.fingerprint"
 TAG_STATUS = "rlhf.status"
@@ -93,6 +95,31 @@ def publish(client: MlflowClient, run_id: str, outputs: dict[str, Path], registe
     client.set_tag(run_id, TAG_OUTPUTS, ",".join(outputs))
     client.set_tag(run_id, TAG_STATUS, COMPLETE)
     return refs
+
+
+def resolve_pin(client: MlflowClient, field: str, uri: str) -> ArtifactRef:
+    """The artifact a pinned input names: `runs:/<run_id>/<name>`, `models:/<name>/<version>` or
+    `models:/<name>@<alias>` (a registered version points at the run and artifact it came from).
+    One-line errors name `field` and what is missing."""
+    if uri.startswith("runs:/"):
+        run_id, name = uri.removeprefix("runs:/").split("/", 1)
+    else:
+        model = uri.removeprefix("models:/")
+        try:
+            if "@" in model:
+                version = client.get_model_version_by_alias(*model.split("@", 1))
+            else:
+                version = client.get_model_version(*model.split("/", 1))
+        except mlflow.exceptions.MlflowException as exc:
+            raise PipelineError(f"{field}={uri}: no such registered model version ({str(exc).splitlines()[0]})") from None
+        run_id, name = version.run_id, version.source.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        run = client.get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        raise PipelineError(f"{field}={uri}: no run {run_id} in {client.tracking_uri}") from None
+    if not artifacts_present(client, run, [name]):
+        raise PipelineError(f"{field}={uri}: run {run_id} has no artifact {name!r}")
+    return ArtifactRef(name, run_id)
 
 
 def register_model(client: MlflowClient, name: str, source: str, run_id: str):

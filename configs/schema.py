@@ -5,7 +5,7 @@ Every section forbids unknown keys, so a typo fails at load time instead of bein
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -332,8 +332,14 @@ class EvalConfig(Section):
     answer_pattern: str = Field(r"Answer:\s*(-?\d+)", description="regex whose first group is the final answer")
 
 
+PIN = r"^(runs:/[0-9a-f]+/[\w.-]+|models:/[\w.-]+(@[\w-]+|/\d+))$"
+
+
 class PipelineConfig(Section):
     seed: int = 42
+    # pinned inputs: an artifact name (e.g. sft_model) -> an existing artifact that stands in for the
+    # producing stage's output: runs:/<run_id>/<name>, models:/<name>/<version> or models:/<name>@<alias>
+    inputs: dict[str, Annotated[str, Field(pattern=PIN)]] = Field(default_factory=dict)
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     infra: InfraConfig = InfraConfig()

@@ -83,6 +83,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     only = [s for item in args.only for s in item.split(",") if s]
     check_stages(force, "--force")
     check_stages(only, "--only")
+    from stages.dag import check_pins
+
+    check_pins(cfg)
     rlhf_pipeline(config=args.config or "tiny", overrides=args.overrides, force=force, only=only or None)
     return 0
 

@@ -13,7 +13,7 @@ from prefect.futures import wait
 from prefect.states import Completed, Failed
 
 from artifacts import fingerprint as fp
-from artifacts import tracking
+from artifacts import store, tracking
 from configs import load_config
 from configs.schema import PipelineConfig
 from flows.ray_cluster import RaySession
@@ -27,9 +27,10 @@ FLOW_NAME = "rlhf-pipeline"
 # MLflow, not Prefect, is the cache (it survives a wiped Prefect DB); see stages/dag.py and artifacts/.
 @task(name="stage", cache_policy=NO_CACHE)
 def stage_task(stage: str, cfg: PipelineConfig, setup, experiment_id: str, parent_run_id: str,
-               upstream: dict[str, StageOutcome], force: bool, ray_session: RaySession, reuse_only: bool = False):
+               upstream: dict[str, StageOutcome], force: bool, ray_session: RaySession, reuse_only: bool = False,
+               pins: dict | None = None):
     outcome = execute_stage(dag.BY_NAME[stage], cfg, setup, experiment_id, parent_run_id, upstream, force, ray_session,
-                            reuse_only)
+                            reuse_only, pins)
     if outcome.status == "failed":
         return Failed(message=f"{stage}: {outcome.error}", data=outcome)
     return Completed(name="Cached" if outcome.status == "cached" else "Completed", data=outcome)
@@ -61,8 +62,10 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
 
         both = sorted(set(force or []) & reused)
         raise ConfigError(f"--force {' '.join(both)}: --only reuses it; add it to --only to rerun it")
+    dag.check_pins(cfg)
     setup = tracking.resolve(cfg.tracking)
     client = MlflowClient(setup.uri)
+    pins = {name: store.resolve_pin(client, f"inputs.{name}", uri) for name, uri in cfg.inputs.items()}
     experiment_id = tracking.experiment_id(client, setup)
     parent = client.create_run(
         experiment_id,
@@ -78,12 +81,12 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
     futures = {}
     try:
         for spec in dag.STAGES:  # declared in dependency order
-            if only and spec.name not in set(only) | reused:
+            if (only and spec.name not in set(only) | reused) or dag.pinned_away(spec, cfg):
                 continue
             upstream = {name: futures[name] for name in dag.upstream(spec) if name in futures}
             futures[spec.name] = stage_task.with_options(name=spec.name, task_run_name=spec.name).submit(
                 spec.name, cfg, setup, experiment_id, parent_id, upstream, spec.name in forced, ray_session,
-                spec.name in reused,
+                spec.name in reused, pins,
             )
         wait(list(futures.values()))
     finally:

@@ -47,10 +47,12 @@ class NothingToDo(Exception):
     """An input is an optional output its producer did not make (e.g. no PRM data): skip the stage."""
 
 
-def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome], cfg: PipelineConfig) -> dict[str, store.ArtifactRef]:
+def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome], cfg: PipelineConfig,
+                   pins: dict[str, store.ArtifactRef] | None = None) -> dict[str, store.ArtifactRef]:
+    """The artifacts the stage consumes: its upstream stages' outputs, or the pinned ones (`inputs.*`)."""
     if spec.run_when is not None and not spec.run_when(cfg):
         raise NothingToDo("not asked for by the config")
-    available = {name: ref for outcome in upstream.values() for name, ref in outcome.outputs.items()}
+    available = {name: ref for outcome in upstream.values() for name, ref in outcome.outputs.items()} | (pins or {})
     wanted = [name for name in spec.wanted_inputs(cfg) if name in available or name not in spec.optional_inputs]
     missing = [name for name in wanted if name not in available]
     skipped = [name for name in missing if upstream.get(dag.producer(name).name, None) is not None
@@ -83,6 +85,7 @@ def execute_stage(
     force: bool,
     ray_session: RaySession,
     reuse_only: bool = False,
+    pins: dict[str, store.ArtifactRef] | None = None,
 ) -> StageOutcome:
     """Reuse a cached run or run the stage on Ray (`reuse_only`: a cache miss is an error); never
     raises (a failure is an outcome)."""
@@ -91,7 +94,7 @@ def execute_stage(
     run_id = fingerprint = None
     try:
         try:
-            inputs = resolve_inputs(spec, upstream, cfg)
+            inputs = resolve_inputs(spec, upstream, cfg, pins)
         except NothingToDo as reason:
             print(f"[{spec.name}] skipped: {reason}", flush=True)
             return StageOutcome(spec.name, "skipped", time.monotonic() - started)

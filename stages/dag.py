@@ -204,12 +204,26 @@ def downstream(names: set[str] | list[str]) -> set[str]:
 
 def needed_by(names: set[str] | list[str], cfg) -> set[str]:
     """The stages whose outputs the given stages consume under `cfg`, transitively (not themselves
-    unless one consumes another)."""
+    unless one consumes another); a pinned input (`cfg.inputs`) needs no producer."""
     needed: set[str] = set()
     for spec in reversed(STAGES):  # consumers before producers
         if spec.name in names or spec.name in needed:
-            needed |= {producer(a).name for a in spec.wanted_inputs(cfg)}
+            needed |= {producer(a).name for a in spec.wanted_inputs(cfg) if a not in cfg.inputs}
     return needed
+
+
+def pinned_away(spec: StageSpec, cfg) -> bool:
+    """Every output of the stage is pinned to an existing artifact: it need not run."""
+    return set(spec.outputs) <= set(cfg.inputs)
+
+
+def check_pins(cfg) -> None:
+    from configs.errors import ConfigError
+
+    artifacts = [a for spec in STAGES for a in spec.outputs]
+    unknown = [a for a in cfg.inputs if a not in artifacts]
+    if unknown:
+        raise ConfigError(f"inputs.{unknown[0]}: no stage produces {unknown[0]!r} (artifacts: {', '.join(artifacts)})")
 
 
 def check_order() -> None:

@@ -9,6 +9,7 @@
    depends on it; `--force rm` reruns the RM though nothing changed
 5. `infra.ray_address` naming a `ray start --head` cluster runs the stages there
 6. `rlhf serve` + `prefect deployment run rlhf-pipeline/full` / `stage` run the served pipeline
+7. an input pinned to another stage's checkpoint runs one stage on it, without its producer
 """
 
 from __future__ import annotations
@@ -315,3 +316,19 @@ def test_served_deployments_run_the_pipeline_and_one_stage(ws, tmp_path):
         serve.send_signal(signal.SIGTERM)  # the serve process itself: it must stop what it started
         serve.wait(timeout=90)
     assert not answers(f"{api}/health") and not answers(f"http://127.0.0.1:{mlflow_port}/health")
+
+
+def test_a_pinned_input_runs_one_stage_on_another_stages_checkpoint(ws):
+    """`--only eval inputs.rl_model=runs:/<dpo run>/dpo_model`: eval runs on the offline DPO checkpoint in
+    the RL slot, the rl stage does not run at all, and the eval run records that lineage."""
+    (dpo,) = [r for r in stage_runs(ws, "dpo") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE
+              and r.data.params["dpo.iterative.rounds"] == "0"]
+    pin = f"runs:/{dpo.info.run_id}/dpo_model"
+    result = run_cli(ws, "run", "--only", "eval", f"inputs.rl_model={pin}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "dpo": "cached", "eval": "ran"}
+    (newest,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_INPUT_PREFIX + "rl_model") == pin]
+    m = newest.data.metrics
+    assert m["rl/accuracy"] == m["dpo/accuracy"] and m["rl/sampled_accuracy"] == m["dpo/sampled_accuracy"]
+    unknown = run_cli(ws, "run", "--only", "eval", f"inputs.rl_model=runs:/{dpo.info.run_id}/nothing")
+    assert unknown.returncode == 2 and f"inputs.rl_model=runs:/{dpo.info.run_id}/nothing: run" in unknown.stderr

@@ -6,7 +6,7 @@ import pytest
 
 from artifacts import fingerprint as fp
 from artifacts.store import ArtifactRef
-from configs import PipelineError, load_config
+from configs import ConfigError, PipelineError, load_config
 from configs.schema import PipelineConfig
 from flows.stage_task import (
     NothingToDo,
@@ -65,3 +65,17 @@ def test_data_prep_fingerprint_follows_the_content_of_local_files(tmp_path):
     data.write_text('{"q": "1", "a": "3"}\n')
     os.utime(data, ns=(1, 10**18))  # a different mtime even on coarse clocks
     assert stage_fingerprint(dag.BY_NAME["data_prep"], cfg, {}) != before
+
+
+def test_a_pinned_input_replaces_the_upstream_output_and_its_producer_is_not_needed():
+    from stages.dag import check_pins, needed_by, pinned_away
+
+    cfg = PipelineConfig.model_validate({"inputs": {"sft_model": "runs:/abc/dpo_model"}})
+    pinned = ArtifactRef("dpo_model", "abc")
+    got = resolve_inputs(dag.BY_NAME["rm"], {"data_prep": data_prep_outcome((*DATA_PREP_OUTPUTS, "pref_data"))}, cfg,
+                         {"sft_model": pinned})
+    assert got["sft_model"] == pinned
+    assert needed_by({"rm"}, cfg) == {"data_prep"} and pinned_away(dag.BY_NAME["sft"], cfg)
+    assert not pinned_away(dag.BY_NAME["data_prep"], cfg)
+    with pytest.raises(ConfigError, match="inputs.sft_modell: no stage produces 'sft_modell'"):
+        check_pins(PipelineConfig.model_validate({"inputs": {"sft_modell": "runs:/abc/x"}}))

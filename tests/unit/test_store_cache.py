@@ -50,3 +50,28 @@ def test_a_run_whose_artifacts_were_deleted_is_skipped(client, tmp_path):
     assert store.find_cached(client, client.exp, "sft", "fp1").info.run_id == older
     shutil.rmtree(store._local_path(client.get_run(older).info.artifact_uri) / "sft_model")
     assert store.find_cached(client, client.exp, "sft", "fp1") is None
+
+
+# --- pinned inputs ---------------------------------------------------------------------------
+
+
+def test_pins_resolve_runs_versions_and_aliases(client, tmp_path):
+    from configs.errors import PipelineError
+
+    run_id = stage_run(client, tmp_path)
+    out = tmp_path / "out-reg" / "sft_model"
+    out.mkdir(parents=True)
+    (out / "config.json").write_text("{}")
+    registered = client.create_run(client.exp).info.run_id
+    store.publish(client, registered, {"sft_model": out}, register=("sft_model",))
+    client.set_registered_model_alias("rlhf-sft", "champion", "1")
+    expected = store.ArtifactRef("sft_model", registered)
+    assert store.resolve_pin(client, "inputs.x", f"runs:/{run_id}/sft_model") == store.ArtifactRef("sft_model", run_id)
+    assert store.resolve_pin(client, "inputs.x", "models:/rlhf-sft/1") == expected
+    assert store.resolve_pin(client, "inputs.x", "models:/rlhf-sft@champion") == expected
+    with pytest.raises(PipelineError, match=r"inputs.x=runs:/.*/dpo_model: run .* has no artifact 'dpo_model'"):
+        store.resolve_pin(client, "inputs.x", f"runs:/{run_id}/dpo_model")
+    with pytest.raises(PipelineError, match=r"inputs.x=runs:/abc/sft_model: no run abc"):
+        store.resolve_pin(client, "inputs.x", "runs:/abc/sft_model")
+    with pytest.raises(PipelineError, match=r"inputs.x=models:/rlhf-sft@best: no such registered model version"):
+        store.resolve_pin(client, "inputs.x", "models:/rlhf-sft@best")
