@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the pipeline (stages whose fingerprint is unchanged are reused)")
     run.add_argument("--config", default=None, help="preset name in configs/ or a YAML path (default: tiny)")
     run.add_argument("--force", action="append", default=[], metavar="STAGE",
-                     help="rerun this stage and its downstream (repeatable, or comma-separated)")
+                     help="rerun this stage though nothing changed; its consumers rerun on the new output (repeatable, or comma-separated)")
     run.add_argument("--only", action="append", default=[], metavar="STAGE",
                      help="run just this stage, its inputs reused from MLflow (repeatable, or comma-separated)")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. sft.lr=3e-4 seed=7")

@@ -55,7 +55,8 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
     cfg = load_config(config, overrides or [])
     check_stages(force or [], "--force")
     check_stages(only or [], "--only")
-    forced = dag.downstream(force or [])
+    # a forced stage reruns; its consumers rerun because their inputs' identity (the new run) changed
+    forced = set(force or [])
     reused = dag.needed_by(only, cfg) - set(only) if only else set()
     if set(force or []) & reused:
         from configs.errors import ConfigError

@@ -193,15 +193,6 @@ def upstream(spec: StageSpec) -> list[str]:
     return [s.name for s in STAGES if s.name in names]
 
 
-def downstream(names: set[str] | list[str]) -> set[str]:
-    """The given stages and every stage that consumes their outputs, transitively."""
-    closed = set(names)
-    for spec in STAGES:  # declared in dependency order, so one pass suffices
-        if closed & set(upstream(spec)):
-            closed.add(spec.name)
-    return closed
-
-
 def needed_by(names: set[str] | list[str], cfg) -> set[str]:
     """The stages whose outputs the given stages consume under `cfg`, transitively (not themselves
     unless one consumes another); a pinned input (`cfg.inputs`) needs no producer."""

@@ -7,9 +7,10 @@
 3. the MLflow store holds the runs, params, loss curves and a loadable registered checkpoint
 4. a second identical run is all cached; a changed setting reruns exactly its stage and what
    depends on it; `--force rm` reruns the RM though nothing changed
-5. `infra.ray_address` naming a `ray start --head` cluster runs the stages there
-6. `rlhf serve` + `prefect deployment run rlhf-pipeline/full` / `stage` run the served pipeline
-7. an input pinned to another stage's checkpoint runs one stage on it, without its producer
+5. `--only eval` with an input pinned to another stage's checkpoint runs just eval on it, without the
+   pinned input's producer, on the `ray start --head` cluster named by `infra.ray_address`
+6. `rlhf serve` + `prefect deployment run rlhf-pipeline/full` / `stage` run the served pipeline; a
+   changed RM setting reruns only the RM (the RL reward is the rule function)
 """
 
 from __future__ import annotations
@@ -211,14 +212,6 @@ PPO = ("rl.advantage_estimator=gae", "rl.use_kl_loss=false", "rl.init_kl_coef=0.
 SHORT_SFT = ("sft.max_steps=60", "sft.lr=1e-3", "rl.max_steps=2", "dpo.max_steps=2", "eval.samples_per_prompt=0")
 
 
-def test_changed_reward_model_setting_reruns_only_the_rm(ws):
-    result = run_cli(ws, "run", "rm.max_steps=20")
-    assert result.returncode == 0, result.stderr[-3000:]
-    # the RL reward is the rule function, so the new RM changes nothing downstream
-    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "ran", "prm": "cached", "rl": "cached",
-                                  "dpo": "cached", "lora_merge": "skipped", "eval": "cached"}
-
-
 def test_changed_sft_setting_reruns_sft_and_its_downstream_only(ws):
     result = run_cli(ws, "run", *SHORT_SFT, "rm.max_steps=20", "prm.max_steps=20")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -232,7 +225,7 @@ def test_force_reruns_the_stage_even_when_nothing_changed(ws):
     assert result.returncode == 0, result.stderr[-3000:]
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "ran", "prm": "cached", "rl": "cached",
                                   "dpo": "cached", "lora_merge": "skipped", "eval": "cached"}
-    assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-reward'")) == 4
+    assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-reward'")) == 3
 
 
 def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws):
@@ -251,15 +244,25 @@ def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws):
     assert missing.returncode == 2 and missing.stderr.strip() == f"error: run not-a-run: no such MLflow run in {client.tracking_uri}"
 
 
-def test_stages_run_on_the_cluster_named_in_the_config(ws, ray_head):
+def test_a_pinned_input_runs_one_stage_on_the_cluster_named_in_the_config(ws, ray_head):
+    """`--only eval inputs.rl_model=runs:/<dpo run>/dpo_model infra.ray_address=...`: eval runs on the offline
+    DPO checkpoint in the RL slot, on the `ray start` cluster; the rl stage does not run at all, and the
+    eval run records that lineage."""
     port, head = ray_head
-    # a changed eval setting: one quick stage to run there, the rest cached
-    result = run_cli(ws, "run", "eval.max_samples=50", "eval.samples_per_prompt=0", f"infra.ray_address=127.0.0.1:{port}")
+    (dpo,) = [r for r in stage_runs(ws, "dpo") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE
+              and r.data.params["dpo.iterative.rounds"] == "0" and r.data.params["dpo.max_steps"] == "150"]
+    pin = f"runs:/{dpo.info.run_id}/dpo_model"
+    result = run_cli(ws, "run", "--only", "eval", f"inputs.rl_model={pin}", f"infra.ray_address=127.0.0.1:{port}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"[ray] connected to cluster at 127.0.0.1:{port}" in result.stdout
     assert "Started a local Ray instance" not in result.stdout + result.stderr
-    assert stage_statuses(ws)["eval"] == "ran"
     assert head.poll() is None  # the pipeline disconnects; it does not stop a cluster it did not start
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "dpo": "cached", "eval": "ran"}
+    (pinned,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_INPUT_PREFIX + "rl_model") == pin]
+    m = pinned.data.metrics
+    assert m["rl/accuracy"] == m["dpo/accuracy"] and m["rl/sampled_accuracy"] == m["dpo/sampled_accuracy"]
+    unknown = run_cli(ws, "run", "--only", "eval", f"inputs.rl_model=runs:/{dpo.info.run_id}/nothing")
+    assert unknown.returncode == 2 and f"inputs.rl_model=runs:/{dpo.info.run_id}/nothing: run" in unknown.stderr
 
 
 def test_served_deployments_run_the_pipeline_and_one_stage(ws, tmp_path):
@@ -298,7 +301,7 @@ def test_served_deployments_run_the_pipeline_and_one_stage(ws, tmp_path):
 
         full = deployment_run("full", 'overrides=["rm.max_steps=15"]')
         assert full.returncode == 0 and "Completed" in full.stdout, full.stdout[-3000:] + log.read_text()[-3000:]
-        statuses = stage_statuses(ws)
+        statuses = stage_statuses(ws)  # the RL reward is the rule function: the new RM changes nothing downstream
         assert statuses.pop("rm") == "ran" and statuses.pop("lora_merge") == "skipped"
         assert set(statuses.values()) == {"cached"}
         (rm,) = [r for r in stage_runs(ws, "rm") if r.data.params.get("rm.max_steps") == "15"]
@@ -309,26 +312,11 @@ def test_served_deployments_run_the_pipeline_and_one_stage(ws, tmp_path):
         statuses = stage_statuses(ws)
         assert statuses.pop("lora_merge") == "skipped" and set(statuses.values()) == {"cached"}
 
-        one = deployment_run("stage", 'only=["prm"]', 'overrides=["prm.max_steps=15"]')
+        one = deployment_run("stage", 'only=["rm"]', 'overrides=["rm.max_steps=15"]')
         assert one.returncode == 0, one.stdout[-3000:] + log.read_text()[-3000:]
-        assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "prm": "ran"}
+        assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "cached"}  # rm and what it needs
     finally:
         serve.send_signal(signal.SIGTERM)  # the serve process itself: it must stop what it started
         serve.wait(timeout=90)
     assert not answers(f"{api}/health") and not answers(f"http://127.0.0.1:{mlflow_port}/health")
 
-
-def test_a_pinned_input_runs_one_stage_on_another_stages_checkpoint(ws):
-    """`--only eval inputs.rl_model=runs:/<dpo run>/dpo_model`: eval runs on the offline DPO checkpoint in
-    the RL slot, the rl stage does not run at all, and the eval run records that lineage."""
-    (dpo,) = [r for r in stage_runs(ws, "dpo") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE
-              and r.data.params["dpo.iterative.rounds"] == "0"]
-    pin = f"runs:/{dpo.info.run_id}/dpo_model"
-    result = run_cli(ws, "run", "--only", "eval", f"inputs.rl_model={pin}")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "dpo": "cached", "eval": "ran"}
-    (newest,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_INPUT_PREFIX + "rl_model") == pin]
-    m = newest.data.metrics
-    assert m["rl/accuracy"] == m["dpo/accuracy"] and m["rl/sampled_accuracy"] == m["dpo/sampled_accuracy"]
-    unknown = run_cli(ws, "run", "--only", "eval", f"inputs.rl_model=runs:/{dpo.info.run_id}/nothing")
-    assert unknown.returncode == 2 and f"inputs.rl_model=runs:/{dpo.info.run_id}/nothing: run" in unknown.stderr

@@ -9,7 +9,7 @@ import pytest
 from artifacts.fingerprint import config_subset
 from configs.schema import PipelineConfig
 from stages import dag
-from stages.dag import BY_NAME, STAGES, check_order, downstream, producer, upstream
+from stages.dag import BY_NAME, STAGES, check_order, producer, upstream
 
 
 def test_stage_names_and_order():
@@ -83,22 +83,6 @@ def test_dpo_consumes_prompts_and_rewards_and_fingerprints_the_reward_only_when_
     assert {"reward", "prm.step_separator"} <= set(dpo.wanted_config(dpo.config_keys, online))
     assert dpo.wanted_config(dpo.local_sources, online) == dag.REWARD_SOURCES
     assert BY_NAME["rl"].wanted_config(BY_NAME["rl"].config_keys, offline) == BY_NAME["rl"].config_keys
-
-
-def test_downstream():
-    assert downstream({"sft"}) == {"sft", "rm", "prm", "rl", "dpo", "lora_merge", "eval"}
-    assert downstream({"rm"}) == {"rm", "rl", "dpo", "lora_merge", "eval"}
-    assert downstream({"dpo"}) == {"dpo", "lora_merge", "eval"}
-    assert downstream({"data_prep"}) == {s.name for s in STAGES}
-    assert downstream({"eval"}) == {"eval"}
-    assert downstream(["sft", "eval"]) == {"sft", "rm", "prm", "rl", "dpo", "lora_merge", "eval"}
-    assert downstream(set()) == set()
-
-
-def test_downstream_does_not_mutate_its_argument():
-    names = {"sft"}
-    downstream(names)
-    assert names == {"sft"}
 
 
 @pytest.mark.parametrize("spec", STAGES, ids=lambda s: s.name)
