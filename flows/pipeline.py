@@ -15,6 +15,7 @@ from prefect.states import Completed, Failed
 from artifacts import fingerprint as fp
 from artifacts import store, tracking
 from configs import load_config
+from configs.errors import ConfigError
 from configs.schema import PipelineConfig
 from flows.ray_cluster import RaySession
 from flows.stage_task import StageOutcome, execute_stage
@@ -37,8 +38,6 @@ def stage_task(stage: str, cfg: PipelineConfig, setup, experiment_id: str, paren
 
 
 def check_stages(names: list[str], option: str) -> None:
-    from configs.errors import ConfigError
-
     unknown = [s for s in names if s not in dag.BY_NAME]
     if unknown:
         raise ConfigError(f"{option} {' '.join(unknown)}: unknown stage (stages: {', '.join(dag.BY_NAME)})")
@@ -58,11 +57,8 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
     # a forced stage reruns; its consumers rerun because their inputs' identity (the new run) changed
     forced = set(force or [])
     reused = dag.needed_by(only, cfg) - set(only) if only else set()
-    if set(force or []) & reused:
-        from configs.errors import ConfigError
-
-        both = sorted(set(force or []) & reused)
-        raise ConfigError(f"--force {' '.join(both)}: --only reuses it; add it to --only to rerun it")
+    if forced & reused:
+        raise ConfigError(f"--force {' '.join(sorted(forced & reused))}: --only reuses it; add it to --only to rerun it")
     dag.check_pins(cfg)
     setup = tracking.resolve(cfg.tracking)
     client = MlflowClient(setup.uri)
