@@ -75,7 +75,8 @@ def test_objective_at_the_reference(prepared, overrides, expected):
         loss, logs, _ = objective.loss(model, objective.collate(ref, list(range(objective.n_rows))))
     assert float(loss) == pytest.approx(expected, abs=1e-5)
     if d.loss == "kto":
-        assert logs["kl"] == pytest.approx(0.0, abs=1e-6)
+        # fp32 sums over ~20 tokens, batched 4 at a time vs all at once: ~1e-6 apart (as the loss above)
+        assert logs["kl"] == pytest.approx(0.0, abs=1e-5)
     else:
         assert logs["margin"] == pytest.approx(0.0, abs=1e-6) and logs["nll"] > 0
 
