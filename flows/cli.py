@@ -63,9 +63,10 @@ def check_local_resources(cfg) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from configs import load_config
-    from stages import data_prep
 
     cfg = load_config(args.config, args.overrides)
+    from stages import data_prep  # torch and friends: after the config, so a config error stays quick
+
     data_prep.preflight(cfg)
     check_local_resources(cfg)
     if cfg.rl.engine == "vllm":
