@@ -1,11 +1,12 @@
 """DPO stage: direct preference optimisation of the SFT policy (DPO, IPO, cDPO or KTO).
 
-Reads `sft_model` and `pref_data`; writes `dpo_model`, an HF causal-LM checkpoint. The reference
-model is the SFT checkpoint the policy starts from: its log-probs of the training sequences the run
-will draw and of every eval sequence are computed once, before the policy's engine is built (TRL's
-`precompute_ref_log_probs`),
-and kept in the work dir, so no second model sits in memory while training and a resumed run
-reuses them.
+Reads `sft_model` and `pref_data` (iterative DPO also `prompts` and the reward's checkpoints);
+writes `dpo_model`, an HF causal-LM checkpoint (or a LoRA adapter). The reference model is the SFT
+checkpoint the policy starts from: its log-probs of the training sequences the run will draw and of
+every eval sequence are computed once, before the policy's engine is built (TRL's
+`precompute_ref_log_probs`), and kept in the work dir, so no second model sits in memory while
+training and a resumed run reuses them. With `dpo.iterative.rounds` the training pairs come from the
+policy's own samples, round by round (stages/dpo/iterative.py); eval keeps the SFT reference.
 
 `dpo.loss` picks the objective: `sigmoid` (DPO; with `label_smoothing` > 0, cDPO), `ipo` (on
 length-averaged log-probs) or `kto` (each pair split into a desirable and an undesirable example;
@@ -28,7 +29,6 @@ from stages.common.trainer import SampleStream, build_engine, eval_batches, fit,
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 from stages.dpo.iterative import Rounds
-from stages.rewards.factory import build_scorer
 from stages.dpo.losses import (
     dpo_loss,
     kto_loss,
@@ -36,6 +36,7 @@ from stages.dpo.losses import (
     sequence_logps,
     token_logps,
 )
+from stages.rewards.factory import build_scorer
 
 Seq = tuple[list[int], list[int]]  # prompt ids, response ids
 REFERENCE_FILE = "reference_logps.pt"
