@@ -106,8 +106,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
     setup = tracking.resolve(load_config(args.config).tracking)
     print(f"MLflow UI on http://127.0.0.1:{args.port}  ({setup.uri})", flush=True)
-    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", setup.uri, "--host", "127.0.0.1", "--port", str(args.port)]
-    return subprocess.call(command)
+    from flows.serve import mlflow_ui_command
+
+    return subprocess.call(mlflow_ui_command(setup.uri, args.port))
 
 
 def _store(config: str | None):

@@ -76,12 +76,15 @@ def prefect_server(state_dir: Path, port: int) -> tuple[str, subprocess.Popen | 
     return api, proc
 
 
+def mlflow_ui_command(uri: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
+
+
 def mlflow_ui(uri: str, state_dir: Path, port: int) -> subprocess.Popen:
     url = f"http://127.0.0.1:{port}"
     if answers(url + "/health"):
         raise PipelineError(f"port {port} is taken (something answers at {url}); pick --mlflow-port")
-    return start([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)],
-                 url + "/health", "the MLflow UI", state_dir / "logs" / "mlflow-ui.log")
+    return start(mlflow_ui_command(uri, port), url + "/health", "the MLflow UI", state_dir / "logs" / "mlflow-ui.log")
 
 
 def serve(config: str | None, prefect_port: int, mlflow_port: int | None) -> None:

@@ -104,6 +104,18 @@ def require_flash_attn() -> None:
         ) from None
 
 
+def save_work_file(obj, path: Path, is_main: bool, world_size: int) -> None:
+    """`torch.save` by rank 0, written aside and renamed (a killed save leaves no half-written file that a
+    resume would trust); every rank waits until it is there."""
+    if is_main:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(obj, tmp)
+        tmp.replace(path)
+    if world_size > 1:
+        torch.distributed.barrier()
+
+
 def save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path, state_dict: dict | None = None) -> Path:
     """An HF directory (safetensors + tokenizer + chat template) that `from_pretrained` loads as is."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from configs.errors import DataError
-from stages.common import generation
+from stages.common import checkpoint, generation
 from stages.common.trainer import SampleStream
 from stages.contract import StageContext
 
@@ -87,7 +86,8 @@ class Rounds:
                 engine.eval()
                 rnd = self.make(r, engine)
                 engine.train()
-                self.save(path, rnd)
+                checkpoint.save_work_file({"pairs": rnd.objective.pairs, "ref": rnd.ref, "stats": rnd.stats}, path,
+                                          self.ctx.is_main, self.ctx.world_size)
             self.current = (r, rnd)
         return self.current[1]
 
@@ -107,7 +107,7 @@ class Rounds:
         rewards = self.scorer.score(prompts, texts, [row.get("label") for row in rows for _ in range(k)]).rewards
         rewards = rewards.float().view(len(rows), k)
         pairs: list[tuple[Seq, Seq]] = []
-        for row, picked, i in zip(rows, best_worst_pairs(rewards), range(len(rows))):
+        for i, (row, picked) in enumerate(zip(rows, best_worst_pairs(rewards))):
             if picked is not None:
                 prompt_ids = self.tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
                 best, worst = picked
@@ -131,13 +131,3 @@ class Rounds:
             print(f"[{ctx.stage}] round {r + 1}/{it.rounds}: {n_prompts} prompts x {k} samples, reward mean "
                   f"{stats['reward_mean']:.3f} (best of {k}: {stats['best_reward_mean']:.3f}), {len(pairs)} pairs", flush=True)
         return Round(objective, ref, stats)
-
-    def save(self, path: Path, rnd: Round) -> None:
-        """Written aside and renamed: a killed save leaves no round file that a resume would trust."""
-        if self.ctx.is_main:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            torch.save({"pairs": rnd.objective.pairs, "ref": rnd.ref, "stats": rnd.stats}, tmp)
-            tmp.replace(path)
-        if self.ctx.world_size > 1:
-            dist.barrier()

@@ -226,13 +226,7 @@ def cached_reference(ctx: StageContext, compute: Callable[[], dict[str, torch.Te
     if path.is_file():
         return torch.load(path)
     ref = compute()
-    if ctx.is_main:
-        ctx.work_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(ref, tmp)
-        tmp.replace(path)  # a killed save leaves no half-written file behind
-    if ctx.world_size > 1:
-        dist.barrier()
+    checkpoint.save_work_file(ref, path, ctx.is_main, ctx.world_size)
     return ref
 
 

@@ -261,8 +261,7 @@ def test_a_pinned_input_runs_one_stage_on_the_cluster_named_in_the_config(ws, ra
 def test_served_deployments_run_the_pipeline_and_one_stage(ws, tmp_path):
     """`rlhf serve` starts a Prefect server and the MLflow UI and serves rlhf-pipeline/full and /stage;
     `prefect deployment run` drives them; stopping the serve stops both servers."""
-    import urllib.request
-
+    from flows.serve import answers
     from tests.flow.conftest import free_port
 
     prefect_port, mlflow_port = free_port(), free_port()
@@ -272,12 +271,6 @@ def test_served_deployments_run_the_pipeline_and_one_stage(ws, tmp_path):
         serve = subprocess.Popen([*CLI, "serve", "--prefect-port", str(prefect_port), "--mlflow-port", str(mlflow_port)],
                                  cwd=ws, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     api = f"http://127.0.0.1:{prefect_port}/api"
-
-    def answers(url: str) -> bool:
-        try:
-            return urllib.request.urlopen(url, timeout=2).status == 200
-        except OSError:
-            return False
 
     def deployment_run(name: str, *params: str) -> subprocess.CompletedProcess:
         args = [a for p in params for a in ("-p", p)]
