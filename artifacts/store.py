@@ -17,6 +17,7 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import RunStatus
 
+from artifacts.registry import model_version, register_model, registered_name
 from configs.errors import PipelineError
 
 TAG_STAGE = "rlhf.stage"
@@ -26,7 +27,6 @@ TAG_OUTPUTS = "rlhf.outputs"
 TAG_PARENT = "mlflow.parentRunId"
 TAG_INPUT_PREFIX = "rlhf.input."
 COMPLETE = "complete"
-MODEL_PREFIX = "rlhf-"
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,10 @@ class ArtifactRef:
     def identity(self) -> str:
         return f"runs:/{self.run_id}/{self.name}"
 
-
-def registered_name(artifact: str) -> str:
-    """`sft_model` -> `rlhf-sft`, `reward_model` -> `rlhf-reward`, `prm` -> `rlhf-prm`."""
-    return MODEL_PREFIX + artifact.removesuffix("_model").replace("_", "-")
+    @classmethod
+    def parse(cls, identity: str) -> ArtifactRef:
+        run_id, name = identity.removeprefix("runs:/").split("/", 1)
+        return cls(name, run_id)
 
 
 def _local_path(artifact_uri: str) -> Path | None:
@@ -82,6 +82,11 @@ def find_cached(client: MlflowClient, experiment_id: str, stage: str, fingerprin
     return None
 
 
+def run_inputs(run) -> dict[str, str]:
+    """The lineage a stage run recorded: `{artifact name: identity it consumed}`."""
+    return {k.removeprefix(TAG_INPUT_PREFIX): v for k, v in sorted(run.data.tags.items()) if k.startswith(TAG_INPUT_PREFIX)}
+
+
 def publish(client: MlflowClient, run_id: str, outputs: dict[str, Path], register: tuple[str, ...]) -> dict[str, ArtifactRef]:
     """Log each output directory under its name, register model outputs, then mark the run complete."""
     refs = {}
@@ -98,40 +103,24 @@ def publish(client: MlflowClient, run_id: str, outputs: dict[str, Path], registe
 
 
 def resolve_pin(client: MlflowClient, field: str, uri: str) -> ArtifactRef:
-    """The artifact a pinned input names: `runs:/<run_id>/<name>`, `models:/<name>/<version>` or
-    `models:/<name>@<alias>` (a registered version points at the run and artifact it came from).
+    """The artifact a pinned input names: `runs:/<run_id>/<name>`, `models:/<name>/<version>` (or `/latest`)
+    or `models:/<name>@<alias>` (a registered version points at the run and artifact it came from).
     One-line errors name `field` and what is missing."""
     if uri.startswith("runs:/"):
-        run_id, name = uri.removeprefix("runs:/").split("/", 1)
+        pinned = ArtifactRef.parse(uri)
     else:
-        model = uri.removeprefix("models:/")
         try:
-            if "@" in model:
-                version = client.get_model_version_by_alias(*model.split("@", 1))
-            else:
-                version = client.get_model_version(*model.split("/", 1))
+            version = model_version(client, uri.removeprefix("models:/"))
         except mlflow.exceptions.MlflowException as exc:
             raise PipelineError(f"{field}={uri}: no such registered model version ({str(exc).splitlines()[0]})") from None
-        run_id, name = version.run_id, version.source.rstrip("/").rsplit("/", 1)[-1]
+        pinned = ArtifactRef(version.source.rstrip("/").rsplit("/", 1)[-1], version.run_id)
     try:
-        run = client.get_run(run_id)
+        run = client.get_run(pinned.run_id)
     except mlflow.exceptions.MlflowException:
-        raise PipelineError(f"{field}={uri}: no run {run_id} in {client.tracking_uri}") from None
-    if not artifacts_present(client, run, [name]):
-        raise PipelineError(f"{field}={uri}: run {run_id} has no artifact {name!r}")
-    return ArtifactRef(name, run_id)
-
-
-def register_model(client: MlflowClient, name: str, source: str, run_id: str):
-    """A new version of `name` pointing at the logged checkpoint directory (`models:/name/latest` is the newest)."""
-    try:
-        client.get_registered_model(name)
-    except mlflow.exceptions.MlflowException:
-        try:
-            client.create_registered_model(name, description="Checkpoints produced by the rlhf-pipeline stage")
-        except mlflow.exceptions.MlflowException:
-            pass  # created concurrently
-    return client.create_model_version(name, source=source, run_id=run_id)
+        raise PipelineError(f"{field}={uri}: no run {pinned.run_id} in {client.tracking_uri}") from None
+    if not artifacts_present(client, run, [pinned.name]):
+        raise PipelineError(f"{field}={uri}: run {pinned.run_id} has no artifact {pinned.name!r}")
+    return pinned
 
 
 def download(ref: ArtifactRef, cache_root: Path) -> Path:

@@ -1,39 +1,57 @@
-"""The table printed at the end of a pipeline run: stage, status, wall time, key metric, MLflow run."""
+"""The table printed at the end of a pipeline run: stage, status, wall time, key metric, MLflow run,
+and its lineage (where each consumed artifact came from)."""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
 
+from artifacts.store import ArtifactRef
 from flows.stage_task import StageOutcome
 from stages import dag
+from stages.evaluate import per_model
+
+
+COLUMNS = {"stage": "stage", "status": "status", "time": "wall time", "metric": "key metric", "run": "MLflow run",
+           "inputs": "inputs from"}
+
+
+def lineage(inputs: dict[str, str], stage_of_run: dict[str, str]) -> str:
+    """The stages this pipeline run fed a stage from (`data_prep, sft`), and in full any artifact that
+    came from elsewhere (a pinned `rl_model=runs:/<run>/dpo_model`)."""
+    parts: list[str] = []
+    for name, identity in inputs.items():
+        ref = ArtifactRef.parse(identity)
+        stage = stage_of_run.get(ref.run_id)
+        part = stage if stage is not None and ref.name == name else f"{name}={identity}"
+        if part not in parts:
+            parts.append(part)
+    return ", ".join(parts) or "-"
 
 
 def summary_rows(outcomes: dict[str, StageOutcome]) -> list[dict[str, str]]:
+    stage_of_run = {o.run_id: o.stage for o in outcomes.values() if o.run_id}
     rows = []
     for spec in dag.STAGES:
         o = outcomes.get(spec.name)
         if o is None:
-            rows.append({"stage": spec.name, "status": "not run", "time": "-", "metric": "-", "run": "-"})
+            rows.append({"stage": spec.name, "status": "not run"} | dict.fromkeys(("time", "metric", "run", "inputs"), "-"))
             continue
         metric = f"{o.key_metric[0]}={o.key_metric[1]:.4g}" if o.key_metric else "-"
-        rows.append({"stage": spec.name, "status": o.status, "time": f"{o.seconds:.1f}s", "metric": metric, "run": o.run_id or "-"})
+        rows.append({"stage": spec.name, "status": o.status, "time": f"{o.seconds:.1f}s", "metric": metric,
+                     "run": o.run_id or "-", "inputs": lineage(o.inputs, stage_of_run)})
     return rows
 
 
 def markdown(rows: list[dict[str, str]]) -> str:
-    lines = ["| stage | status | wall time | key metric | MLflow run |", "|---|---|---|---|---|"]
-    lines += [f"| {r['stage']} | {r['status']} | {r['time']} | {r['metric']} | {r['run']} |" for r in rows]
+    lines = ["| " + " | ".join(COLUMNS.values()) + " |", "|---" * len(COLUMNS) + "|"]
+    lines += ["| " + " | ".join(r[key] for key in COLUMNS) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
 def model_table(metrics: dict[str, float]) -> Table | None:
     """The eval stage's `model/metric` values as one row per model."""
-    models: dict[str, dict[str, float]] = {}
-    for key, value in metrics.items():
-        model, sep, metric = key.partition("/")
-        if sep:
-            models.setdefault(model, {})[metric] = value
+    models = per_model(metrics)
     if not models:
         return None
     columns = sorted({m for values in models.values() for m in values})
@@ -48,12 +66,12 @@ def model_table(metrics: dict[str, float]) -> Table | None:
 def print_summary(rows: list[dict[str, str]], parent_run_id: str, ui_command: str, total_s: float,
                   eval_metrics: dict[str, float] | None = None) -> None:
     table = Table(title=f"rlhf-pipeline run {parent_run_id} ({total_s:.1f}s)")
-    for column in ("stage", "status", "wall time", "key metric", "MLflow run"):
+    for column in COLUMNS.values():
         table.add_column(column)
     styles = {"ran": "green", "cached": "cyan", "skipped": "yellow", "failed": "red", "not run": "yellow"}
     for r in rows:
-        table.add_row(r["stage"], f"[{styles.get(r['status'], '')}]{r['status']}[/]", r["time"], r["metric"], r["run"])
-    console = Console(width=140)
+        table.add_row(*(f"[{styles.get(r['status'], '')}]{r['status']}[/]" if key == "status" else r[key] for key in COLUMNS))
+    console = Console(width=180)
     console.print(table)
     evals = model_table(eval_metrics or {})
     if evals is not None:

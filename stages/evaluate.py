@@ -32,6 +32,16 @@ def model_inputs(inputs: dict[str, Path]) -> dict[str, Path]:
     return {name.removesuffix(MODEL_SUFFIX): path for name, path in inputs.items() if name.endswith(MODEL_SUFFIX)}
 
 
+def per_model(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
+    """The stage's flat `{"sft/accuracy": 0.9}` metrics back as `{"sft": {"accuracy": 0.9}}`, in order."""
+    models: dict[str, dict[str, float]] = {}
+    for key, value in metrics.items():
+        model, sep, metric = key.partition("/")
+        if sep:
+            models.setdefault(model, {})[metric] = value
+    return models
+
+
 @torch.no_grad()
 def perplexity(model, rows: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int) -> float:
     total_loss, total_tokens = 0.0, 0

@@ -3,31 +3,9 @@
 import shutil
 
 import pytest
-from mlflow import MlflowClient
-from mlflow.entities import RunStatus
 
 from artifacts import store
-
-
-@pytest.fixture
-def client(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    c = MlflowClient(uri)
-    c.exp = c.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
-    return c
-
-
-def stage_run(client, tmp_path, fingerprint="fp1", finish=True, publish=True):
-    run = client.create_run(client.exp, tags={store.TAG_STAGE: "sft", store.TAG_FINGERPRINT: fingerprint})
-    out = tmp_path / f"out-{run.info.run_id}" / "sft_model"
-    out.mkdir(parents=True)
-    (out / "config.json").write_text("{}")
-    if publish:
-        store.publish(client, run.info.run_id, {"sft_model": out}, register=())
-    if finish:
-        client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
-    return run.info.run_id
+from tests.unit.conftest import stage_run
 
 
 def test_a_complete_run_is_found_by_stage_and_fingerprint(client, tmp_path):
@@ -59,16 +37,14 @@ def test_pins_resolve_runs_versions_and_aliases(client, tmp_path):
     from configs.errors import PipelineError
 
     run_id = stage_run(client, tmp_path)
-    out = tmp_path / "out-reg" / "sft_model"
-    out.mkdir(parents=True)
-    (out / "config.json").write_text("{}")
-    registered = client.create_run(client.exp).info.run_id
-    store.publish(client, registered, {"sft_model": out}, register=("sft_model",))
+    registered = stage_run(client, tmp_path, register=True)
     client.set_registered_model_alias("rlhf-sft", "champion", "1")
     expected = store.ArtifactRef("sft_model", registered)
     assert store.resolve_pin(client, "inputs.x", f"runs:/{run_id}/sft_model") == store.ArtifactRef("sft_model", run_id)
     assert store.resolve_pin(client, "inputs.x", "models:/rlhf-sft/1") == expected
     assert store.resolve_pin(client, "inputs.x", "models:/rlhf-sft@champion") == expected
+    newest = stage_run(client, tmp_path, register=True)
+    assert store.resolve_pin(client, "inputs.x", "models:/rlhf-sft/latest") == store.ArtifactRef("sft_model", newest)
     with pytest.raises(PipelineError, match=r"inputs.x=runs:/.*/dpo_model: run .* has no artifact 'dpo_model'"):
         store.resolve_pin(client, "inputs.x", f"runs:/{run_id}/dpo_model")
     with pytest.raises(PipelineError, match=r"inputs.x=runs:/abc/sft_model: no run abc"):

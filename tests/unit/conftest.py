@@ -1,0 +1,29 @@
+"""A real MLflow SQLite store in a temp folder, and stage runs published into it."""
+
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities import RunStatus
+
+from artifacts import store
+
+
+@pytest.fixture
+def client(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    c = MlflowClient(uri)
+    c.exp = c.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
+    return c
+
+
+def stage_run(client, tmp_path, fingerprint="fp1", finish=True, publish=True, register=False, artifact="sft_model"):
+    """A run of a stage that outputs `artifact` (a one-file checkpoint), published and finished as asked."""
+    run = client.create_run(client.exp, tags={store.TAG_STAGE: "sft", store.TAG_FINGERPRINT: fingerprint})
+    out = tmp_path / f"out-{run.info.run_id}" / artifact
+    out.mkdir(parents=True)
+    (out / "config.json").write_text("{}")
+    if publish:
+        store.publish(client, run.info.run_id, {artifact: out}, register=(artifact,) if register else ())
+    if finish:
+        client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
+    return run.info.run_id
