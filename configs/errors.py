@@ -18,3 +18,9 @@ class DataError(PipelineError):
 
 class CheckpointError(PipelineError):
     """A model path is not a loadable checkpoint."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to one line, for one-line errors."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else type(exc).__name__

@@ -84,6 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     only = [s for item in args.only for s in item.split(",") if s]
     check_stages(force, "--force")
     check_stages(only, "--only")
+    check_stages(list(cfg.infra.stage_retries), "infra.stage_retries")
     from stages.dag import check_pins
 
     check_pins(cfg)

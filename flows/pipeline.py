@@ -13,10 +13,11 @@ from prefect.futures import wait
 from prefect.states import Completed, Failed
 
 from artifacts import fingerprint as fp
-from artifacts import store, tracking
+from artifacts import registry, store, tracking
 from configs import load_config
-from configs.errors import ConfigError
+from configs.errors import ConfigError, PipelineError, first_line
 from configs.schema import PipelineConfig
+from flows import eval_report, retries
 from flows.ray_cluster import RaySession
 from flows.stage_task import StageOutcome, execute_stage
 from flows.summary import markdown, print_summary, summary_rows
@@ -54,6 +55,7 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
     cfg = load_config(config, overrides or [])
     check_stages(force or [], "--force")
     check_stages(only or [], "--only")
+    check_stages(list(cfg.infra.stage_retries), "infra.stage_retries")
     # a forced stage reruns; its consumers rerun because their inputs' identity (the new run) changed
     forced = set(force or [])
     reused = dag.needed_by(only, cfg) - set(only) if only else set()
@@ -81,7 +83,8 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
             if (only and spec.name not in set(only) | reused) or dag.pinned_away(spec, cfg):
                 continue
             upstream = {name: futures[name] for name in dag.upstream(spec) if name in futures}
-            futures[spec.name] = stage_task.with_options(name=spec.name, task_run_name=spec.name).submit(
+            options = retries.task_options(cfg, spec.name)
+            futures[spec.name] = stage_task.with_options(name=spec.name, task_run_name=spec.name, **options).submit(
                 spec.name, cfg, setup, experiment_id, parent_id, upstream, spec.name in forced, ray_session,
                 spec.name in reused, pins,
             )
@@ -98,6 +101,10 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
                 outcomes[name] = data
     for outcome in outcomes.values():
         client.set_tag(parent_id, f"stage.{outcome.stage}", f"{outcome.status} {outcome.run_id or ''}".strip())
+    evaluated = outcomes.get("eval")
+    if evaluated is not None and evaluated.status == "ran":
+        for name, version in eval_report.publish(client, evaluated.run_id, evaluated.inputs, evaluated.metrics).items():
+            print(f"[eval] {name} version {version} is the new champion: models:/{name}@{registry.CHAMPION}", flush=True)
     rows = summary_rows(outcomes)
     client.log_text(parent_id, markdown(rows), "summary.md")
     failed = [o for o in outcomes.values() if o.status == "failed"]
@@ -105,5 +112,18 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
     eval_metrics = outcomes["eval"].metrics if "eval" in outcomes else None
     print_summary(rows, parent_id, setup.ui_command(), time.monotonic() - started, eval_metrics)
     if failed:
-        raise failed[0].error
+        raise stage_failure(failed[0])
     return rows
+
+
+def stage_failure(outcome: StageOutcome) -> BaseException:
+    """What the flow fails with: a user-facing error as it is, anything else as one line naming the
+    stage and where its traceback is kept (the worker also printed it above)."""
+    error = outcome.error
+    if isinstance(error, PipelineError):
+        return error
+    kind = "a transient fault, retries exhausted" if retries.transient(error) else "an unexpected error"
+    where = f"; traceback in MLflow run {outcome.run_id} (tag rlhf.error)" if outcome.run_id else ""
+    failure = PipelineError(f"stage {outcome.stage} failed ({kind}): {type(error).__name__}: {first_line(error)}{where}")
+    failure.__cause__ = error
+    return failure

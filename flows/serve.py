@@ -25,6 +25,13 @@ from configs.errors import PipelineError
 START_TIMEOUT_S = 120
 
 
+# name -> (default parameters besides `config`, description); prefect.yaml declares the same two for work pools
+DEPLOYMENTS = {
+    "full": ({}, "The whole DAG; stages whose fingerprint is unchanged are reused from MLflow."),
+    "stage": ({"only": ["eval"]}, "Just the stages in `only` (default eval); the stages they need are reused from MLflow."),
+}
+
+
 def answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -110,10 +117,8 @@ def serve_deployments(config: str, api: str, mlflow_port: int | None) -> None:
 
     from flows.pipeline import FLOW_NAME, rlhf_pipeline
 
-    full = rlhf_pipeline.to_deployment(name="full", parameters={"config": config},
-                                       description="The whole DAG; unchanged stages are reused from MLflow.")
-    stage = rlhf_pipeline.to_deployment(name="stage", parameters={"config": config, "only": ["eval"]},
-                                        description="The stages named by `only`; the stages they need are reused from MLflow.")
+    deployments = [rlhf_pipeline.to_deployment(name=name, parameters={"config": config, **params}, description=description)
+                   for name, (params, description) in DEPLOYMENTS.items()]
     ui = api.removesuffix("/api")
     print(f"Prefect UI:  {ui}", flush=True)
     if mlflow_port:
@@ -122,4 +127,4 @@ def serve_deployments(config: str, api: str, mlflow_port: int | None) -> None:
           f"  prefect deployment run {FLOW_NAME}/full --watch\n"
           f"  prefect deployment run {FLOW_NAME}/full --watch -p overrides='[\"sft.lr=3e-4\"]' -p force='[\"rm\"]'\n"
           f"  prefect deployment run {FLOW_NAME}/stage --watch -p only='[\"rm\"]'", flush=True)
-    prefect_serve(full, stage, print_starting_message=False)
+    prefect_serve(*deployments, print_starting_message=False)

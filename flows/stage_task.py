@@ -5,9 +5,11 @@ The MLflow store is the cache: a stage whose fingerprint matches a complete run 
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from artifacts import fingerprint as fp
 from artifacts import store
 from artifacts.metrics import MlflowMetrics
 from artifacts.tracking import TrackingSetup
-from configs.errors import PipelineError
+from configs.errors import PipelineError, first_line
 from configs.schema import PipelineConfig
 from flows.ray_cluster import RaySession
 from stages import dag, lora_merge
@@ -36,6 +38,7 @@ class StageOutcome:
     outputs: dict[str, store.ArtifactRef] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     error: BaseException | None = None
+    inputs: dict[str, str] = field(default_factory=dict)  # lineage: artifact name -> identity it consumed
 
     @property
     def key_metric(self) -> tuple[str, float] | None:
@@ -99,58 +102,91 @@ def execute_stage(
             print(f"[{spec.name}] skipped: {reason}", flush=True)
             return StageOutcome(spec.name, "skipped", time.monotonic() - started)
         fingerprint = stage_fingerprint(spec, cfg, inputs)
-        cached = None if force else store.find_cached(client, experiment_id, spec.name, fingerprint)
-        if cached is not None:
-            outcome = StageOutcome(
+
+        def reuse() -> StageOutcome | None:
+            cached = None if force else store.find_cached(client, experiment_id, spec.name, fingerprint)
+            if cached is None:
+                return None
+            print(f"[{spec.name}] cached: reusing MLflow run {cached.info.run_id}", flush=True)
+            return StageOutcome(
                 spec.name, "cached", time.monotonic() - started, cached.info.run_id, fingerprint,
                 outputs={n: store.ArtifactRef(n, cached.info.run_id) for n in cached.data.tags[store.TAG_OUTPUTS].split(",")},
-                metrics=dict(cached.data.metrics),
+                metrics=dict(cached.data.metrics), inputs=store.run_inputs(cached),
             )
-            print(f"[{spec.name}] cached: reusing MLflow run {cached.info.run_id}", flush=True)
+
+        if (outcome := reuse()) is not None:
             return outcome
         if reuse_only:
             raise PipelineError(f"stage {spec.name}: no finished run matches this config (fingerprint {fingerprint}), and "
                                 f"--only reuses the stages it needs; run the pipeline first or add {spec.name} to --only")
-
-        run = client.create_run(
-            experiment_id,
-            run_name=spec.name,
-            tags={
-                store.TAG_PARENT: parent_run_id,
-                store.TAG_STAGE: spec.name,
-                store.TAG_FINGERPRINT: fingerprint,
-                store.TAG_STATUS: "running",
-                **{store.TAG_INPUT_PREFIX + n: ref.identity for n, ref in inputs.items()},
-            },
-        )
-        run_id = run.info.run_id
-        params = fp.flatten(fp.config_subset(cfg, spec.wanted_config(spec.config_keys, cfg)))
-        client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
-        print(f"[{spec.name}] running (MLflow run {run_id}, fingerprint {fingerprint})", flush=True)
-
-        local_inputs = {n: store.download(ref, setup.state_dir / "downloads") for n, ref in inputs.items()}
-        if not spec.takes_adapters:  # a model trained as a LoRA adapter reaches the stage merged
-            local_inputs = {n: lora_merge.materialize(p) for n, p in local_inputs.items()}
         work_dir = setup.state_dir / "work" / f"{spec.name}-{fingerprint}"
-        output_dir = work_dir / "output"
-        shutil.rmtree(output_dir, ignore_errors=True)  # a previous, interrupted attempt's partial outputs
-        output_dir.mkdir(parents=True)
-        ctx = StageContext(
-            stage=spec.name, config=cfg, output_dir=output_dir, work_dir=work_dir,
-            log_metrics=MlflowMetrics(setup.uri, run_id),
-        )
-        result = ray_session.run_stage(spec, ctx, local_inputs)
-
-        refs = store.publish(client, run_id, result.outputs, spec.register)
-        MlflowMetrics(setup.uri, run_id)(result.metrics, 0)
-        client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
-        shutil.rmtree(work_dir, ignore_errors=True)
-        return StageOutcome(spec.name, "ran", time.monotonic() - started, run_id, fingerprint, refs, result.metrics)
+        with work_dir_lock(work_dir, spec.name):
+            if (outcome := reuse()) is not None:  # another pipeline run finished it while we waited
+                return outcome
+            run_id = client.create_run(
+                experiment_id,
+                run_name=spec.name,
+                tags={
+                    store.TAG_PARENT: parent_run_id,
+                    store.TAG_STAGE: spec.name,
+                    store.TAG_FINGERPRINT: fingerprint,
+                    store.TAG_STATUS: "running",
+                    **{store.TAG_INPUT_PREFIX + n: ref.identity for n, ref in inputs.items()},
+                },
+            ).info.run_id
+            refs, metrics = run_and_publish(spec, cfg, setup, client, run_id, fingerprint, inputs, work_dir, ray_session)
+        return StageOutcome(spec.name, "ran", time.monotonic() - started, run_id, fingerprint, refs, metrics,
+                            inputs={n: ref.identity for n, ref in inputs.items()})
     except BaseException as exc:  # noqa: BLE001 - reported as the stage's outcome, re-raised by the flow
         error = unwrap(exc)
+        print(f"[{spec.name}] failed: {type(error).__name__}: {first_line(error)}", flush=True)
         if run_id is not None:
             store.mark_failed(client, run_id, "".join(traceback.format_exception(error)))
         return StageOutcome(spec.name, "failed", time.monotonic() - started, run_id, fingerprint, error=error)
+
+
+def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSetup, client: MlflowClient, run_id: str,
+                    fingerprint: str, inputs: dict[str, store.ArtifactRef], work_dir: Path,
+                    ray_session: RaySession) -> tuple[dict[str, store.ArtifactRef], dict[str, float]]:
+    """Run the stage on Ray in its work dir (where a rerun finds its checkpoints) and publish its outputs."""
+    params = fp.flatten(fp.config_subset(cfg, spec.wanted_config(spec.config_keys, cfg)))
+    client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+    print(f"[{spec.name}] running (MLflow run {run_id}, fingerprint {fingerprint})", flush=True)
+
+    local_inputs = {n: store.download(ref, setup.state_dir / "downloads") for n, ref in inputs.items()}
+    if not spec.takes_adapters:  # a model trained as a LoRA adapter reaches the stage merged
+        local_inputs = {n: lora_merge.materialize(p) for n, p in local_inputs.items()}
+    output_dir = work_dir / "output"
+    shutil.rmtree(output_dir, ignore_errors=True)  # a previous, interrupted attempt's partial outputs
+    output_dir.mkdir(parents=True)
+    ctx = StageContext(
+        stage=spec.name, config=cfg, output_dir=output_dir, work_dir=work_dir,
+        log_metrics=MlflowMetrics(setup.uri, run_id),
+    )
+    result = ray_session.run_stage(spec, ctx, local_inputs)
+
+    refs = store.publish(client, run_id, result.outputs, spec.register)
+    MlflowMetrics(setup.uri, run_id)(result.metrics, 0)
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+    shutil.rmtree(work_dir, ignore_errors=True)
+    return refs, result.metrics
+
+
+@contextmanager
+def work_dir_lock(work_dir: Path, stage: str):
+    """One pipeline process at a time trains a given stage + fingerprint (they would share its work dir
+    and checkpoints); a second one waits, then finds the first one's run in the cache."""
+    work_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(work_dir.with_name(work_dir.name + ".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"[{stage}] waiting: another pipeline run is running this stage with the same fingerprint", flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def unwrap(exc: BaseException) -> BaseException:

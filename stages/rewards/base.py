@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from configs.errors import first_line
 from stages.rewards.errors import RewardError
 
 
@@ -70,9 +71,3 @@ def mean_logs(logs: Any, source: str) -> dict[str, float]:
 def _describe(value: Any) -> str:
     text = repr(value)
     return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception's message cut to one line, for one-line errors."""
-    lines = str(exc).strip().splitlines()
-    return lines[0][:200] if lines else type(exc).__name__

@@ -11,13 +11,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 
-from stages.rewards.base import (
-    RewardBatch,
-    as_rewards,
-    check_batch,
-    first_line,
-    mean_logs,
-)
+from configs.errors import first_line
+from stages.rewards.base import RewardBatch, as_rewards, check_batch, mean_logs
 from stages.rewards.errors import RewardError
 
 

@@ -11,13 +11,8 @@ import time
 
 import requests
 
-from stages.rewards.base import (
-    RewardBatch,
-    as_rewards,
-    check_batch,
-    first_line,
-    mean_logs,
-)
+from configs.errors import first_line
+from stages.rewards.base import RewardBatch, as_rewards, check_batch, mean_logs
 from stages.rewards.errors import RewardError
 
 # A server dropping the connection mid-reply (ChunkedEncodingError) is as transient as a refused one.

@@ -20,10 +20,10 @@ from transformers import AutoConfig, AutoModel, PreTrainedModel, PreTrainedToken
 from transformers.utils import cached_file
 from transformers.utils import logging as hf_logging
 
-from configs.errors import CheckpointError
+from configs.errors import CheckpointError, first_line
 from stages.common.checkpoint import DTYPES, load_tokenizer, resolve, validate
 from stages.common.tokenization import last_token_index, pad_batch
-from stages.rewards.base import RewardBatch, check_batch, first_line
+from stages.rewards.base import RewardBatch, check_batch
 from stages.rewards.errors import RewardError
 
 SAFE_WEIGHTS, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -72,6 +73,9 @@ def test_killed_during_sft_then_resumed(ws):
     result = run_cli(ws, "run", timeout=1500)  # the rest of SFT and every other stage of the preset
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "[sft] resumed from step" in result.stdout
+    # the first eval crowns every model it scored; the summary's lineage names each stage's sources
+    assert "[eval] rlhf-sft version 1 is the new champion: models:/rlhf-sft@champion" in result.stdout
+    assert "inputs from" in result.stdout
     statuses = stage_statuses(ws)
     assert statuses == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "dpo": "ran", "lora_merge": "skipped", "eval": "ran"}
 
@@ -139,6 +143,9 @@ def test_iterative_dpo_with_the_rule_reward_beats_offline_dpo(ws):
     print("  round reward mean (the policy's own samples): " + ", ".join(f"{m.value:.3f}" for m in rounds))
     assert m_on["dpo/sampled_accuracy"] >= m_off["dpo/sampled_accuracy"] + 0.02
     assert m_on["dpo/accuracy"] >= m_off["dpo/accuracy"]
+    # eval moved `champion` to the iterative DPO model only if it beat the offline one on greedy accuracy
+    better = online if m_on["dpo/accuracy"] > m_off["dpo/accuracy"] else offline
+    assert mlflow_client(ws).get_model_version_by_alias("rlhf-dpo", "champion").run_id == better.info.run_id
     assert rounds[-1].value > rounds[0].value  # the policy's own samples get better round by round
 
 
@@ -157,6 +164,13 @@ def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path,
 
     (version,) = client.search_model_versions("name = 'rlhf-sft'")
     assert version.run_id == sft_run.info.run_id
+    assert client.get_model_version_by_alias("rlhf-sft", "champion").version == version.version
+    eval_run = next(r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE)
+    plots = {a.path for a in client.list_artifacts(eval_run.info.run_id, "plots")}
+    assert plots == {"plots/accuracy_by_model.png", "plots/rl_curves.png"}
+    first = next(p for p in parents if p.data.tags.get("stage.sft", "").startswith("ran"))
+    summary = client.download_artifacts(first.info.run_id, "summary.md", str(tmp_path))
+    assert re.search(r"^\| sft \| ran \| .* \| data_prep \|$", open(summary).read(), re.M)  # lineage: sft read data_prep's outputs
     path = mlflow.artifacts.download_artifacts(artifact_uri="models:/rlhf-sft/latest", dst_path=str(tmp_path))
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
@@ -301,8 +315,83 @@ def test_served_deployments_run_the_pipeline_and_one_stage(ws, tmp_path):
         one = deployment_run("stage", 'only=["rm"]', 'overrides=["rm.max_steps=15"]')
         assert one.returncode == 0, one.stdout[-3000:] + log.read_text()[-3000:]
         assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "cached"}  # rm and what it needs
+
+        # prefect.yaml: the same two deployments, registered on a work pool for `prefect worker start --pool rlhf`
+        prefect = [str(Path(sys.executable).parent / "prefect")]
+        root = Path(__file__).resolve().parents[2]
+        for command in (["work-pool", "create", "rlhf", "--type", "process"], ["deploy", "--all"]):
+            done = subprocess.run([*prefect, *command], cwd=root, env=env | {"PREFECT_API_URL": api},
+                                  capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        for name in ("full", "stage"):
+            shown = subprocess.run([*prefect, "deployment", "inspect", f"rlhf-pipeline/{name}"], cwd=root,
+                                   env=env | {"PREFECT_API_URL": api}, capture_output=True, text=True, timeout=120)
+            assert "'work_pool_name': 'rlhf'" in shown.stdout and str(root) in shown.stdout, shown.stdout[-3000:]
     finally:
         serve.send_signal(signal.SIGTERM)  # the serve process itself: it must stop what it started
         serve.wait(timeout=90)
     assert not answers(f"{api}/health") and not answers(f"http://127.0.0.1:{mlflow_port}/health")
 
+
+
+# --- faults ----------------------------------------------------------------------------------
+
+
+def stage_worker_pids() -> list[int]:
+    """Ray actor processes of the training stages (Ray titles them after the actor class)."""
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if any("ray::StageWorker" in a for a in p.info["cmdline"] or [])]
+
+
+def test_a_lost_ray_worker_is_retried_and_the_rerun_resumes(ws):
+    """SIGKILL the RM's Ray worker mid-training: Ray reports the actor died, the flow reruns the stage
+    after `infra.retry_delay_s`, and the rerun resumes from the last checkpoint in the stage's work dir."""
+    args = ["--only", "rm", "rm.max_steps=60", "rm.save_every=10", "infra.retry_delay_s=1"]
+    proc = subprocess.Popen([*CLI, "run", *args], cwd=ws, env=cli_env(ws), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not list((ws / ".rlhf" / "work").glob("rm-*/checkpoints/latest")):
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        time.sleep(0.2)
+    (pid,) = stage_worker_pids()
+    os.kill(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    assert "[rm] failed: ActorDiedError" in out and "[rm] resumed from step" in out
+    runs = [r for r in stage_runs(ws, "rm") if r.data.params.get("rm.max_steps") == "60"]
+    assert sorted(r.data.tags[store.TAG_STATUS] for r in runs) == [store.COMPLETE, "failed"]
+    assert "ActorDiedError" in next(r for r in runs if r.data.tags[store.TAG_STATUS] == "failed").data.tags["rlhf.error"]
+
+
+def test_a_stage_that_raises_fails_the_flow_with_its_error_and_registers_nothing(ws, tmp_path):
+    """A reward function that raises: RL fails with one line naming the file and the error; the stages
+    before it stay cached, eval (which needs the RL policy) does not run, no RL model is registered."""
+    boom = tmp_path / "boom.py"
+    boom.write_text("def reward_func(queries, prompts, labels):\n    raise ValueError('no reward today')\n")
+    versions = len(mlflow_client(ws).search_model_versions("name = 'rlhf-rl'"))
+    result = run_cli(ws, "run", f"reward.func_path={boom}", "rl.max_steps=2")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == f"error: reward_func in {boom} raised ValueError: no reward today"
+    statuses = stage_statuses(ws)
+    assert statuses.pop("rl") == "failed" and statuses.pop("eval") == "not run"
+    assert statuses.pop("lora_merge") == "skipped" and set(statuses.values()) == {"cached"}
+    assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-rl'")) == versions
+    (failed,) = [r for r in stage_runs(ws, "rl") if str(boom) in r.data.params.get("reward.func_path", "")]
+    assert failed.data.tags[store.TAG_STATUS] == "failed" and failed.info.status == "FAILED"
+
+
+def test_two_pipeline_runs_at_once_on_one_store(ws):
+    """Both finish; the stage they both need runs once (the second waits for it and reuses it), and
+    its registered checkpoint is whole."""
+    args = ["run", "--only", "rm", "rm.max_steps=25"]
+    procs = [subprocess.Popen([*CLI, *args], cwd=ws, env=cli_env(ws), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert sorted("[rm] cached" in out for out in outs) == [False, True]
+    (run,) = [r for r in stage_runs(ws, "rm") if r.data.params.get("rm.max_steps") == "25"]
+    assert run.data.tags[store.TAG_STATUS] == store.COMPLETE
+    (version,) = mlflow_client(ws).search_model_versions(f"name = 'rlhf-reward' and run_id = '{run.info.run_id}'")
+    path = Path(mlflow_client(ws).download_artifacts(run.info.run_id, "reward_model", str(ws / "check")))
+    from stages.rewards.reward_model import load_reward_model
+
+    load_reward_model(path)
