@@ -5,6 +5,7 @@ Every section forbids unknown keys, so a typo fails at load time instead of bein
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -29,7 +30,8 @@ class TinyModelConfig(Section):
 class ModelConfig(Section):
     name_or_path: str | None = Field(None, description="hub id or local HF checkpoint; empty builds the tiny model")
     tiny: TinyModelConfig = TinyModelConfig()
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto", description="auto: flash_attention_2 on a CUDA GPU with flash-attn installed, else PyTorch sdpa")
     trust_remote_code: bool = False
 
 
@@ -60,6 +62,7 @@ class DatasetConfig(Section):
 
     paths: list[str] = Field(min_length=1, description="hub names, .json/.jsonl/.parquet files, or json@DIR folders")
     probs: list[float] | None = Field(None, description="mixing probabilities, one per path")
+    subset: str | None = Field(None, description="the hub dataset's config name, e.g. main for openai/gsm8k")
     split: str = "train"
     eval_split: str | None = Field(None, description="a split of the same source used for eval")
     eval_ratio: float = Field(0.05, ge=0.0, lt=1.0, description="held-out share when eval_split is unset")
@@ -70,6 +73,7 @@ class DatasetConfig(Section):
     rejected_key: str = "rejected"
     margin_key: str | None = None
     label_key: str = "label"
+    label_pattern: str | None = Field(None, description=r"regex whose first group, last match, is the reference answer in the label column, e.g. '####\s*(-?[\d,.]+)' for GSM8K")
     apply_chat_template: bool = True
     input_template: str | None = Field(None, description='e.g. "User: {}\\nAssistant: " when not using the chat template')
     multiturn: bool = Field(False, description="input_key holds a whole conversation; every assistant turn is trained")
@@ -83,6 +87,13 @@ class DatasetConfig(Section):
                 raise ValueError("probs must all be positive")
         if self.input_template is not None and "{}" not in self.input_template:
             raise ValueError("input_template must contain {} where the prompt goes")
+        if self.label_pattern is not None:
+            try:
+                groups = re.compile(self.label_pattern).groups
+            except re.error as exc:
+                raise ValueError(f"label_pattern is not a regex ({exc})") from None
+            if groups < 1:
+                raise ValueError("label_pattern needs a group around the answer, e.g. '####\\s*(-?[\\d,.]+)'")
         return self
 
 
@@ -109,6 +120,23 @@ class InfraConfig(Section):
     gpus_per_worker: float = Field(0.0, ge=0.0)
     zero_stage: Literal[0, 1, 2, 3] = 2
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    offload_optimizer: bool = Field(False, description="ZeRO-Offload: optimizer state and step on the CPU (OpenRLHF --adam_offload)")
+    offload_params: bool = Field(False, description="ZeRO-3 parameter offload to the CPU (zero_stage 3 only)")
+    overlap_comm: bool = Field(False, description="overlap gradient reduction with the backward pass")
+    # a stage that fails on a transient fault (a Ray worker or node lost, the tracking server not
+    # answering) is rerun, resuming from its last checkpoint; other errors fail at once
+    retries: int = Field(2, ge=0, description="reruns of a stage after a transient fault")
+    retry_delay_s: float = Field(10.0, ge=0.0, description="wait before the first rerun; doubles each time")
+    stage_retries: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict, description="per-stage retries, e.g. {rl: 4}")
+
+
+    @model_validator(mode="after")
+    def _offload_needs_zero(self) -> InfraConfig:
+        if self.offload_params and self.zero_stage != 3:
+            raise ValueError(f"offload_params needs zero_stage: 3 (got {self.zero_stage})")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("offload_optimizer needs zero_stage 1, 2 or 3")
+        return self
 
 
 class TrackingConfig(Section):
@@ -332,7 +360,7 @@ class EvalConfig(Section):
     answer_pattern: str = Field(r"Answer:\s*(-?\d+)", description="regex whose first group is the final answer")
 
 
-PIN = r"^(runs:/[0-9a-f]+/[\w.-]+|models:/[\w.-]+(@[\w-]+|/\d+))$"
+PIN = r"^(runs:/[0-9a-f]+/[\w.-]+|models:/[\w.-]+(@[\w-]+|/\d+|/latest))$"
 
 
 class PipelineConfig(Section):

@@ -14,8 +14,9 @@ from configs.schema import DatasetConfig
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-def load_source(path: str, split: str) -> Dataset:
-    """One source as a `Dataset`; a missing file or an unreachable hub name is a one-line DataError."""
+def load_source(path: str, split: str, subset: str | None = None) -> Dataset:
+    """One source as a `Dataset` (`subset`: a hub dataset's config name); a missing file or an
+    unreachable hub name is a one-line DataError."""
     if path.startswith("json@"):
         folder = Path(path.removeprefix("json@")).expanduser()
         files = sorted(str(p) for p in folder.glob("*.json*")) if folder.is_dir() else []
@@ -43,7 +44,7 @@ def load_source(path: str, split: str) -> Dataset:
                 raise DataError(f"{path}: no split {split!r}; splits are: {', '.join(loaded)}")
             return loaded[split]
         return _load(str(local), path, split=split)
-    return _load(path, path, split=split)
+    return _load(path, path, split=split, **({"name": subset} if subset else {}))
 
 
 def _load(builder: str, shown: str, **kwargs) -> Dataset:
@@ -72,7 +73,7 @@ def load_mixed(
     """
     trains, evals = [], []
     for path in cfg.paths:
-        ds = load_source(path, cfg.split)
+        ds = load_source(path, cfg.split, cfg.subset)
         needed = {f"data.{section}.{field}": col for field, col in columns.items()}
         require_columns(ds, path, needed)
         keep = list(dict.fromkeys([*columns.values(), *(c for c in optional if c in ds.column_names)]))
@@ -82,7 +83,7 @@ def load_mixed(
         if cfg.max_samples is not None:
             ds = ds.select(range(min(cfg.max_samples, len(ds))))
         if cfg.eval_split is not None:
-            ev = load_source(path, cfg.eval_split)
+            ev = load_source(path, cfg.eval_split, cfg.subset)
             require_columns(ev, f"{path} (split {cfg.eval_split!r})", needed)
             ev = ev.select_columns([c for c in ds.column_names if c in ev.column_names])
         elif cfg.eval_ratio > 0 and len(ds) > 1:

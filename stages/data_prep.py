@@ -21,6 +21,7 @@ from configs.errors import DataError
 from configs.schema import DatasetConfig, PipelineConfig
 from stages import data_files, synthetic_task, tiny_model
 from stages.common import checkpoint
+from stages.common.answers import extract_answer
 from stages.common.tokenization import encode_segments
 from stages.contract import StageContext, StageResult
 
@@ -160,6 +161,16 @@ def file_columns(section: str, cfg: DatasetConfig) -> dict[str, str]:
     return {"input_key": cfg.input_key, "label_key": cfg.label_key}
 
 
+def reference_answer(label, cfg: DatasetConfig) -> str:
+    """The label column's value, or with `label_pattern` the answer it names (GSM8K: `... #### 72` -> `72`)."""
+    if cfg.label_pattern is None:
+        return str(label)
+    answer = extract_answer(str(label), cfg.label_pattern)
+    if answer is None:
+        raise DataError(f"{cfg.label_key!r} {str(label)[-60:]!r} has no match for data.prompts.label_pattern {cfg.label_pattern!r}")
+    return answer
+
+
 def _pref_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
     chosen, rejected = row[cfg.chosen_key], row[cfg.rejected_key]
     if isinstance(chosen, list):  # whole conversations: the prompt is all but the last turn
@@ -223,7 +234,7 @@ def file_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, list[di
         def prompts(name, ds):
             return _checked_rows(
                 name, ds, "prompts", columns,
-                lambda r: {"prompt": render_prompt(tokenizer, r[q.input_key], q), "label": str(r[q.label_key])},
+                lambda r: {"prompt": render_prompt(tokenizer, r[q.input_key], q), "label": reference_answer(r[q.label_key], q)},
             )
 
         out["prompts"] = {"train": prompts("prompts/train", train)}

@@ -133,7 +133,7 @@ def load_reward_backbone(path: Path, model_cfg, **kwargs):
     source = checkpoint.resolve(path)
     try:
         return AutoModelForSequenceClassification.from_pretrained(
-            source, num_labels=1, attn_implementation=model_cfg.attn_implementation,
+            source, num_labels=1, attn_implementation=checkpoint.attn_implementation(model_cfg),
             trust_remote_code=model_cfg.trust_remote_code, **kwargs,
         )
     except Exception as exc:

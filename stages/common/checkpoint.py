@@ -78,19 +78,37 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 def load_causal_lm(path: str | Path, model_cfg: ModelConfig, precision: str = "fp32", **kwargs) -> PreTrainedModel:
     """`kwargs` go to `from_pretrained` (e.g. QLoRA's quantization config)."""
     source = resolve(path)
-    attn = model_cfg.attn_implementation
-    if attn == "flash_attention_2":
-        require_flash_attn()
     try:
         return AutoModelForCausalLM.from_pretrained(
             source,
             dtype=DTYPES[precision],
-            attn_implementation=attn,
+            attn_implementation=attn_implementation(model_cfg),
             trust_remote_code=model_cfg.trust_remote_code,
             **kwargs,
         )
     except Exception as exc:
         raise CheckpointError(f"{source}: cannot load as a causal LM ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
+
+
+def flash_attn_available() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def attn_implementation(model_cfg: ModelConfig) -> str:
+    """What `from_pretrained` gets: `auto` is flash_attention_2 where it can run (a CUDA GPU with
+    flash-attn installed), else PyTorch SDPA; flash_attention_2 asked for where it cannot run is an error."""
+    attn = model_cfg.attn_implementation
+    if attn == "auto":
+        return "flash_attention_2" if flash_attn_available() else "sdpa"
+    if attn == "flash_attention_2":
+        require_flash_attn()
+    return attn
 
 
 def require_flash_attn() -> None:

@@ -175,7 +175,7 @@ class CriticWorker(TrainerWorker):
         config.classifier_dropout = 0.0  # values must not change between experience making and training
         model = AutoModelForTokenClassification.from_pretrained(
             source, config=config, dtype=checkpoint.DTYPES[self.cfg.infra.precision],
-            attn_implementation=self.cfg.model.attn_implementation, **lora.load_kwargs(self.optim.lora, "rl.critic.lora"),
+            attn_implementation=checkpoint.attn_implementation(self.cfg.model), **lora.load_kwargs(self.optim.lora, "rl.critic.lora"),
         )
         return lora.prepare(model, self.optim.lora, "TOKEN_CLS")[0]  # with LoRA: adapters plus the value head
 

@@ -102,7 +102,7 @@ def test_config_subset_of_defaults():
     assert got == {
         "seed": 42,
         "infra.zero_stage": 2,
-        "model.attn_implementation": "sdpa",
+        "model.attn_implementation": "auto",
         "sft": SFT_DEFAULTS,
     }
     assert list(got) == ["seed", "infra.zero_stage", "model.attn_implementation", "sft"]

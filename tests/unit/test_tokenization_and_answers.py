@@ -176,3 +176,15 @@ def test_is_correct():
     assert not is_correct("Answer: 140", "14", PATTERN)
     assert not is_correct("no answer here", "14", PATTERN)
     assert not is_correct("", "", PATTERN)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="describes a machine without a GPU")
+def test_attention_auto_is_sdpa_without_a_gpu_and_flash_attention_is_refused():
+    from configs.errors import CheckpointError
+    from configs.schema import ModelConfig
+    from stages.common.checkpoint import attn_implementation
+
+    assert attn_implementation(ModelConfig()) == "sdpa"
+    assert attn_implementation(ModelConfig(attn_implementation="eager")) == "eager"
+    with pytest.raises(CheckpointError, match="flash_attention_2 needs a CUDA GPU"):
+        attn_implementation(ModelConfig(attn_implementation="flash_attention_2"))

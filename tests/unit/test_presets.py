@@ -1,0 +1,71 @@
+"""The presets for real models: each loads and validates, asks for the GPUs its layout needs, and
+its math reward checks GSM8K-style answers."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from configs import load_config
+from configs.loader import PRESET_DIR
+from stages.data_prep import preflight
+from stages.rl.placement import group_sizes, pools
+
+PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+GPU_PRESETS = {"qwen2.5-0.5b-gsm8k": 1, "llama3-8b-node": 8, "llama3-8b-cluster": 32}
+
+
+def test_every_preset_is_listed():
+    assert set(GPU_PRESETS) | {"tiny"} == set(PRESETS)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_loads_and_passes_preflight(name):
+    cfg = load_config(name)
+    preflight(cfg)  # a hub id is accepted as one; hub datasets are read when the stage runs
+    if name != "tiny":
+        assert cfg.model.name_or_path and cfg.infra.precision == "bf16" and cfg.infra.gpus_per_worker == 1
+
+
+@pytest.mark.parametrize("name, gpus", GPU_PRESETS.items())
+def test_rl_layout_needs_the_gpus_the_preset_says(name, gpus):
+    cfg = load_config(name)
+    sizes = group_sizes(cfg, needs_critic=cfg.rl.advantage_estimator == "gae")
+    bundles = sum(max(sizes[g] for g in pool) for pool in pools(cfg, list(sizes)))
+    assert bundles * cfg.infra.gpus_per_worker == gpus
+    assert cfg.infra.num_workers * cfg.infra.gpus_per_worker <= gpus  # the training stages fit too
+
+
+def test_the_cluster_preset_mirrors_openrlhfs_layout():
+    cfg = load_config("llama3-8b-cluster")
+    sizes = group_sizes(cfg, needs_critic=True)
+    assert sizes == {"actor": 16, "engine": 8, "reward": 1, "ref": 1, "critic": 8}
+    assert sorted(map(sorted, pools(cfg, list(sizes)))) == [["actor", "ref"], ["critic", "reward"], ["engine"]]
+
+
+def test_a_local_model_path_stands_in_for_the_hub_id(tmp_path):
+    from stages.common import checkpoint
+    from stages.tiny_model import build_model, train_tokenizer
+    from configs.schema import TinyModelConfig
+
+    tok = train_tokenizer(["What is 1+2?\n1+2=3\n#### 3"], 64)
+    model = build_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2), tok, seed=0)
+    local = checkpoint.save(model, tok, tmp_path / "Qwen2.5-0.5B-Instruct")
+    preflight(load_config("qwen2.5-0.5b-gsm8k", [f"model.name_or_path={local}"]))
+
+
+def gsm8k_reward():
+    path = Path(PRESET_DIR) / "rewards" / "gsm8k.py"
+    spec = importlib.util.spec_from_file_location("gsm8k_reward", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.reward_func
+
+
+def test_gsm8k_reward_reads_the_final_answer():
+    responses = ["3 + 4 = 7\n#### 7", "so the answer is \\boxed{1,200}", "It costs 12.0 dollars", "7 apples, then 8", "no idea"]
+    labels = ["7", "1200", "12", "7", "7"]
+    out = gsm8k_reward()([f"Q: {r}" for r in responses], ["Q: "] * 5, labels)
+    assert out["rewards"].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]  # the last number counts, not the first
+    assert out["extra_logs"]["answered"].tolist() == [1.0, 1.0, 1.0, 1.0, 0.0]
