@@ -188,6 +188,8 @@ class TrainingConfig(OptimConfig):
 class SFTConfig(TrainingConfig):
     """Causal-LM loss on response tokens."""
 
+    packing: bool = Field(False, description="each micro-batch as one padding-free row (position ids reset per sample)")
+
 
 class RewardModelConfig(TrainingConfig):
     """Bradley-Terry reward model trained from the SFT checkpoint on preference pairs."""

@@ -1,5 +1,8 @@
 """SFT stage: causal-LM loss on response tokens only, trained with a DeepSpeed engine.
 
+With `sft.packing` each micro-batch is one padding-free row (the same samples end to end, position
+ids restarting per sample), which trains exactly as the padded batch does without computing on pads.
+
 Reads `base_model` and `sft_data`; writes `sft_model` (an HF checkpoint with tokenizer). Every
 `sft.save_every` optimizer steps it saves a resumable DeepSpeed checkpoint under the stage's work
 dir; a re-run with the same fingerprint continues from there (model, optimizer, scheduler, RNG,
@@ -15,15 +18,17 @@ import torch.distributed as dist
 from transformers import set_seed
 
 from stages.common import checkpoint, deepspeed_engine, lora
-from stages.common.tokenization import IGNORE_INDEX, encode_segments, pad_batch
+from stages.common.tokenization import IGNORE_INDEX, encode_segments, pack_batch, pad_batch
 from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 
 
 def lm_loss(engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
-    """Mean token cross-entropy over the response tokens (HF shifts the labels)."""
-    return engine(**batch).loss, {}, int(batch["attention_mask"].sum())
+    """Mean token cross-entropy over the response tokens (HF shifts the labels). No KV cache: with one,
+    transformers would not derive the per-sample mask of a packed row from its position ids."""
+    tokens = int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+    return engine(**batch, use_cache=False).loss, {}, tokens
 
 
 def eval_loss(engine, rows: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int, rank: int, world: int) -> float:
@@ -53,7 +58,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     pad_id = tokenizer.pad_token_id
     engine, outcome = fit(
         ctx, model, s, train_rows,
-        collate=lambda rows: pad_batch(rows, pad_id),
+        collate=pack_batch if s.packing else lambda rows: pad_batch(rows, pad_id),
         loss_fn=lm_loss,
         evaluate=lambda engine: {"loss": eval_loss(engine, eval_rows, s.micro_batch_size, pad_id, ctx.rank, ctx.world_size)},
     )

@@ -1,4 +1,4 @@
-"""Turn the pipeline's dataset rows into token ids and loss masks, and pad them into batches."""
+"""Turn the pipeline's dataset rows into token ids and loss masks, and pad (or pack) them into batches."""
 
 from __future__ import annotations
 
@@ -34,6 +34,19 @@ def pad_batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str,
         labels[i, : len(labs)] = torch.tensor(labs)
         attention_mask[i, : len(ids)] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def pack_batch(rows: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
+    """(ids, labels) pairs as one padding-free row: the samples end to end, `position_ids` restarting
+    at 0 for each (from which transformers builds a mask that keeps every sample to itself), and the
+    label of each sample's first token dropped (in a padded batch no token predicts it either)."""
+    input_ids, labels, positions = [], [], []
+    for ids, labs in rows:
+        input_ids.extend(ids)
+        labels.extend([IGNORE_INDEX, *labs[1:]])
+        positions.extend(range(len(ids)))
+    as_row = lambda values: torch.tensor([values], dtype=torch.long)  # noqa: E731
+    return {"input_ids": as_row(input_ids), "labels": as_row(labels), "position_ids": as_row(positions)}
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:

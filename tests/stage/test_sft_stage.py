@@ -74,3 +74,20 @@ def test_killed_run_resumes_from_last_checkpoint_and_matches_uninterrupted(fast_
     full = load_file(trained[0].outputs["sft_model"] / "model.safetensors")
     again = load_file(resumed.outputs["sft_model"] / "model.safetensors")
     assert max(float((full[k] - again[k]).abs().max()) for k in full) < 1e-5
+
+
+def test_packed_batches_train_as_padded_ones(fast_config, prepared, trained, tmp_path):
+    """`sft.packing`: the same micro-batches as one padding-free row each give the padded run's losses
+    and weights (only the float summation order differs)."""
+    from configs import load_config
+    from tests.stage.conftest import FAST
+
+    rec = Recorder()
+    packed = sft.run(make_ctx("sft", load_config(None, [*FAST, "sft.packing=true"]), tmp_path, rec),
+                     {k: prepared[k] for k in ("base_model", "sft_data")})
+    padded_losses = [m["train/loss"] for _, m in trained[1].rows if "train/loss" in m]
+    packed_losses = [m["train/loss"] for _, m in rec.rows if "train/loss" in m]
+    assert packed_losses == pytest.approx(padded_losses, abs=1e-4)
+    full = load_file(trained[0].outputs["sft_model"] / "model.safetensors")
+    again = load_file(packed.outputs["sft_model"] / "model.safetensors")
+    assert max(float((full[k] - again[k]).abs().max()) for k in full) < 1e-4

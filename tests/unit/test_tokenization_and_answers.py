@@ -188,3 +188,20 @@ def test_attention_auto_is_sdpa_without_a_gpu_and_flash_attention_is_refused():
     assert attn_implementation(ModelConfig(attn_implementation="eager")) == "eager"
     with pytest.raises(CheckpointError, match="flash_attention_2 needs a CUDA GPU"):
         attn_implementation(ModelConfig(attn_implementation="flash_attention_2"))
+
+
+def test_a_packed_row_scores_as_the_padded_batch():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from stages.common.tokenization import pack_batch
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=4, vocab_size=50))
+    rows = [([5, 6, 7, 8], [-100, -100, 7, 8]), ([9, 10, 11, 12, 13, 14], [-100, 10, 11, 12, 13, 14]), ([3, 4], [3, 4])]
+    packed = pack_batch(rows)
+    assert packed["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 0, 1]]
+    assert packed["labels"].tolist() == [[-100, -100, 7, 8, -100, 10, 11, 12, 13, 14, -100, 4]]
+    padded_loss = model(**pad_batch(rows, 0), use_cache=False).loss
+    packed_loss = model(**packed, use_cache=False).loss
+    assert float(packed_loss) == pytest.approx(float(padded_loss), abs=1e-6)
