@@ -65,6 +65,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from configs import load_config
 
     cfg = load_config(args.config, args.overrides)
+    from stages.dag import check_request
+
+    force = [s for item in args.force for s in item.split(",") if s]
+    only = [s for item in args.only for s in item.split(",") if s]
+    check_request(cfg, force, only)
     from stages import data_prep  # torch and friends: after the config, so a config error stays quick
 
     data_prep.preflight(cfg)
@@ -78,16 +83,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         use_local_token()  # Ray reads it when first imported, which is about to happen
     _prefect_home(cfg.tracking.state_dir)
-    from flows.pipeline import check_stages, rlhf_pipeline
+    from flows.pipeline import rlhf_pipeline
 
-    force = [s for item in args.force for s in item.split(",") if s]
-    only = [s for item in args.only for s in item.split(",") if s]
-    check_stages(force, "--force")
-    check_stages(only, "--only")
-    check_stages(list(cfg.infra.stage_retries), "infra.stage_retries")
-    from stages.dag import check_pins
-
-    check_pins(cfg)
     rlhf_pipeline(config=args.config or "tiny", overrides=args.overrides, force=force, only=only or None)
     return 0
 

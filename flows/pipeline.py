@@ -15,7 +15,7 @@ from prefect.states import Completed, Failed
 from artifacts import fingerprint as fp
 from artifacts import registry, store, tracking
 from configs import load_config
-from configs.errors import ConfigError, PipelineError, first_line
+from configs.errors import PipelineError, first_line
 from configs.schema import PipelineConfig
 from flows import eval_report, retries
 from flows.ray_cluster import RaySession
@@ -38,12 +38,6 @@ def stage_task(stage: str, cfg: PipelineConfig, setup, experiment_id: str, paren
     return Completed(name="Cached" if outcome.status == "cached" else "Completed", data=outcome)
 
 
-def check_stages(names: list[str], option: str) -> None:
-    unknown = [s for s in names if s not in dag.BY_NAME]
-    if unknown:
-        raise ConfigError(f"{option} {' '.join(unknown)}: unknown stage (stages: {', '.join(dag.BY_NAME)})")
-
-
 @flow(name=FLOW_NAME)
 def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, force: list[str] | None = None,
                   only: list[str] | None = None) -> list[dict]:
@@ -53,15 +47,10 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
     this config), never run, and nothing downstream runs."""
     started = time.monotonic()
     cfg = load_config(config, overrides or [])
-    check_stages(force or [], "--force")
-    check_stages(only or [], "--only")
-    check_stages(list(cfg.infra.stage_retries), "infra.stage_retries")
+    dag.check_request(cfg, force or [], only or [])
     # a forced stage reruns; its consumers rerun because their inputs' identity (the new run) changed
     forced = set(force or [])
-    reused = dag.needed_by(only, cfg) - set(only) if only else set()
-    if forced & reused:
-        raise ConfigError(f"--force {' '.join(sorted(forced & reused))}: --only reuses it; add it to --only to rerun it")
-    dag.check_pins(cfg)
+    reused = dag.reused_by_only(only, cfg)
     setup = tracking.resolve(cfg.tracking)
     client = MlflowClient(setup.uri)
     pins = {name: store.resolve_pin(client, f"inputs.{name}", uri) for name, uri in cfg.inputs.items()}

@@ -217,6 +217,33 @@ def check_pins(cfg) -> None:
         raise ConfigError(f"inputs.{unknown[0]}: no stage produces {unknown[0]!r} (artifacts: {', '.join(artifacts)})")
 
 
+def check_stages(names: list[str], option: str) -> None:
+    """Every name is a stage (`option` names where the names came from, for the error)."""
+    from configs.errors import ConfigError
+
+    unknown = [s for s in names if s not in BY_NAME]
+    if unknown:
+        raise ConfigError(f"{option} {' '.join(unknown)}: unknown stage (stages: {', '.join(BY_NAME)})")
+
+
+def reused_by_only(only: list[str] | None, cfg) -> set[str]:
+    """The stages `--only` reuses from MLflow: those the named stages need, less the named ones."""
+    return needed_by(only, cfg) - set(only) if only else set()
+
+
+def check_request(cfg, force: list[str], only: list[str]) -> None:
+    """A run's request names real stages and artifacts, and does not force a stage that --only reuses."""
+    from configs.errors import ConfigError
+
+    check_stages(force, "--force")
+    check_stages(only, "--only")
+    check_stages(list(cfg.infra.stage_retries), "infra.stage_retries")
+    clash = set(force) & reused_by_only(only, cfg)
+    if clash:
+        raise ConfigError(f"--force {' '.join(sorted(clash))}: --only reuses it; add it to --only to rerun it")
+    check_pins(cfg)
+
+
 def check_order() -> None:
     """Every stage's producers are declared before it (the flow relies on it)."""
     seen: set[str] = set()

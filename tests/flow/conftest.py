@@ -33,6 +33,30 @@ def run_cli(workdir: Path, *args: str, timeout: int = 600) -> subprocess.Complet
     )
 
 
+@pytest.fixture
+def cli(workdir: Path, monkeypatch, capsys):
+    """`rlhf ARGS` run in this process from `workdir` (what the subprocess runs, without the interpreter
+    start and imports it pays each time): returns exit code, stdout and stderr like `run_cli`."""
+    from flows.cli import main
+
+    monkeypatch.chdir(workdir)
+    for key in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "PREFECT_API_URL", "PREFECT_HOME"):
+        monkeypatch.delenv(key, raising=False)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()  # drop what earlier calls printed
+        code = main(list(args))
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["rlhf", *args], code, out.out, out.err)
+
+    # the CLI turns HF's progress bars off before transformers is imported; here it already is
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    yield run
+    hf_logging.enable_progress_bar()
+
+
 def mlflow_client(workdir: Path):
     from mlflow import MlflowClient
 

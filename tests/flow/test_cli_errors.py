@@ -1,4 +1,7 @@
-"""Bad input ends in one clear line and a non-zero exit, before any work starts."""
+"""Bad input ends in one clear line and a non-zero exit, before any work starts.
+
+The first test runs the real `rlhf` command in a subprocess; the others call its `main` in this
+process (the same code, without paying the interpreter start and imports each time)."""
 
 from pathlib import Path
 
@@ -50,74 +53,74 @@ def test_unknown_override_key(workdir):
     assert_no_work_started(workdir)
 
 
-def test_unknown_key_in_config_file(workdir):
+def test_unknown_key_in_config_file(cli, workdir):
     bad = workdir / "bad.yaml"
     bad.write_text("sft:\n  lrr: 0.1\n")
-    assert_one_line_error(run_cli(workdir, "run", "--config", str(bad)), str(bad), "sft.lrr")
+    assert_one_line_error(cli("run", "--config", str(bad)), str(bad), "sft.lrr")
     assert_no_work_started(workdir)
 
 
-def test_wrong_type(workdir):
-    assert_one_line_error(run_cli(workdir, "run", "sft.micro_batch_size=many"), "sft.micro_batch_size", "many")
+def test_wrong_type(cli, workdir):
+    assert_one_line_error(cli("run", "sft.micro_batch_size=many"), "sft.micro_batch_size", "many")
     assert_no_work_started(workdir)
 
 
-def test_unknown_forced_stage(workdir):
-    assert_one_line_error(run_cli(workdir, "run", "--force", "sftt"), "sftt", "unknown stage")
+def test_unknown_forced_stage(cli, workdir):
+    assert_one_line_error(cli("run", "--force", "sftt"), "sftt", "unknown stage")
     assert_no_work_started(workdir)
 
 
-def test_unknown_only_stage(workdir):
-    assert_one_line_error(run_cli(workdir, "run", "--only", "rm,evall"), "--only evall", "unknown stage")
+def test_unknown_only_stage(cli, workdir):
+    assert_one_line_error(cli("run", "--only", "rm,evall"), "--only evall", "unknown stage")
     assert_no_work_started(workdir)
 
 
-def test_vllm_engine_without_vllm(workdir):
-    assert_one_line_error(run_cli(workdir, "run", "rl.engine=vllm"), "rl.engine=vllm", "vLLM is not installed", "rlhf vllm-env")
+def test_vllm_engine_without_vllm(cli, workdir):
+    assert_one_line_error(cli("run", "rl.engine=vllm"), "rl.engine=vllm", "vLLM is not installed", "rlhf vllm-env")
     assert_no_work_started(workdir)
 
 
-def test_model_path_that_is_not_a_checkpoint(workdir):
+def test_model_path_that_is_not_a_checkpoint(cli, workdir):
     empty = workdir / "not_a_model"
     empty.mkdir()
-    assert_one_line_error(run_cli(workdir, "run", f"model.name_or_path={empty}"), str(empty), "not a checkpoint")
+    assert_one_line_error(cli("run", f"model.name_or_path={empty}"), str(empty), "not a checkpoint")
     assert_no_work_started(workdir)
 
 
-def test_dataset_file_missing_its_key(workdir, local_checkpoint):
+def test_dataset_file_missing_its_key(cli, workdir, local_checkpoint):
     sft = workdir / "sft.jsonl"
     sft.write_text('{"question": "Compute 1+2", "response": "3"}\n' * 3)
     prompts = workdir / "prompts.jsonl"
     prompts.write_text('{"question": "Compute 1+2", "label": "3"}\n' * 3)
     cfg = files_config(workdir, local_checkpoint, sft, prompts)
-    assert_one_line_error(run_cli(workdir, "run", "--config", str(cfg)), str(sft), "'answer'", "data.sft.output_key")
+    assert_one_line_error(cli("run", "--config", str(cfg)), str(sft), "'answer'", "data.sft.output_key")
     assert_no_work_started(workdir)
 
 
-def test_empty_dataset(workdir, local_checkpoint):
+def test_empty_dataset(cli, workdir, local_checkpoint):
     sft = workdir / "sft.jsonl"
     sft.write_text('{"question": "Compute 1+2", "answer": "3"}\n' * 3)
     prompts = workdir / "prompts.jsonl"
     prompts.write_text("")
     cfg = files_config(workdir, local_checkpoint, sft, prompts)
-    assert_one_line_error(run_cli(workdir, "run", "--config", str(cfg)), str(prompts))
+    assert_one_line_error(cli("run", "--config", str(cfg)), str(prompts))
     assert_no_work_started(workdir)
 
 
-def test_more_training_workers_than_local_cpus(workdir):
-    assert_one_line_error(run_cli(workdir, "run", "infra.num_workers=4", "infra.num_cpus=2"),
+def test_more_training_workers_than_local_cpus(cli, workdir):
+    assert_one_line_error(cli("run", "infra.num_workers=4", "infra.num_cpus=2"),
                           "infra.num_workers=4", "needs 8 CPUs", "has 2")
     assert_no_work_started(workdir)
 
 
-def test_qlora_without_a_gpu(workdir):
-    assert_one_line_error(run_cli(workdir, "run", "dpo.lora.rank=8", "dpo.lora.load_in_4bit=true"),
+def test_qlora_without_a_gpu(cli, workdir):
+    assert_one_line_error(cli("run", "dpo.lora.rank=8", "dpo.lora.load_in_4bit=true"),
                           "dpo.lora.load_in_4bit=true", "needs a CUDA GPU", "plain LoRA")
     assert_no_work_started(workdir)
 
 
-def test_flash_attention_without_a_gpu(workdir):
-    assert_one_line_error(run_cli(workdir, "run", "model.attn_implementation=flash_attention_2"),
+def test_flash_attention_without_a_gpu(cli, workdir):
+    assert_one_line_error(cli("run", "model.attn_implementation=flash_attention_2"),
                           "flash_attention_2", "needs a CUDA GPU")
     assert_no_work_started(workdir)
 
@@ -137,12 +140,12 @@ def adapter(local_checkpoint, tmp_path_factory) -> Path:
                              None, signature)
 
 
-def test_merge_writes_a_plain_checkpoint_matching_the_adapter_model(workdir, adapter, local_checkpoint):
+def test_merge_writes_a_plain_checkpoint_matching_the_adapter_model(cli, workdir, adapter, local_checkpoint):
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    result = run_cli(workdir, "merge", "--adapter", str(adapter), "--out", str(workdir / "merged"))
+    result = cli("merge", "--adapter", str(adapter), "--out", str(workdir / "merged"))
     assert result.returncode == 0, result.stderr
     assert f"merged {adapter} into its base: {workdir / 'merged'}" in result.stdout
     merged = AutoModelForCausalLM.from_pretrained(workdir / "merged")
@@ -150,17 +153,27 @@ def test_merge_writes_a_plain_checkpoint_matching_the_adapter_model(workdir, ada
     ids = torch.arange(3, 20).unsqueeze(0)
     with torch.no_grad():
         assert float((merged(input_ids=ids).logits - peft(input_ids=ids).logits).abs().max()) < 1e-4
-    again = run_cli(workdir, "merge", "--adapter", str(adapter), "--out", str(workdir / "merged"))
+    again = cli("merge", "--adapter", str(adapter), "--out", str(workdir / "merged"))
     assert_one_line_error(again, "--out", "already exists")
 
 
-def test_merge_onto_another_base_or_of_a_full_model_is_one_line(workdir, adapter, local_checkpoint, tmp_path):
+def test_merge_onto_another_base_or_of_a_full_model_is_one_line(cli, workdir, adapter, local_checkpoint, tmp_path):
     tok = checkpoint.load_tokenizer(local_checkpoint)
     other = build_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                         num_attention_heads=2, num_key_value_heads=2), tok, seed=1)
     checkpoint.save(other, tok, tmp_path / "other")
-    wrong = run_cli(workdir, "merge", "--adapter", str(adapter), "--base", str(tmp_path / "other"), "--out", str(tmp_path / "m1"))
+    wrong = cli("merge", "--adapter", str(adapter), "--base", str(tmp_path / "other"), "--out", str(tmp_path / "m1"))
     assert_one_line_error(wrong, "was trained on another base than", "pass the checkpoint the adapter was trained from")
-    full = run_cli(workdir, "merge", "--adapter", str(local_checkpoint), "--out", str(tmp_path / "m2"))
+    full = cli("merge", "--adapter", str(local_checkpoint), "--out", str(tmp_path / "m2"))
     assert_one_line_error(full, "not a LoRA adapter")
     assert not (tmp_path / "m1").exists() and not (tmp_path / "m2").exists()
+
+
+def test_forcing_a_stage_that_only_reuses(cli, workdir):
+    assert_one_line_error(cli("run", "--only", "rm", "--force", "sft"), "--force sft", "--only reuses it")
+    assert_no_work_started(workdir)
+
+
+def test_unknown_stage_in_stage_retries(cli, workdir):
+    assert_one_line_error(cli("run", "infra.stage_retries={sfft: 3}"), "infra.stage_retries sfft", "unknown stage")
+    assert_no_work_started(workdir)
