@@ -94,6 +94,7 @@ SFT_DEFAULTS = {
     "eval_every": 50,
     "save_every": 50,
     "lora": {"rank": 0, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear", "load_in_4bit": False},
+    "packing": False,
 }
 
 
