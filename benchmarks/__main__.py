@@ -1,0 +1,82 @@
+"""Run registered benchmarks: one markdown table each on stdout, every measurement in a JSON file.
+
+    python -m benchmarks run [NAME ...] [--steps N] [--repeats N] [--out benchmarks.json]
+    python -m benchmarks list
+
+A benchmark is a function from `RunOptions` to a `Report` (benchmarks/report.py); add one to
+BENCHMARKS to register it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks import trl_compare
+from benchmarks.report import Report, RunOptions
+
+BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report], str]] = {
+    "sft": (trl_compare.sft, "SFT tokens/s: our stage vs TRL's SFTTrainer (needs the bench extra)"),
+    "dpo": (trl_compare.dpo, "DPO pairs/s and tokens/s: our stage vs TRL's DPOTrainer (needs the bench extra)"),
+}
+VERSIONED = ("torch", "transformers", "deepspeed", "trl")
+
+
+def machine() -> dict:
+    """Where the numbers were taken."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    versions = {}
+    for package in VERSIONED:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "memory_gib": round(memory, 1),
+            "python": platform.python_version(), **versions}
+
+
+def run(names: list[str], options: RunOptions, out: Path) -> None:
+    reports = {}
+    for name in names:
+        report = BENCHMARKS[name][0](options)
+        print("\n" + report.markdown(), flush=True)
+        reports[name] = report.as_json()
+        # written after each benchmark, so a later failure keeps what was measured
+        out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "machine": machine(),
+                                   "benchmarks": reports}, indent=2))
+    print(f"wrote {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="the registered benchmarks")
+    run_parser = commands.add_parser("run", help="run benchmarks (default: all) and print their tables")
+    run_parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of: {', '.join(BENCHMARKS)}")
+    run_parser.add_argument("--steps", type=int, help="optimizer steps per trial (default: each benchmark's own)")
+    run_parser.add_argument("--repeats", type=int, default=2, help="trials per system (default: 2)")
+    run_parser.add_argument("--out", type=Path, default=Path("benchmarks.json"), help="JSON results file")
+    args = parser.parse_args(argv)
+
+    if args.command == "list":
+        for name, (_, description) in BENCHMARKS.items():
+            print(f"{name:8} {description}")
+        return 0
+    unknown = [name for name in args.names if name not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark {', '.join(unknown)} (registered: {', '.join(BENCHMARKS)})")
+    with tempfile.TemporaryDirectory(prefix="benchmarks-") as tmp:
+        options = RunOptions(steps=args.steps, repeats=args.repeats, workdir=Path(tmp))
+        run(args.names or list(BENCHMARKS), options, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

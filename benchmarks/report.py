@@ -1,0 +1,33 @@
+"""What a benchmark registered in `python -m benchmarks` receives and hands back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class RunOptions:
+    """Settings shared by every benchmark of one `python -m benchmarks run`."""
+
+    steps: int | None  # optimizer steps per trial; None: the benchmark's own default
+    repeats: int  # trials per system
+    workdir: Path  # scratch space that lives as long as the run (benchmarks may share data there)
+
+
+@dataclass
+class Report:
+    """One benchmark's result: a markdown table for people and the raw measurements for the JSON."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    data: dict = field(default_factory=dict)
+
+    def markdown(self) -> str:
+        lines = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |", "|" + "---|" * len(self.columns)]
+        lines += ["| " + " | ".join(row) + " |" for row in self.rows]
+        return "\n".join(lines) + "\n"
+
+    def as_json(self) -> dict:
+        return {"title": self.title, "columns": self.columns, "rows": self.rows, **self.data}
