@@ -175,9 +175,11 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
 @contextmanager
 def work_dir_lock(work_dir: Path, stage: str):
     """One pipeline process at a time trains a given stage + fingerprint (they would share its work dir
-    and checkpoints); a second one waits, then finds the first one's run in the cache."""
-    work_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(work_dir.with_name(work_dir.name + ".lock"), "w") as lock:
+    and checkpoints); a second one waits, then finds the first one's run in the cache. The (empty) lock
+    files stay: removing one while a process waits on it would let a third one in."""
+    locks = work_dir.parent.parent / "locks"  # beside work/, in the state folder
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{work_dir.name}.lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -18,13 +18,37 @@ import pytest
 CLI = [sys.executable, "-m", "flows.cli"]
 
 
+SHARED_PREFECT = "RLHF_TEST_PREFECT_API_URL"  # set by the `prefect_server` fixture
+
+
 def cli_env(workdir: Path) -> dict[str, str]:
+    """The environment of a CLI subprocess: nothing of the caller's MLflow, Ray or Prefect, except the
+    tests' shared Prefect server when one runs (else each run starts a temporary one of its own)."""
     env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("RAY_ADDRESS", None)
     env.pop("PREFECT_API_URL", None)
+    if env.get(SHARED_PREFECT):
+        env["PREFECT_API_URL"] = env[SHARED_PREFECT]
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """A real Prefect server (`prefect server start`) that this module's CLI runs report to, started
+    once: a run that has to start its own temporary server pays several seconds for it."""
+    from flows.serve import prefect_server as start_server
+    from flows.serve import stop
+
+    saved = os.environ.pop("PREFECT_API_URL", None)
+    api, proc = start_server(tmp_path_factory.mktemp("prefect-server"), free_port())
+    os.environ[SHARED_PREFECT] = api
+    yield api
+    del os.environ[SHARED_PREFECT]
+    stop(proc)
+    if saved is not None:
+        os.environ["PREFECT_API_URL"] = saved
 
 
 def run_cli(workdir: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import mlflow
+import psutil
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory):
+def ws(tmp_path_factory, prefect_server):
     return tmp_path_factory.mktemp("pipeline")
 
 
@@ -280,6 +281,7 @@ def test_served_deployments_run_the_pipeline_and_one_stage(ws, tmp_path):
 
     prefect_port, mlflow_port = free_port(), free_port()
     env = cli_env(ws) | {"PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+    env.pop("PREFECT_API_URL", None)  # not the module's shared server: `rlhf serve` starts (and stops) its own
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
         serve = subprocess.Popen([*CLI, "serve", "--prefect-port", str(prefect_port), "--mlflow-port", str(mlflow_port)],
