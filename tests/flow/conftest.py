@@ -73,12 +73,15 @@ def cli(workdir: Path, monkeypatch, capsys):
         out = capsys.readouterr()
         return subprocess.CompletedProcess(["rlhf", *args], code, out.out, out.err)
 
-    # the CLI turns HF's progress bars off before transformers is imported; here it already is
+    # the CLI turns HF's progress bars off before transformers and datasets are imported; here they may be
+    import datasets
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
     yield run
     hf_logging.enable_progress_bar()
+    datasets.enable_progress_bars()
 
 
 def mlflow_client(workdir: Path):
