@@ -9,8 +9,9 @@ import pytest
 
 from configs.schema import TinyModelConfig
 from stages.common import checkpoint
-from stages.tiny_model import build_model, train_tokenizer
+from stages.tiny_model import build_model
 from tests.flow.conftest import run_cli
+from tests.tiny_checkpoint import save_tiny_checkpoint
 
 
 def assert_one_line_error(result, *fragments: str) -> str:
@@ -30,10 +31,7 @@ def assert_no_work_started(workdir: Path):
 
 @pytest.fixture(scope="module")
 def local_checkpoint(tmp_path_factory) -> Path:
-    tok = train_tokenizer(["Compute 1+2\n1+2=3\nAnswer: 3", "hello world"], 64)
-    model = build_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2), tok, seed=0)
-    return checkpoint.save(model, tok, tmp_path_factory.mktemp("ckpt") / "model")
+    return save_tiny_checkpoint(["Compute 1+2\n1+2=3\nAnswer: 3", "hello world"], tmp_path_factory.mktemp("ckpt") / "model")
 
 
 def files_config(workdir: Path, model: Path, sft_file: Path, prompts_file: Path) -> Path:

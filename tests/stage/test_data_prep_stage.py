@@ -63,17 +63,12 @@ def test_over_long_rows_fail_naming_dataset_and_row(tmp_path):
 def test_the_gsm8k_preset_on_a_local_model_and_local_files(tmp_path):
     """The GPU preset, unchanged but for local paths: GSM8K-shaped rows, the reference answer taken
     from the solution by `label_pattern`; a label without a match is a one-line error naming it."""
-    from configs.schema import TinyModelConfig
-    from stages.common import checkpoint
-    from stages.tiny_model import build_model, train_tokenizer
+    from tests.tiny_checkpoint import save_tiny_checkpoint
 
     rows = [{"question": f"Tom has {i} apples and buys 2. How many?", "answer": f"{i}+2={i + 2}\n#### {i + 2}"} for i in range(20)]
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tok = train_tokenizer([r["question"] + r["answer"] for r in rows], 96)
-    model = build_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2), tok, seed=0)
-    local = checkpoint.save(model, tok, tmp_path / "model")
+    local = save_tiny_checkpoint([r["question"] + r["answer"] for r in rows], tmp_path / "model", vocab_size=96)
     local_paths = [f"model.name_or_path={local}", f"data.sft.paths=[{data}]", f"data.prompts.paths=[{data}]",
                    "data.sft.eval_split=null", "data.prompts.eval_split=null", "data.sft.eval_ratio=0.2",
                    "data.prompts.eval_ratio=0.2"]

@@ -44,14 +44,9 @@ def test_the_cluster_preset_mirrors_openrlhfs_layout():
 
 
 def test_a_local_model_path_stands_in_for_the_hub_id(tmp_path):
-    from stages.common import checkpoint
-    from stages.tiny_model import build_model, train_tokenizer
-    from configs.schema import TinyModelConfig
+    from tests.tiny_checkpoint import save_tiny_checkpoint
 
-    tok = train_tokenizer(["What is 1+2?\n1+2=3\n#### 3"], 64)
-    model = build_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2), tok, seed=0)
-    local = checkpoint.save(model, tok, tmp_path / "Qwen2.5-0.5B-Instruct")
+    local = save_tiny_checkpoint(["What is 1+2?\n1+2=3\n#### 3"], tmp_path / "Qwen2.5-0.5B-Instruct")
     preflight(load_config("qwen2.5-0.5b-gsm8k", [f"model.name_or_path={local}"]))
 
 
