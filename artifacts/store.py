@@ -26,6 +26,8 @@ TAG_STATUS = "rlhf.status"
 TAG_OUTPUTS = "rlhf.outputs"
 TAG_PARENT = "mlflow.parentRunId"
 TAG_INPUT_PREFIX = "rlhf.input."
+TAG_COMPUTE_SPAN = "rlhf.compute_span"  # "start end": Unix seconds of the stage function itself
+METRIC_COMPUTE_S = "time/compute_s"
 COMPLETE = "complete"
 
 

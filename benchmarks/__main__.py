@@ -19,12 +19,16 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import trl_compare
+from benchmarks import grpo_compare, pipeline, rollout_engines, trl_compare
 from benchmarks.report import Report, RunOptions
 
 BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report], str]] = {
+    "pipeline": (pipeline.pipeline, "the tiny pipeline through `rlhf run`: cold/warm wall time, orchestration share, "
+                                    "peak memory per stage"),
     "sft": (trl_compare.sft, "SFT tokens/s: our stage vs TRL's SFTTrainer (needs the bench extra)"),
     "dpo": (trl_compare.dpo, "DPO pairs/s and tokens/s: our stage vs TRL's DPOTrainer (needs the bench extra)"),
+    "grpo": (grpo_compare.grpo, "GRPO samples/s and time split: our RL stage vs TRL's GRPOTrainer (needs the bench extra)"),
+    "rollout": (rollout_engines.rollout, "rollout engines: HF `generate` vs vLLM (CPU build) tokens/s by batch size"),
 }
 VERSIONED = ("torch", "transformers", "deepspeed", "trl")
 
@@ -61,19 +65,22 @@ def main(argv: list[str] | None = None) -> int:
     run_parser = commands.add_parser("run", help="run benchmarks (default: all) and print their tables")
     run_parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of: {', '.join(BENCHMARKS)}")
     run_parser.add_argument("--steps", type=int, help="optimizer steps per trial (default: each benchmark's own)")
-    run_parser.add_argument("--repeats", type=int, default=2, help="trials per system (default: 2)")
+    run_parser.add_argument("--repeats", type=int, help="trials per system (default: each benchmark's own: 1 for "
+                            "the pipeline, 2 for the others)")
+    run_parser.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                            help="config overrides for the pipeline benchmark's `rlhf run`")
     run_parser.add_argument("--out", type=Path, default=Path("benchmarks.json"), help="JSON results file")
     args = parser.parse_args(argv)
 
     if args.command == "list":
         for name, (_, description) in BENCHMARKS.items():
-            print(f"{name:8} {description}")
+            print(f"{name:9} {description}")
         return 0
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark {', '.join(unknown)} (registered: {', '.join(BENCHMARKS)})")
     with tempfile.TemporaryDirectory(prefix="benchmarks-") as tmp:
-        options = RunOptions(steps=args.steps, repeats=args.repeats, workdir=Path(tmp))
+        options = RunOptions(steps=args.steps, repeats=args.repeats, workdir=Path(tmp), overrides=args.overrides)
         run(args.names or list(BENCHMARKS), options, args.out)
     return 0
 

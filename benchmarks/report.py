@@ -11,8 +11,12 @@ class RunOptions:
     """Settings shared by every benchmark of one `python -m benchmarks run`."""
 
     steps: int | None  # optimizer steps per trial; None: the benchmark's own default
-    repeats: int  # trials per system
+    repeats: int | None  # trials per system; None: the benchmark's own default
     workdir: Path  # scratch space that lives as long as the run (benchmarks may share data there)
+    overrides: list[str] = field(default_factory=list)  # KEY=VALUE config overrides (the pipeline benchmark)
+
+    def repeats_or(self, default: int) -> int:
+        return self.repeats or default
 
 
 @dataclass

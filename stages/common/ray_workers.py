@@ -15,7 +15,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from configs.errors import PipelineError
 from configs.schema import InfraConfig
-from stages.contract import StageContext, StageResult
+from stages.contract import StageContext, StageResult, run_timed
 
 
 def prepare_process(num_threads: int) -> None:
@@ -69,7 +69,7 @@ class StageWorker:
         module, func = entrypoint.split(":")
         stage_fn = getattr(importlib.import_module(module), func)
         try:
-            return stage_fn(dataclasses.replace(ctx, rank=self.rank, world_size=self.world_size), inputs)
+            return run_timed(stage_fn, dataclasses.replace(ctx, rank=self.rank, world_size=self.world_size), inputs)
         finally:
             leave_process_group()
 

@@ -162,6 +162,13 @@ def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path,
     curve = client.get_metric_history(sft_run.info.run_id, "train/loss")
     assert len(curve) >= 10 and curve[-1].value < curve[0].value
     assert [a.path for a in client.list_artifacts(sft_run.info.run_id)] == ["sft_model"]
+    # the stage function's own span (in a Ray worker for SFT, the driver for RL) lies inside its run (the
+    # rest is orchestration) and is logged as a metric
+    rl_run = next(r for r in stage_runs(ws, "rl") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE)
+    for run in (sft_run, rl_run):
+        start, end = map(float, run.data.tags[store.TAG_COMPUTE_SPAN].split())
+        assert run.info.start_time / 1000 < start < end < run.info.end_time / 1000
+        assert run.data.metrics[store.METRIC_COMPUTE_S] == pytest.approx(end - start, abs=1e-3)
 
     (version,) = client.search_model_versions("name = 'rlhf-sft'")
     assert version.run_id == sft_run.info.run_id

