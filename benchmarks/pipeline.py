@@ -134,8 +134,10 @@ def stage_spans(folder: Path) -> list[StageSpan]:
                                 order_by=["attributes.start_time DESC"])[0]
     spans = []
     for key, value in parent.data.tags.items():
+        if not key.startswith("stage."):
+            continue
         status, *run_id = value.split()
-        if not key.startswith("stage.") or status != "ran":
+        if status != "ran":
             continue
         run = client.get_run(run_id[0])
         start, end = (float(t) for t in run.data.tags[store.TAG_COMPUTE_SPAN].split())
