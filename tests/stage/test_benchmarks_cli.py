@@ -1,4 +1,4 @@
-"""`python -m benchmarks run sft`: our SFT stage and TRL's SFTTrainer side by side (TRL comes with the
+"""`python -m benchmarks run sft|grpo`: our stages and TRL's trainers side by side (TRL comes with the
 bench extra only, so without it this is skipped)."""
 
 import json
@@ -23,4 +23,20 @@ def test_sft_benchmark_reports_both_systems_and_their_ratio(tmp_path, capsys):
     ours, trl = sft["trials"]["ours"][0], sft["trials"]["trl"][0]
     assert ours["tokens"] == trl["tokens"] > 0
     assert (ours["steps"], ours["micro_batch_size"]) == (trl["steps"], trl["micro_batch_size"]) == (3, 32)
+    assert "| ours / TRL |" in capsys.readouterr().out
+
+
+def test_grpo_benchmark_times_both_systems_on_the_same_rollout_shape(tmp_path, capsys):
+    out = tmp_path / "benchmarks.json"
+    assert main(["run", "grpo", "--steps", "1", "--repeats", "1", "--out", str(out)]) == 0
+
+    grpo = json.loads(out.read_text())["benchmarks"]["grpo"]
+    ours, trl = grpo["trials"]["ours"][0], grpo["trials"]["trl"][0]
+    assert ours["samples"] == trl["samples"] == 16 * 8  # one rollout step of the tiny preset's 16 prompts x 8
+    for trial in (ours, trl):
+        parts = sum(trial[f"{p}_s"] for p in ("generation", "reward", "experience", "training", "weight_sync"))
+        assert trial["generation_s"] > 0 and trial["training_s"] > 0
+        assert parts == pytest.approx(trial["seconds"], rel=1e-6)  # the split adds up to the timed loop
+    assert trl["weight_sync_s"] == 0  # TRL samples from the model it trains
+    assert grpo["ratio"]["samples_per_s"] == pytest.approx(ours["samples_per_s"] / trl["samples_per_s"])
     assert "| ours / TRL |" in capsys.readouterr().out
