@@ -10,6 +10,7 @@ BENCHMARKS to register it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -70,17 +71,22 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
                             help="config overrides for the pipeline benchmark's `rlhf run`")
     run_parser.add_argument("--out", type=Path, default=Path("benchmarks.json"), help="JSON results file")
+    run_parser.add_argument("--workdir", type=Path, help="scratch folder, kept afterwards (default: a temporary one)")
     args = parser.parse_args(argv)
 
     if args.command == "list":
         for name, (_, description) in BENCHMARKS.items():
             print(f"{name:9} {description}")
         return 0
+    if args.workdir and args.workdir.exists() and any(args.workdir.iterdir()):
+        parser.error(f"--workdir {args.workdir}: not empty (the benchmarks need a fresh folder)")
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark {', '.join(unknown)} (registered: {', '.join(BENCHMARKS)})")
-    with tempfile.TemporaryDirectory(prefix="benchmarks-") as tmp:
-        options = RunOptions(steps=args.steps, repeats=args.repeats, workdir=Path(tmp), overrides=args.overrides)
+    with contextlib.ExitStack() as stack:
+        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="benchmarks-")))
+        workdir.mkdir(parents=True, exist_ok=True)
+        options = RunOptions(steps=args.steps, repeats=args.repeats, workdir=workdir, overrides=args.overrides)
         run(args.names or list(BENCHMARKS), options, args.out)
     return 0
 

@@ -156,7 +156,7 @@ def trl(cfg, data: dict[str, Path], work: Path) -> dict:
                           args=args, train_dataset=dataset,
                           processing_class=trl_compare.load_tokenizer({"base_model": data["policy"]}))
     clock = PartClock(trainer)
-    measured = trl_compare.timed_train(trainer)
+    measured = trl_compare.timed_train(trainer, count_tokens=False)  # its collator passes rows through
     loop = measured["seconds"]
     parts = {"generation_s": clock.seconds["_generate"], "reward_s": clock.seconds["_calculate_rewards"],
              "experience_s": clock.seconds["_generate_and_score_completions"] - clock.seconds["_generate"]

@@ -283,9 +283,9 @@ def load_tokenizer(data: dict[str, Path]):
     return checkpoint.load_tokenizer(data["base_model"])
 
 
-def timed_train(trainer) -> dict:
-    """Train; the non-pad tokens of the batches TRL built, the seconds of its training loop, and the
-    defaults it trained with."""
+def timed_train(trainer, count_tokens: bool = True) -> dict:
+    """Train; the non-pad tokens of the batches TRL built (`count_tokens`: its collator builds padded
+    tensors), the seconds of its training loop, and the defaults it trained with."""
     from transformers import TrainerCallback
 
     class LoopTimer(TrainerCallback):
@@ -301,7 +301,8 @@ def timed_train(trainer) -> dict:
 
     timer, counter = LoopTimer(), TokenCounter(trainer.data_collator)
     trainer.add_callback(timer)
-    trainer.data_collator = counter  # after __init__: DPO's reference pass is not counted
+    if count_tokens:
+        trainer.data_collator = counter  # after __init__: DPO's reference pass is not counted
     trainer.train()
     return {"tokens": counter.tokens, "seconds": timer.seconds,
             "trl_defaults": {"optim": getattr(trainer.args.optim, "value", trainer.args.optim),

@@ -142,4 +142,8 @@ def full_state_dict(engine) -> dict[str, torch.Tensor] | None:
             if name in persistent:
                 state[name] = buf.detach().cpu().clone()
         return state if engine.global_rank == 0 else None
-    return module.state_dict() if engine.global_rank == 0 else None
+    if engine.global_rank != 0:
+        return None
+    # a CPU copy per tensor: under ZeRO-1/2 the weights are views of one flat buffer, and pickling a
+    # view (to send it through Ray) pickles its whole buffer, once per tensor
+    return {name: t.detach().to("cpu", copy=True) for name, t in module.state_dict().items()}

@@ -3,7 +3,8 @@
 Colocated groups share the same bundles (each bundle = `infra.cpus_per_worker` CPUs and
 `infra.gpus_per_worker` GPUs), each actor taking an equal fraction of its bundle, as OpenRLHF
 shares GPUs between the actor and reference models. They take turns (rollout, then scoring,
-then training), so every actor may use all of its bundle's cores.
+then training; within experience making, one model after the other: `waves`), so every actor may
+use all of its bundle's cores.
 """
 
 from __future__ import annotations
@@ -62,6 +63,23 @@ def pools(cfg: PipelineConfig, groups: list[str]) -> list[list[str]]:
         together.append([g for g in ("critic", "reward") if g in groups])
     placed = {g for pool in together for g in pool}
     return [p for p in together if p] + [[g] for g in groups if g not in placed]
+
+
+def waves(pools: list[list[str]], groups: list[str]) -> list[list[str]]:
+    """`groups` in waves whose members share no pool: a wave's groups may run at once, the waves one
+    after another. Colocated groups running at once would oversubscribe the cores they share (on a
+    2-core CPU the policy's and the reference's forward passes took 0.8 s together, 0.27 s in turn)."""
+    def colocated(a: str, b: str) -> bool:
+        return any(a in pool and b in pool for pool in pools)
+
+    out: list[list[str]] = []
+    for group in groups:
+        wave = next((w for w in out if not any(colocated(group, other) for other in w)), None)
+        if wave is None:
+            out.append([group])
+        else:
+            wave.append(group)
+    return out
 
 
 class Placement:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,7 @@ from stages.rl.losses import (
     approx_kl,
     masked_mean,
 )
-from stages.rl.placement import Placement
+from stages.rl.placement import Placement, waves
 
 MAX_FILL_ROUNDS = 4  # dynamic filtering: extra rollouts tried before the batch is topped up with filtered groups
 
@@ -89,6 +90,7 @@ class Actors:
 
     def __init__(self, ctx: StageContext, inputs: dict[str, Path], placement: Placement, total_steps: int, needs_critic: bool):
         cfg, rl = ctx.config, ctx.config.rl
+        self.placement = placement
         slots, cwd, sft = placement.slots, os.getcwd(), str(inputs["sft_model"])
         self.policy = [workers.PolicyWorker.options(**s.options()).remote(i, len(slots["actor"]), s.threads)
                        for i, s in enumerate(slots["actor"])]
@@ -122,9 +124,15 @@ class Actors:
             ray.kill(actor)
 
 
-def on_group(group: list, method: str, batch: dict, *args) -> list:
-    """Call `method` on every rank of an actor group with its equal slice of `batch`."""
-    return ray.get([getattr(w, method).remote(s, *args) for w, s in zip(group, shard(batch, len(group)))])
+def in_waves(placement: Placement, calls: dict[str, Callable[[], list]]) -> dict[str, list]:
+    """Run each actor group's calls (`group name -> launch`, returning the object refs); groups that
+    share cores go one after another, the others at once. Returns each group's results."""
+    results: dict[str, list] = {}
+    for wave in waves(placement.pools, list(calls)):
+        launched = {group: calls[group]() for group in wave}
+        for group, refs in launched.items():
+            results[group] = ray.get(refs)
+    return results
 
 
 def generate(engines: list, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
@@ -247,14 +255,14 @@ def train(actors: Actors, batch: dict[str, torch.Tensor], step: int, use_kl_loss
     keys = ("input_ids", "attention_mask", "action_mask")
     kl_keys = ("ref_log_probs", "kl_coef") if use_kl_loss and actors.ref else ()
     actor_batch = {k: batch[k] for k in (*keys, "old_log_probs", "advantages", "rollout_log_probs", *kl_keys)}
-    futures = [w.train.remote(s, step) for w, s in zip(actors.policy, shard(actor_batch, len(actors.policy)))]
+    calls = {"actor": lambda: [w.train.remote(s, step) for w, s in zip(actors.policy, shard(actor_batch, len(actors.policy)))]}
     if actors.critic:
         critic_batch = {k: batch[k] for k in (*keys, "values", "returns")}
-        futures += [w.train.remote(s, step) for w, s in zip(actors.critic, shard(critic_batch, len(actors.critic)))]
-    results = ray.get(futures)
-    logs = {f"actor/{k}": v for k, v in results[0].items()}  # rank-averaged by the workers
+        calls["critic"] = lambda: [w.train.remote(s, step) for w, s in zip(actors.critic, shard(critic_batch, len(actors.critic)))]
+    results = in_waves(actors.placement, calls)
+    logs = {f"actor/{k}": v for k, v in results["actor"][0].items()}  # rank-averaged by the workers
     if actors.critic:
-        logs |= {f"critic/{k}": v for k, v in results[len(actors.policy)].items()}
+        logs |= {f"critic/{k}": v for k, v in results["critic"][0].items()}
     return logs
 
 
@@ -307,12 +315,13 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     estimator = ESTIMATORS[rl.advantage_estimator]
     batch = sequence_batch(samples, tokenizer.pad_token_id)
     mask = batch["action_mask"]
-    pending = {"old": [w.log_probs.remote(s) for w, s in zip(actors.policy, shard(batch, len(actors.policy)))]}
+    calls = {"actor": lambda: [w.log_probs.remote(s) for w, s in zip(actors.policy, shard(batch, len(actors.policy)))]}
     if actors.ref:
-        pending["ref"] = [actors.ref.log_probs.remote(batch)]
+        calls["ref"] = lambda: [actors.ref.log_probs.remote(batch)]
     if actors.critic:
-        pending["values"] = [w.values.remote(s) for w, s in zip(actors.critic, shard(batch, len(actors.critic)))]
-    got = {k: torch.cat(ray.get(v)) for k, v in pending.items()}
+        calls["critic"] = lambda: [w.values.remote(s) for w, s in zip(actors.critic, shard(batch, len(actors.critic)))]
+    names = {"actor": "old", "ref": "ref", "critic": "values"}
+    got = {names[group]: torch.cat(parts) for group, parts in in_waves(actors.placement, calls).items()}
     old = got["old"]
     kl = approx_kl(old, got["ref"], rl.kl_estimator) * mask if "ref" in got else torch.zeros_like(mask)
     scores = scored.rewards.float()

@@ -5,7 +5,7 @@ import pytest
 from configs import ConfigError, load_config
 from configs.schema import InfraConfig, PipelineConfig, TrainingConfig
 from stages.common.deepspeed_engine import engine_config
-from stages.rl.placement import group_sizes, pools
+from stages.rl.placement import group_sizes, pools, waves
 
 
 @pytest.mark.parametrize("estimator", ["reinforce_baseline", "rloo", "group_norm", "dr_grpo"])
@@ -55,6 +55,13 @@ def test_group_sizes_and_pools():
     assert pools(paired, groups) == [["actor", "ref"], ["critic", "reward"], ["engine"]]
     together = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"colocate_all": True})})
     assert pools(together, groups) == [groups]
+
+
+def test_groups_that_share_cores_take_turns_the_others_run_at_once():
+    experience = ["actor", "ref", "critic"]
+    assert waves([experience], experience) == [["actor"], ["ref"], ["critic"]]  # colocate_all
+    assert waves([["actor", "ref"], ["critic", "reward"]], experience) == [["actor", "critic"], ["ref"]]
+    assert waves([["actor"], ["ref"], ["critic"]], experience) == [experience]  # nothing shared
 
 
 def test_tiny_preset_rl_fits_two_cpus():
