@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import grpo_compare, pipeline, rollout_engines, trl_compare
+from benchmarks import grpo_compare, pipeline, rl_throughput, rollout_engines, trl_compare
 from benchmarks.report import Report, RunOptions
 
 BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report], str]] = {
@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report], str]] = {
     "sft": (trl_compare.sft, "SFT tokens/s: our stage vs TRL's SFTTrainer (needs the bench extra)"),
     "dpo": (trl_compare.dpo, "DPO pairs/s and tokens/s: our stage vs TRL's DPOTrainer (needs the bench extra)"),
     "grpo": (grpo_compare.grpo, "GRPO samples/s and time split: our RL stage vs TRL's GRPOTrainer (needs the bench extra)"),
+    "rl": (rl_throughput.rl, "RL stage samples/s and time split by algorithm: GRPO, RLOO, REINFORCE++-baseline, PPO"),
     "rollout": (rollout_engines.rollout, "rollout engines: HF `generate` vs vLLM (CPU build) tokens/s by batch size"),
 }
 VERSIONED = ("torch", "transformers", "deepspeed", "trl")

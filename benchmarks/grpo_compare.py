@@ -97,19 +97,21 @@ def report(steps: int, repeats: int, trials: dict[str, list[dict]]) -> Report:
 # --- one trial, in its own process ---------------------------------------------------------------
 
 
-def bench_config(steps: int):
-    """The tiny preset's GRPO, constant learning rate, no checkpoints, short evals outside the loop."""
+def bench_config(steps: int, overrides: list[str]):
+    """The tiny preset's GRPO (or what `overrides` make of it), constant learning rate, no checkpoints,
+    short evals outside the loop."""
     from configs import load_config
 
     never = trl_compare.NEVER
     return load_config(None, [f"rl.max_steps={steps}", "rl.actor.warmup_ratio=0", "rl.actor.min_lr_ratio=1",
-                              f"rl.eval_every={never}", f"rl.save_every={never}", f"eval.max_samples={EVAL_SAMPLES}"])
+                              f"rl.eval_every={never}", f"rl.save_every={never}", f"eval.max_samples={EVAL_SAMPLES}",
+                              *overrides])
 
 
 def ours(cfg, data: dict[str, Path], work: Path) -> dict:
     import ray
 
-    from benchmarks.rl_throughput import make_ctx
+    from benchmarks.in_process import make_ctx
     from stages.rl import stage as rl_stage
 
     steps: list[dict] = []
@@ -197,7 +199,7 @@ def trial_main(spec: dict) -> None:
 
     work = Path(spec["work"])
     data = {name: Path(path) for name, path in spec["data"].items()}
-    cfg = bench_config(spec["steps"])
+    cfg = bench_config(spec["steps"], spec["overrides"])
     rl = cfg.rl
     measured = (ours if spec["system"] == "ours" else trl)(cfg, data, work)
     result = {

@@ -85,7 +85,7 @@ def compare(task: str, options: RunOptions) -> Report:
 @functools.cache
 def tiny_data(workdir: Path) -> dict[str, Path]:
     """The tiny preset's data prep outputs (base model, tokenizer, datasets), made once per run."""
-    from benchmarks.rl_throughput import make_ctx
+    from benchmarks.in_process import make_ctx
     from configs import load_config
     from stages import data_prep
 
@@ -94,10 +94,11 @@ def tiny_data(workdir: Path) -> dict[str, Path]:
 
 
 def run_trial(task: str, system: str, steps: int, data: dict[str, Path], work: Path,
-              module: str = "benchmarks.trl_compare") -> dict:
-    """One training run of `system` in a fresh process (`python -m module SPEC`); its measurements."""
+              module: str = "benchmarks.trl_compare", overrides: list[str] = ()) -> dict:
+    """One training run of `system` in a fresh process (`python -m module SPEC`); its measurements.
+    `overrides`: KEY=VALUE settings on top of the trial's own (where the module reads them)."""
     work.mkdir(parents=True)
-    spec = {"task": task, "system": system, "steps": steps, "work": str(work),
+    spec = {"task": task, "system": system, "steps": steps, "work": str(work), "overrides": list(overrides),
             "data": {name: str(path) for name, path in data.items()}}
     # a clean process: no torch.distributed settings inherited (our trial sets its own one-rank ones)
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
@@ -216,7 +217,7 @@ def ours_dpo(cfg, data: dict[str, Path], steps: int, work: Path) -> dict:
 
 def run_our_stage(run, stage: str, cfg, work: Path, inputs: dict[str, Path]) -> float:
     """Run a stage in-process on one DeepSpeed rank; its `train/tokens_per_s` over the whole loop."""
-    from benchmarks.rl_throughput import make_ctx, single_rank_env
+    from benchmarks.in_process import make_ctx, single_rank_env
 
     single_rank_env()
     rates: list[float] = []
