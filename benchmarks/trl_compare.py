@@ -154,16 +154,17 @@ def summarize(results: list[dict]) -> dict:
 # --- one trial, in its own process ---------------------------------------------------------------
 
 
-def bench_config(task: str, steps: int):
+def bench_config(task: str, steps: int, extra: list[str] = ()):
     """The tiny preset with a constant learning rate and nothing but training inside the loop; both
-    systems read their settings from it. DPO: the plain sigmoid loss (no chosen-NLL term)."""
+    systems read their settings from it. DPO: the plain sigmoid loss (no chosen-NLL term). `extra`:
+    overrides on top."""
     from configs import load_config
 
     overrides = [f"{task}.max_steps={steps}", f"{task}.warmup_ratio=0", f"{task}.min_lr_ratio=1",
                  f"{task}.eval_every={NEVER}", f"{task}.save_every={NEVER}"]
     if task == "dpo":
         overrides += ["dpo.loss=sigmoid", "dpo.nll_loss_coef=0"]
-    return load_config(None, overrides)
+    return load_config(None, [*overrides, *extra])
 
 
 def drawn_rows(n_rows: int, train, steps: int, seed: int) -> list[int]:
@@ -330,7 +331,7 @@ def trial_main(spec: dict) -> None:
 
     task, steps, work = spec["task"], spec["steps"], Path(spec["work"])
     data = {name: Path(path) for name, path in spec["data"].items()}
-    cfg = bench_config(task, steps)
+    cfg = bench_config(task, steps, spec.get("overrides", []))
     train = getattr(cfg, task)
     measured = TRIALS[task, spec["system"]](cfg, data, steps, work)
     samples = steps * train.grad_accum_steps * train.micro_batch_size
