@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,15 +50,15 @@ def machine() -> dict:
 
 
 def run(names: list[str], options: RunOptions, out: Path) -> None:
-    reports = {}
+    reports, started = {}, time.monotonic()
     for name in names:
         report = BENCHMARKS[name][0](options)
         print("\n" + report.markdown(), flush=True)
         reports[name] = report.as_json()
         # written after each benchmark, so a later failure keeps what was measured
         out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "machine": machine(),
-                                   "benchmarks": reports}, indent=2))
-    print(f"wrote {out}")
+                                   "wall_s": time.monotonic() - started, "benchmarks": reports}, indent=2))
+    print(f"{len(names)} benchmark(s) in {time.monotonic() - started:.0f} s; wrote {out}")
 
 
 def main(argv: list[str] | None = None) -> int:
