@@ -282,6 +282,8 @@ class RLConfig(Section):
     # rollouts
     engine: Literal["hf", "vllm"] = Field("hf", description="rollout engine: HF generate or vLLM, in Ray actors")
     num_engines: int = Field(1, gt=0)
+    ref_num_workers: int = Field(1, gt=0, description="reference model copies; each scores an equal share of a rollout")
+    reward_num_workers: int = Field(1, gt=0, description="reward scorer copies; each scores an equal share of a rollout")
     vllm_python: str | None = Field(None, description="Python of the env holding vLLM (`rlhf vllm-env`); empty: the pipeline's own")
     vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory a vLLM engine may take")
     vllm_kv_cache_mib: int | None = Field(None, gt=0, description=f"vLLM KV cache size; empty: set by vllm_gpu_memory_utilization on a GPU, {CPU_KV_CACHE_MIB} MiB on CPU")
@@ -340,6 +342,8 @@ class RLConfig(Section):
             per_step = self.micro_train_batch_size * getattr(self, group).num_workers
             if self.train_batch_size % per_step:
                 raise ValueError(f"train_batch_size ({self.train_batch_size}) must be a multiple of micro_train_batch_size x {group}.num_workers ({per_step})")
+        if rollout % self.ref_num_workers:
+            raise ValueError(f"rollout_batch_size x n_samples_per_prompt ({rollout}) must be a multiple of ref_num_workers ({self.ref_num_workers})")
         if self.overlong_buffer_len >= self.generate_max_len:
             raise ValueError("overlong_buffer_len must be smaller than generate_max_len")
         return self

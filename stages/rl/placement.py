@@ -43,9 +43,9 @@ class Slot:
 
 def group_sizes(cfg: PipelineConfig, needs_critic: bool) -> dict[str, int]:
     rl = cfg.rl
-    sizes = {"actor": rl.actor.num_workers, "engine": rl.num_engines, "reward": 1}
+    sizes = {"actor": rl.actor.num_workers, "engine": rl.num_engines, "reward": rl.reward_num_workers}
     if rl.needs_reference:
-        sizes["ref"] = 1
+        sizes["ref"] = rl.ref_num_workers
     if needs_critic:
         sizes["critic"] = rl.critic.num_workers
     return sizes

@@ -96,24 +96,23 @@ class Actors:
                        for i, s in enumerate(slots["actor"])]
         self.critic = [workers.CriticWorker.options(**s.options()).remote(i, len(slots["critic"]), s.threads)
                        for i, s in enumerate(slots["critic"])] if needs_critic else []
-        self.ref = workers.ReferenceWorker.options(**slots["ref"][0].options()).remote(cfg, sft, slots["ref"][0].threads) \
-            if rl.needs_reference else None
-        own_rm, own_prm = inputs.get("reward_model"), inputs.get("prm")
-        r = slots["reward"][0]
-        self.reward = workers.RewardWorker.options(**r.options()).remote(
-            cfg, str(own_rm) if own_rm else None, str(own_prm) if own_prm else None, r.threads, cwd)
+        self.ref = [workers.ReferenceWorker.options(**s.options()).remote(cfg, sft, s.threads)
+                    for s in slots.get("ref", [])]  # none without a KL coefficient
+        own_rm, own_prm = (str(inputs[k]) if inputs.get(k) else None for k in ("reward_model", "prm"))
+        self.reward = [workers.RewardWorker.options(**s.options()).remote(cfg, own_rm, own_prm, s.threads, cwd)
+                       for s in slots["reward"]]
         self.engines = rollout_engines.start(cfg, sft, slots["engine"])
-        pending = [self.reward.ready.remote()]  # a bad reward config fails here, before any model loads
+        pending = [w.ready.remote() for w in self.reward]  # a bad reward config fails here, before any model loads
         ray.get(pending)
         for group, optim in ((self.policy, rl.actor), (self.critic, rl.critic)):
             if group:
                 master = ray.get(group[0].master.remote())
                 pending += [w.setup.remote(cfg, sft, optim, total_steps, master, cwd) for w in group]
-        pending += [a.ready.remote() for a in [*self.engines, *([self.ref] if self.ref else [])]]
+        pending += [a.ready.remote() for a in [*self.engines, *self.ref]]
         ray.get(pending)
 
     def all(self) -> list:
-        return [*self.policy, *self.critic, *self.engines, self.reward, *([self.ref] if self.ref else [])]
+        return [*self.policy, *self.critic, *self.engines, *self.reward, *self.ref]
 
     def close(self) -> None:
         try:
@@ -159,7 +158,7 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
         return sum(is_correct(r, p.label, e.answer_pattern) for r, p in zip(responses, asked)) / len(asked)
 
     samples, responses, asked = answers(None, 1)
-    scored = ray.get(actors.reward.score.remote([p.text for p in asked], responses, [p.label for p in asked]))
+    scored = score(actors.reward, [p.text for p in asked], responses, [p.label for p in asked])
     metrics = {
         "accuracy": accuracy(responses, asked),
         "reward": float(scored.rewards.mean()),
@@ -283,7 +282,7 @@ def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStre
         with timer("reward"):
             responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
             flat = [p for p in picked for _ in range(n)]
-            scored = ray.get(actors.reward.score.remote([p.text for p in flat], responses, [p.label for p in flat]))
+            scored = score(actors.reward, [p.text for p in flat], responses, [p.label for p in flat])
         groups = [(samples[i * n : (i + 1) * n], picked[i], _slice(scored, i * n, (i + 1) * n)) for i in range(want)]
         if rl.dynamic_filtering:
             keep = varied_groups(scored.rewards, n).tolist()
@@ -305,8 +304,21 @@ def _slice(scored: RewardBatch, a: int, b: int) -> RewardBatch:
 
 
 def _concat(parts: list[RewardBatch]) -> RewardBatch:
+    """One batch from consecutive parts; a part's `extra_logs` (batch means) count by its size."""
     steps = None if parts[0].step_rewards is None else [s for p in parts for s in p.step_rewards]
-    return RewardBatch(rewards=torch.cat([p.rewards for p in parts]), step_rewards=steps, extra_logs=parts[0].extra_logs)
+    logs = {}
+    for key in dict.fromkeys(k for p in parts for k in p.extra_logs):
+        having = [(p.extra_logs[key], len(p.rewards)) for p in parts if key in p.extra_logs]
+        logs[key] = sum(v * n for v, n in having) / sum(n for _, n in having)
+    return RewardBatch(rewards=torch.cat([p.rewards for p in parts]), step_rewards=steps, extra_logs=logs)
+
+
+def score(scorers: list, prompts: list[str], responses: list[str], labels: list[str | None]) -> RewardBatch:
+    """Rewards from the reward workers, each scoring an equal contiguous share."""
+    k = math.ceil(len(prompts) / len(scorers))
+    parts = [w.score.remote(prompts[i * k : (i + 1) * k], responses[i * k : (i + 1) * k], labels[i * k : (i + 1) * k])
+             for i, w in enumerate(scorers) if prompts[i * k : (i + 1) * k]]
+    return _concat(ray.get(parts))
 
 
 def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cfg, kl_coef: float):
@@ -317,7 +329,7 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     mask = batch["action_mask"]
     calls = {"actor": lambda: [w.log_probs.remote(s) for w, s in zip(actors.policy, shard(batch, len(actors.policy)))]}
     if actors.ref:
-        calls["ref"] = lambda: [actors.ref.log_probs.remote(batch)]
+        calls["ref"] = lambda: [w.log_probs.remote(s) for w, s in zip(actors.ref, shard(batch, len(actors.ref)))]
     if actors.critic:
         calls["critic"] = lambda: [w.values.remote(s) for w, s in zip(actors.critic, shard(batch, len(actors.critic)))]
     names = {"actor": "old", "ref": "ref", "critic": "values"}

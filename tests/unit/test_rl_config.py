@@ -57,6 +57,13 @@ def test_group_sizes_and_pools():
     assert pools(together, groups) == [groups]
 
 
+def test_reference_and_reward_groups_take_their_worker_counts_and_must_split_the_rollout():
+    cfg = PipelineConfig.model_validate({"rl": {"ref_num_workers": 2, "reward_num_workers": 3}})
+    assert group_sizes(cfg, needs_critic=False) == {"actor": 1, "engine": 1, "reward": 3, "ref": 2}
+    with pytest.raises(ValueError, match="multiple of ref_num_workers"):
+        PipelineConfig.model_validate({"rl": {"ref_num_workers": 3}})  # 32 prompts x 4 samples
+
+
 def test_groups_that_share_cores_take_turns_the_others_run_at_once():
     experience = ["actor", "ref", "critic"]
     assert waves([experience], experience) == [["actor"], ["ref"], ["critic"]]  # colocate_all
