@@ -188,7 +188,8 @@ class TrainingConfig(OptimConfig):
 class SFTConfig(TrainingConfig):
     """Causal-LM loss on response tokens."""
 
-    packing: bool = Field(False, description="each micro-batch as one padding-free row (position ids reset per sample)")
+    packing: bool = Field(False, description="each micro-batch as one padding-free row (position ids reset per sample); "
+                                            "pays with flash_attention_2, slower with SDPA (attention over the whole row)")
 
 
 class RewardModelConfig(TrainingConfig):
