@@ -123,6 +123,11 @@ class Actors:
             ray.kill(actor)
 
 
+def on_shards(group: list, method: str, batch: dict[str, torch.Tensor], *args) -> list:
+    """Launch `method` on every worker of an actor group with its equal slice of `batch` (object refs)."""
+    return [getattr(w, method).remote(s, *args) for w, s in zip(group, shard(batch, len(group)))]
+
+
 def in_waves(placement: Placement, calls: dict[str, Callable[[], list]]) -> dict[str, list]:
     """Run each actor group's calls (`group name -> launch`, returning the object refs); groups that
     share cores go one after another, the others at once. Returns each group's results."""
@@ -254,10 +259,10 @@ def train(actors: Actors, batch: dict[str, torch.Tensor], step: int, use_kl_loss
     keys = ("input_ids", "attention_mask", "action_mask")
     kl_keys = ("ref_log_probs", "kl_coef") if use_kl_loss and actors.ref else ()
     actor_batch = {k: batch[k] for k in (*keys, "old_log_probs", "advantages", "rollout_log_probs", *kl_keys)}
-    calls = {"actor": lambda: [w.train.remote(s, step) for w, s in zip(actors.policy, shard(actor_batch, len(actors.policy)))]}
+    calls = {"actor": lambda: on_shards(actors.policy, "train", actor_batch, step)}
     if actors.critic:
         critic_batch = {k: batch[k] for k in (*keys, "values", "returns")}
-        calls["critic"] = lambda: [w.train.remote(s, step) for w, s in zip(actors.critic, shard(critic_batch, len(actors.critic)))]
+        calls["critic"] = lambda: on_shards(actors.critic, "train", critic_batch, step)
     results = in_waves(actors.placement, calls)
     logs = {f"actor/{k}": v for k, v in results["actor"][0].items()}  # rank-averaged by the workers
     if actors.critic:
@@ -327,11 +332,11 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     estimator = ESTIMATORS[rl.advantage_estimator]
     batch = sequence_batch(samples, tokenizer.pad_token_id)
     mask = batch["action_mask"]
-    calls = {"actor": lambda: [w.log_probs.remote(s) for w, s in zip(actors.policy, shard(batch, len(actors.policy)))]}
+    calls = {"actor": lambda: on_shards(actors.policy, "log_probs", batch)}
     if actors.ref:
-        calls["ref"] = lambda: [w.log_probs.remote(s) for w, s in zip(actors.ref, shard(batch, len(actors.ref)))]
+        calls["ref"] = lambda: on_shards(actors.ref, "log_probs", batch)
     if actors.critic:
-        calls["critic"] = lambda: [w.values.remote(s) for w, s in zip(actors.critic, shard(batch, len(actors.critic)))]
+        calls["critic"] = lambda: on_shards(actors.critic, "values", batch)
     names = {"actor": "old", "ref": "ref", "critic": "values"}
     got = {names[group]: torch.cat(parts) for group, parts in in_waves(actors.placement, calls).items()}
     old = got["old"]
