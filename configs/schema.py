@@ -292,6 +292,7 @@ class RLConfig(Section):
     rollout_batch_size: int = Field(32, gt=0, description="prompts per rollout step")
     n_samples_per_prompt: int = Field(4, gt=0)
     micro_rollout_batch_size: int = Field(32, gt=0, description="sequences per forward pass while making experience")
+    generate_batch_size: int | None = Field(None, gt=0, description="HF engine: prompts per generate call; empty: an engine's whole share in one call")
     train_batch_size: int = Field(128, gt=0, description="sequences per optimizer step")
     micro_train_batch_size: int = Field(32, gt=0)
     max_epochs: int = Field(1, gt=0, description="passes over each rollout batch")
@@ -322,6 +323,10 @@ class RLConfig(Section):
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong penalty over the last this many tokens; 0: off")
     overlong_penalty_factor: float = Field(1.0, ge=0.0)
     rollout_is_cap: float | None = Field(None, gt=0, description="truncated importance weights against the engine's log-probs")
+    recompute_old_log_probs: bool = Field(
+        True, description="the policy recomputes the old log-probs; false: the engine's sampled log-probs stand in "
+                          "(one policy forward pass less per rollout; exact only where the engine computes as the trainer: "
+                          "the HF engine at the trainer's precision)")
     # placement
     colocate_actor_ref: bool = False
     colocate_critic_reward: bool = False
@@ -345,6 +350,8 @@ class RLConfig(Section):
                 raise ValueError(f"train_batch_size ({self.train_batch_size}) must be a multiple of micro_train_batch_size x {group}.num_workers ({per_step})")
         if rollout % self.ref_num_workers:
             raise ValueError(f"rollout_batch_size x n_samples_per_prompt ({rollout}) must be a multiple of ref_num_workers ({self.ref_num_workers})")
+        if self.rollout_is_cap is not None and not self.recompute_old_log_probs:
+            raise ValueError("rollout_is_cap weighs the recomputed old log-probs against the engine's: it needs recompute_old_log_probs: true")
         if self.overlong_buffer_len >= self.generate_max_len:
             raise ValueError("overlong_buffer_len must be smaller than generate_max_len")
         return self

@@ -332,14 +332,16 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     estimator = ESTIMATORS[rl.advantage_estimator]
     batch = sequence_batch(samples, tokenizer.pad_token_id)
     mask = batch["action_mask"]
-    calls = {"actor": lambda: on_shards(actors.policy, "log_probs", batch)}
+    calls = {}
+    if rl.recompute_old_log_probs:
+        calls["actor"] = lambda: on_shards(actors.policy, "log_probs", batch)
     if actors.ref:
         calls["ref"] = lambda: on_shards(actors.ref, "log_probs", batch)
     if actors.critic:
         calls["critic"] = lambda: on_shards(actors.critic, "values", batch)
     names = {"actor": "old", "ref": "ref", "critic": "values"}
     got = {names[group]: torch.cat(parts) for group, parts in in_waves(actors.placement, calls).items()}
-    old = got["old"]
+    old = got.get("old", batch["rollout_log_probs"])
     kl = approx_kl(old, got["ref"], rl.kl_estimator) * mask if "ref" in got else torch.zeros_like(mask)
     scores = scored.rewards.float()
     lengths = mask.sum(-1)
@@ -375,8 +377,9 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
         "advantage_mean": float(advantages[valid].mean()),
         "advantage_std": float(advantages[valid].std()) if valid.sum() > 1 else 0.0,
         "return_mean": float(returns[valid].mean()),
-        "rollout_logprob_gap": float(masked_mean((old - batch["rollout_log_probs"]).abs(), mask)),
     }
+    if "old" in got:
+        logs["rollout_logprob_gap"] = float(masked_mean((old - batch["rollout_log_probs"]).abs(), mask))
     logs |= {f"reward/{k}": v for k, v in scored.extra_logs.items()}
     return batch, logs
 

@@ -16,6 +16,7 @@ RL_FAST = [
     "rl.micro_train_batch_size=4", "rl.micro_rollout_batch_size=16", "rl.eval_every=1", "rl.save_every=1",
     "rl.generate_max_len=12", "rl.actor.lr=1e-3", "eval.max_samples=8", "eval.max_new_tokens=12",
     "eval.samples_per_prompt=2", "rl.colocate_all=true", "infra.cpus_per_worker=2",
+    "rl.recompute_old_log_probs=true",  # the policy's own old log-probs: rollout_logprob_gap checks the weight sync
 ]
 # Rewards that differ between samples of the untrained model, so every estimator has a signal.
 LENGTH_REWARD = "def reward_func(queries, prompts, labels):\n    return [len(q) - len(p) for q, p in zip(queries, prompts)]\n"
@@ -78,6 +79,19 @@ def test_grpo_trains_the_policy_and_syncs_the_engine(grpo, prepared):
     assert step2["rollout_logprob_gap"] < 1e-4
     model = AutoModelForCausalLM.from_pretrained(result.outputs["rl_model"])
     assert model.config.vocab_size > 0
+
+
+def test_engine_log_probs_stand_in_for_the_old_ones_when_not_recomputed(grpo, prepared, length_reward, tmp_path):
+    """rl.recompute_old_log_probs=false: the same first rollout (same seed) trains to the same losses,
+    since the HF engine's log-probs are the ones the policy would recompute."""
+    _, logged = run_rl(prepared, tmp_path, ["rl.advantage_estimator=group_norm", f"reward.func_path={length_reward}",
+                                            "rl.recompute_old_log_probs=false", "rl.max_steps=1"])
+    fast = next(m for s, m in logged if s == 1 and "reward" in m)
+    full = next(m for s, m in grpo[1] if s == 1 and "reward" in m)
+    assert "rollout_logprob_gap" not in fast
+    assert (fast["reward"], fast["response_length"]) == (full["reward"], full["response_length"])
+    for key in ("kl", "actor/policy_loss", "actor/clip_frac", "actor/kl_loss", "advantage_std"):
+        assert fast[key] == pytest.approx(full[key], abs=1e-5), key
 
 
 def test_ppo_with_lora_actor_and_critic_syncs_merged_weights_and_saves_the_adapter(prepared, length_reward, tmp_path):

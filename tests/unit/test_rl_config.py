@@ -28,6 +28,12 @@ def test_batch_sizes_must_divide():
         load_config(None, ["rl.actor.num_workers=3"])
 
 
+def test_importance_weights_need_recomputed_old_log_probs():
+    with pytest.raises(ConfigError, match="rollout_is_cap .* needs recompute_old_log_probs: true"):
+        load_config(None, ["rl.rollout_is_cap=2", "rl.recompute_old_log_probs=false"])
+    assert load_config(None, ["rl.recompute_old_log_probs=false"]).rl.recompute_old_log_probs is False
+
+
 def test_unknown_rl_key_is_named():
     with pytest.raises(ConfigError, match="rl.clip_eps"):
         load_config(None, ["rl.clip_eps=0.1"])
