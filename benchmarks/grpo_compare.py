@@ -11,7 +11,9 @@ top-p), the same optimizer steps per rollout (`train_batch_size` samples in micr
 advantages and the k3 KL loss against the frozen start model at the preset's coefficient. fp32 on
 the CPU. Ours runs as the pipeline runs it: a local Ray cluster, the policy as a DeepSpeed rank, the
 reference, the reward scorer and an HF `generate` rollout engine as Ray actors, every one colocated
-on the 2 cores. TRL runs in one process, generating with the policy itself (no vLLM on a CPU).
+on the 2 cores. TRL runs in one process, generating with the policy itself (no vLLM on a CPU). Our stage runs twice
+per repeat: recomputing the old log-probs with the policy after sampling, as TRL does here (the
+headline ratio: the same work), and as the tiny preset runs, with the engine's log-probs standing in.
 
 Samples are prompt x sample pairs (rollouts). Time is the rollout loop only: for ours the sum of its
 per-step timers (generation, reward, experience, training, weight sync; actor start-up and the
@@ -35,6 +37,11 @@ from benchmarks import trl_compare
 from benchmarks.report import Report, RunOptions
 
 DEFAULT_STEPS = 8  # rollout steps per trial
+# Our stage's rows. TRL recomputes the old log-probs with the policy after sampling (its steps per
+# generation exceed its gradient accumulation), so `ours` does the same work; `ours_preset` runs as
+# the tiny preset does, taking them from the engine (rl.recompute_old_log_probs=false).
+OUR_ROWS = {"ours": ["rl.recompute_old_log_probs=true"], "ours_preset": ["rl.recompute_old_log_probs=false"]}
+SYSTEMS = (*OUR_ROWS, "trl")
 SFT_STEPS = 300  # the start policy: enough SFT for the rule reward to vary within a group
 PARTS = ("generation", "reward", "experience", "training", "weight_sync")
 EVAL_SAMPLES = 16  # our stage's held-out evals (outside the timed loop) on few prompts
@@ -45,11 +52,12 @@ def grpo(options: RunOptions) -> Report:
     steps, repeats = options.steps or DEFAULT_STEPS, options.repeats_or(2)
     data = trl_compare.tiny_data(options.workdir)
     policy = start_policy(options.workdir, data)
-    trials: dict[str, list[dict]] = {system: [] for system in trl_compare.SYSTEMS}
+    trials: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
     for repeat in range(repeats):
-        for system in trl_compare.SYSTEMS:
+        for system in SYSTEMS:
             result = trl_compare.run_trial("grpo", system, steps, {**data, "policy": policy},
-                                           options.workdir / f"grpo-{system}-{repeat}", module=__name__)
+                                           options.workdir / f"grpo-{system}-{repeat}", module=__name__,
+                                           overrides=OUR_ROWS.get(system, []))
             trials[system].append(result)
             print(f"[grpo] trial {repeat + 1}/{repeats} {system}: {result['samples_per_s']:,.1f} samples/s "
                   f"({result['tokens_per_s']:,.0f} response tokens/s)", flush=True)
@@ -73,25 +81,28 @@ def report(steps: int, repeats: int, trials: dict[str, list[dict]]) -> Report:
     summary = {system: {metric: statistics.median(r[metric] for r in results)
                         for metric in ("samples_per_s", "tokens_per_s", *(f"{p}_s" for p in PARTS))}
                for system, results in trials.items()}
-    ratio = summary["ours"]["samples_per_s"] / summary["trl"]["samples_per_s"]
-    labels = {"ours": "ours: `stages.rl` (Ray; DeepSpeed ZeRO-{zero} policy, HF engine, reference, reward actors)"
-                      .format(zero=first["zero_stage"]),
+    ratios = {system: {metric: summary[system][metric] / summary["trl"][metric] for metric in ("samples_per_s", "tokens_per_s")}
+              for system in OUR_ROWS}
+    stage = "`stages.rl` (Ray; DeepSpeed ZeRO-{zero} policy, HF engine, reference, reward actors)".format(zero=first["zero_stage"])
+    labels = {"ours": f"ours: {stage}, old log-probs recomputed (TRL's work)",
+              "ours_preset": "ours, as the tiny preset runs: the engine's log-probs as the old ones",
               "trl": f"TRL {version} `GRPOTrainer` (one process, HF generate)"}
     columns = ["system", "samples/s (median)", "response tokens/s", "samples/s per trial",
                *(f"{p.replace('_', ' ')} s/step" for p in PARTS)]
     rows = []
-    for system in trl_compare.SYSTEMS:
+    for system in SYSTEMS:
         s = summary[system]
         per_trial = ", ".join(f"{r['samples_per_s']:,.1f}" for r in trials[system])
         rows.append([labels[system], f"{s['samples_per_s']:,.1f}", f"{s['tokens_per_s']:,.0f}", per_trial,
                      *(f"{s[f'{p}_s'] / steps:.2f}" for p in PARTS)])
-    rows.append(["ours / TRL", f"{ratio:.2f}",
-                 f"{summary['ours']['tokens_per_s'] / summary['trl']['tokens_per_s']:.2f}", "", *[""] * len(PARTS)])
+    for system, name in (("ours", "ours / TRL"), ("ours_preset", "ours as the preset runs / TRL")):
+        r = ratios[system]
+        rows.append([name, f"{r['samples_per_s']:.2f}", f"{r['tokens_per_s']:.2f}", "", *[""] * len(PARTS)])
     title = (f"GRPO throughput, tiny preset: {steps} rollout steps of {first['prompts']} prompts x "
              f"{first['group_size']} samples (<= {first['max_new_tokens']} tokens), {first['optimizer_steps_per_rollout']} "
              f"optimizer steps each, KL loss, fp32, {repeats} alternating trials per system")
     return Report(title, columns, rows, data={"settings": first["settings"], "trl_version": version,
-                                              "systems": summary, "ratio": {"samples_per_s": ratio}, "trials": trials})
+                                              "systems": summary, "ratio": ratios["ours"], "ratios": ratios, "trials": trials})
 
 
 # --- one trial, in its own process ---------------------------------------------------------------
@@ -201,7 +212,7 @@ def trial_main(spec: dict) -> None:
     data = {name: Path(path) for name, path in spec["data"].items()}
     cfg = bench_config(spec["steps"], spec["overrides"])
     rl = cfg.rl
-    measured = (ours if spec["system"] == "ours" else trl)(cfg, data, work)
+    measured = (trl if spec["system"] == "trl" else ours)(cfg, data, work)
     result = {
         "system": spec["system"], "rollout_steps": spec["steps"], "prompts": rl.rollout_batch_size,
         "group_size": rl.n_samples_per_prompt, "max_new_tokens": rl.generate_max_len,
@@ -210,7 +221,8 @@ def trial_main(spec: dict) -> None:
         "tokens_per_s": measured["response_tokens"] / measured["seconds"], "torch_threads": torch.get_num_threads(),
         "settings": {"precision": cfg.infra.precision, "lr": rl.actor.lr, "kl_coef": rl.init_kl_coef,
                      "kl_estimator": rl.kl_estimator, "train_batch_size": rl.train_batch_size,
-                     "micro_train_batch_size": rl.micro_train_batch_size, "sft_steps": SFT_STEPS},
+                     "micro_train_batch_size": rl.micro_train_batch_size, "sft_steps": SFT_STEPS,
+                     "recompute_old_log_probs": rl.recompute_old_log_probs},
     }
     (work / "result.json").write_text(json.dumps(result))
 

@@ -39,4 +39,9 @@ def test_grpo_benchmark_times_both_systems_on_the_same_rollout_shape(tmp_path, c
         assert parts == pytest.approx(trial["seconds"], rel=1e-6)  # the split adds up to the timed loop
     assert trl["weight_sync_s"] == 0  # TRL samples from the model it trains
     assert grpo["ratio"]["samples_per_s"] == pytest.approx(ours["samples_per_s"] / trl["samples_per_s"])
-    assert "| ours / TRL |" in capsys.readouterr().out
+    # the same-work row recomputes the old log-probs as TRL does; the preset's row takes the engine's
+    preset = grpo["trials"]["ours_preset"][0]
+    assert ours["settings"]["recompute_old_log_probs"] and not preset["settings"]["recompute_old_log_probs"]
+    assert grpo["ratios"]["ours_preset"]["samples_per_s"] == pytest.approx(preset["samples_per_s"] / trl["samples_per_s"])
+    printed = capsys.readouterr().out
+    assert "| ours / TRL |" in printed and "| ours as the preset runs / TRL |" in printed
