@@ -156,7 +156,11 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
 
     def answers(temperature: float | None, k: int) -> tuple[list[Sample], list[str], list[Prompt]]:
         asked = [p for p in prompts for _ in range(k)]
-        samples = generate(actors.engines, [p.ids for p in asked], cfg.seed, temperature, e.max_new_tokens)
+        # in batches of eval.batch_size, as the eval stage generates: the held-out set x k can be far
+        # larger than a rollout
+        samples = [s for i in range(0, len(asked), e.batch_size)
+                   for s in generate(actors.engines, [p.ids for p in asked[i : i + e.batch_size]], cfg.seed + i,
+                                     temperature, e.max_new_tokens)]
         return samples, [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples], asked
 
     def accuracy(responses: list[str], asked: list[Prompt]) -> float:
