@@ -11,9 +11,10 @@ top-p), the same optimizer steps per rollout (`train_batch_size` samples in micr
 advantages and the k3 KL loss against the frozen start model at the preset's coefficient. fp32 on
 the CPU. Ours runs as the pipeline runs it: a local Ray cluster, the policy as a DeepSpeed rank, the
 reference, the reward scorer and an HF `generate` rollout engine as Ray actors, every one colocated
-on the 2 cores. TRL runs in one process, generating with the policy itself (no vLLM on a CPU). Our stage runs twice
-per repeat: recomputing the old log-probs with the policy after sampling, as TRL does here (the
-headline ratio: the same work), and as the tiny preset runs, with the engine's log-probs standing in.
+on the 2 cores. TRL runs in one process, generating with the policy itself (no vLLM on a CPU). Our
+stage runs twice per repeat: recomputing the old log-probs with the policy after sampling, as TRL
+does here (the headline ratio: the same work), and as the tiny preset runs, with the engine's
+log-probs standing in.
 
 Samples are prompt x sample pairs (rollouts). Time is the rollout loop only: for ours the sum of its
 per-step timers (generation, reward, experience, training, weight sync; actor start-up and the

@@ -94,6 +94,29 @@ def test_engine_log_probs_stand_in_for_the_old_ones_when_not_recomputed(grpo, pr
         assert fast[key] == pytest.approx(full[key], abs=1e-5), key
 
 
+def test_hf_engine_in_calls_of_generate_batch_size_returns_every_prompt_in_order(prepared):
+    """rl.generate_batch_size splits an engine's share into several `generate` calls; greedy answers
+    (which do not depend on the batch) come back the same, one per prompt, in the prompts' order."""
+    import ray
+
+    from stages.common import checkpoint
+    from stages.data_prep import read_split
+    from stages.rl.workers import HFRolloutEngine
+
+    tok = checkpoint.load_tokenizer(prepared["base_model"])
+    prompts = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in read_split(prepared["eval_data"], "eval")[:7]]
+    answers = {}
+    for per_call in (None, 3):
+        cfg = load_config(None, [*RL_FAST, *([f"rl.generate_batch_size={per_call}"] if per_call else [])])
+        engine = HFRolloutEngine.options(num_cpus=0).remote(cfg, str(prepared["base_model"]), 1)
+        answers[per_call] = ray.get(engine.generate.remote(prompts, 0, None, 12))
+        ray.kill(engine)
+    assert [s.prompt_ids for s in answers[3]] == prompts
+    assert [s.response_ids for s in answers[3]] == [s.response_ids for s in answers[None]]
+    for split, whole in zip(answers[3], answers[None]):
+        assert split.log_probs == pytest.approx(whole.log_probs, abs=1e-4)
+
+
 def test_ppo_with_lora_actor_and_critic_syncs_merged_weights_and_saves_the_adapter(prepared, length_reward, tmp_path):
     """The engines sample from the merged LoRA policy: at step 2 their log-probs are the trainer's."""
     from peft import PeftModel
