@@ -1,6 +1,12 @@
 """DeepSpeed engine options on one CPU rank: ZeRO-Offload and ZeRO-3 parameter offload train exactly
 as the plain engine does, and a ZeRO-3 model is gathered whole for the HF checkpoint."""
 
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -56,3 +62,33 @@ def test_zero3_weights_are_gathered_whole_for_the_checkpoint():
     model = tiny_llama()
     model.load_state_dict(state, strict=False)  # what checkpoint.save writes loads back
     assert torch.equal(model.lm_head.weight, state["lm_head.weight"])
+
+
+MUON_CHECK = """
+import torch
+from deepspeed.runtime import compiler
+from configs.schema import InfraConfig, TrainingConfig
+from stages.common import deepspeed_engine
+
+deepspeed_engine.init_distributed()
+train = TrainingConfig(lr=1e-2, micro_batch_size=2)
+engine = deepspeed_engine.initialize(torch.nn.Linear(4, 4), deepspeed_engine.engine_config(InfraConfig(), train, 3))
+from deepspeed.runtime.zero.muon import original_muon
+compiled = [name for name in ("zeropower_via_newtonschulz5", "muon_update")
+            if hasattr(getattr(original_muon, name), "_torchdynamo_orig_callable")]
+assert not compiled, compiled
+assert compiler.compile() is torch.compile  # DeepSpeed's own decorator is back for everything else
+"""
+
+
+def test_engines_import_deepspeeds_muon_without_compiling_its_kernels():
+    """Every ZeRO engine imports DeepSpeed's Muon optimizer; compiling its kernels cost 1.2 s of each
+    training process. A fresh process, so no earlier import in this one decides the outcome."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]  # not this process's own rendezvous port
+    root = Path(__file__).resolve().parents[2]
+    env = os.environ | {"MASTER_PORT": str(port), "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", MUON_CHECK], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
