@@ -86,7 +86,7 @@ def import_muon_uncompiled() -> None:
     """Import DeepSpeed's Muon optimizer without wrapping its kernels in torch.compile.
 
     Every ZeRO engine imports Muon (to check the optimizer's type), and Muon's module compiles its
-    kernels at import: 1.1-1.3 s of each training process's start here (engine set-up 2.5-2.7 s ->
+    kernels at import: 1.0-1.3 s of each training process's start here (engine set-up 2.5-2.7 s ->
     1.4-1.6 s). Our engines always use AdamW, so those kernels never run."""
     from deepspeed.runtime import compiler
 
