@@ -2,7 +2,6 @@
 as the plain engine does, and a ZeRO-3 model is gathered whole for the HF checkpoint."""
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from configs.schema import InfraConfig, TrainingConfig
 from stages.common import deepspeed_engine
+from tests.flow.conftest import free_port
 
 
 def tiny_llama() -> LlamaForCausalLM:
@@ -84,11 +84,9 @@ assert compiler.compile() is torch.compile  # DeepSpeed's own decorator is back 
 def test_engines_import_deepspeeds_muon_without_compiling_its_kernels():
     """Every ZeRO engine imports DeepSpeed's Muon optimizer; compiling its kernels cost 1.0-1.3 s of each
     training process. A fresh process, so no earlier import in this one decides the outcome."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]  # not this process's own rendezvous port
     root = Path(__file__).resolve().parents[2]
-    env = os.environ | {"MASTER_PORT": str(port), "PYTHONPATH": str(root)}
+    # a port of its own: this process's rendezvous port is taken by its in-process engines
+    env = os.environ | {"MASTER_PORT": str(free_port()), "PYTHONPATH": str(root)}
     done = subprocess.run([sys.executable, "-c", MUON_CHECK], cwd=root, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
