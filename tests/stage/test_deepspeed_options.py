@@ -1,5 +1,6 @@
-"""DeepSpeed engine options on one CPU rank: ZeRO-Offload and ZeRO-3 parameter offload train exactly
-as the plain engine does, and a ZeRO-3 model is gathered whole for the HF checkpoint."""
+"""DeepSpeed engine options on one CPU rank: every ZeRO stage (the tiny preset runs 0) and ZeRO-Offload
+and ZeRO-3 parameter offload train exactly as the plain engine does, and a ZeRO-3 model is gathered
+whole for the HF checkpoint."""
 
 import os
 import subprocess
@@ -35,6 +36,14 @@ def train_three_steps(infra: InfraConfig, **zero_extra):
         engine.step()
         losses.append(loss.item())
     return engine, losses
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2, 3])
+def test_every_zero_stage_trains_as_stage_0(zero_stage):
+    _, plain = train_three_steps(InfraConfig(zero_stage=0))
+    _, partitioned = train_three_steps(InfraConfig(zero_stage=zero_stage))
+    assert plain[0] > plain[-1]
+    assert partitioned == pytest.approx(plain, abs=1e-5)
 
 
 @pytest.mark.parametrize("zero_stage, offload_optimizer, offload_params",

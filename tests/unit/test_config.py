@@ -28,7 +28,7 @@ def test_tiny_preset_loads_with_its_values():
     assert cfg.data.synthetic.flawed_share == 0.25
     assert cfg.data.max_len == 96
     assert cfg.infra.num_cpus == 2
-    assert cfg.infra.zero_stage == 2
+    assert cfg.infra.zero_stage == 0
     assert cfg.sft.lr == 0.002
     assert cfg.sft.max_steps == 1200
     assert cfg.sft.eval_every == 100
