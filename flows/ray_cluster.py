@@ -1,10 +1,13 @@
 """One Ray cluster per flow run: `RAY_ADDRESS` / `infra.ray_address` when set, else a local one.
 
 It is joined lazily, by the first stage that has work to do, so a fully cached run starts no Ray.
+On a local cluster of its own the session keeps stage workers for the next stage of the same shape
+(`stages.common.ray_workers.WorkerPool`); on a shared cluster each stage starts and frees its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -33,6 +36,7 @@ class RaySession:
         self.where: str | None = None
         self._lock = threading.Lock()
         self._owned = False
+        self.pool = None  # stages.common.ray_workers.WorkerPool on a local cluster of its own
 
     def ensure(self) -> None:
         import ray
@@ -55,6 +59,9 @@ class RaySession:
                 # address="local": always a fresh cluster, even when `ray start` left one running on this machine
                 ray.init(address="local", num_cpus=self.infra.num_cpus, include_dashboard=False, log_to_driver=True)
                 self.where = "local cluster"
+                from stages.common.ray_workers import WorkerPool
+
+                self.pool = WorkerPool()  # idle workers would hold resources other users of a shared cluster need
             self._owned = True
             print(f"[ray] connected to {self.where}: {ray.cluster_resources().get('CPU', 0):g} CPU, "
                   f"{ray.cluster_resources().get('GPU', 0):g} GPU", flush=True)
@@ -63,9 +70,10 @@ class RaySession:
         from stages.common.ray_workers import run_stage
 
         self.ensure()
-        if spec.driver:
-            return run_timed(spec.load(), ctx, inputs)
-        return run_stage(spec.entrypoint, ctx, inputs, self.infra, spec.distributed)
+        if spec.driver:  # it starts actors of its own: no idle stage worker may hold their CPUs
+            with self.pool.outside_work() if self.pool else contextlib.nullcontext():
+                return run_timed(spec.load(), ctx, inputs)
+        return run_stage(spec.entrypoint, ctx, inputs, self.infra, spec.distributed, self.pool)
 
     def shutdown(self) -> None:
         import ray
@@ -73,5 +81,5 @@ class RaySession:
         with self._lock:
             if self._owned:
                 time.sleep(LOG_FLUSH_S)  # let Ray's log monitor forward the last worker lines
-                ray.shutdown()
-            self._owned, self.where = False, None
+                ray.shutdown()  # with the pool's idle workers
+            self._owned, self.where, self.pool = False, None, None

@@ -1,0 +1,115 @@
+"""Stage workers kept between the stages of a flow run (`ray_workers.WorkerPool`) on a real local Ray
+cluster: the next stage of the same shape runs in the same process, with a fresh torch.distributed
+group and a DeepSpeed engine that trains as in a fresh process; a failed stage's workers are not
+reused; nothing idles while outside work (the RL stage's actors) needs the CPUs; a stage waiting
+for the CPUs a running stage holds takes its workers when it is done."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from configs.schema import InfraConfig, TrainingConfig
+from stages.common import deepspeed_engine
+from stages.common.ray_workers import WorkerPool, run_stage
+from stages.contract import StageContext, StageResult
+
+INFRA = InfraConfig(num_workers=1, cpus_per_worker=2)
+HERE = "tests.stage.test_worker_pool"
+
+
+def train_one_step(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+    """A stage: one DeepSpeed step of a small linear model; its loss and the process it ran in."""
+    deepspeed_engine.init_distributed()
+    torch.manual_seed(0)
+    train = TrainingConfig(lr=1e-2, micro_batch_size=4, warmup_ratio=0.0, min_lr_ratio=1.0)
+    engine = deepspeed_engine.initialize(torch.nn.Linear(8, 1), deepspeed_engine.engine_config(ctx.config.infra, train, 1))
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    loss = engine(x).pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+    after = engine(x).pow(2).mean().item()
+    return StageResult({}, {"pid": os.getpid(), "loss": loss.item(), "after": after,
+                            "world": torch.distributed.get_world_size()})
+
+
+def fail(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+    raise ValueError("this stage fails")
+
+
+def hold(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+    """A stage that runs for a while: the other one must wait for its CPUs."""
+    time.sleep(3)
+    return StageResult({}, {"pid": os.getpid()})
+
+
+@pytest.fixture
+def ctx(tmp_path, fast_config):
+    cfg = fast_config.model_copy(update={"infra": INFRA})
+    return StageContext(stage="probe", config=cfg, output_dir=tmp_path / "out", work_dir=tmp_path / "work")
+
+
+def free_cpus() -> float:
+    """The cluster's free CPUs once a freed placement group is back (Ray frees them asynchronously)."""
+    deadline = time.monotonic() + 10
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return ray.available_resources().get("CPU", 0)
+
+
+def run(pool, ctx, func: str) -> dict:
+    return run_stage(f"{HERE}:{func}", ctx, {}, INFRA, distributed=True, pool=pool).metrics
+
+
+def test_the_next_stage_runs_in_the_same_worker_with_a_fresh_process_group(ray_cluster, ctx):
+    pool = WorkerPool()
+    first, second = run(pool, ctx, "train_one_step"), run(pool, ctx, "train_one_step")
+    assert first["pid"] == second["pid"]
+    assert second == first  # the same loss before and after the step: nothing of the first engine is left
+    assert first["after"] < first["loss"] and first["world"] == 1
+    pool.clear()
+    assert free_cpus() == 2
+    fresh = run(WorkerPool(keep_idle=False), ctx, "train_one_step")
+    assert fresh["pid"] != first["pid"] and fresh["loss"] == first["loss"]
+    assert free_cpus() == 2  # without keep_idle nothing is kept
+
+
+def test_a_failed_stages_workers_are_not_reused(ray_cluster, ctx):
+    pool = WorkerPool()
+    before = run(pool, ctx, "train_one_step")
+    with pytest.raises(ValueError, match="this stage fails"):
+        run(pool, ctx, "fail")
+    after = run(pool, ctx, "train_one_step")
+    assert after["pid"] != before["pid"]
+    pool.clear()
+
+
+def test_nothing_idles_while_outside_work_needs_the_cpus(ray_cluster, ctx):
+    pool = WorkerPool()
+    run(pool, ctx, "train_one_step")
+    assert ray.available_resources().get("CPU", 0) == 0  # the idle worker holds them
+    with pool.outside_work():
+        assert free_cpus() == 2
+        inside = run(pool, ctx, "train_one_step")  # a stage beside it starts fresh workers and frees them
+        assert free_cpus() == 2
+    assert run(pool, ctx, "train_one_step")["pid"] != inside["pid"]
+    pool.clear()
+
+
+def test_a_stage_waiting_for_the_cpus_takes_the_running_stages_workers(ray_cluster, ctx):
+    pool = WorkerPool()
+    results = {}
+    first = threading.Thread(target=lambda: results.update(first=run(pool, ctx, "hold")))
+    first.start()
+    while ray.available_resources().get("CPU", 0) > 0:  # until the first stage holds both CPUs
+        time.sleep(0.05)
+    results["second"] = run(pool, ctx, "hold")
+    first.join()
+    assert results["second"]["pid"] == results["first"]["pid"]
+    pool.clear()
