@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import time
 from collections.abc import Callable
 
@@ -35,10 +34,9 @@ SIZES = {
 
 
 def single_rank_env(device: str) -> None:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    from stages.common import ray_workers
+
+    os.environ.update(ray_workers.single_rank_env())
     if device == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
 

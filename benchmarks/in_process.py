@@ -4,17 +4,14 @@ for the training stages): what the trials of the throughput benchmarks do."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 
 def single_rank_env() -> None:
-    """torch.distributed settings for one in-process DeepSpeed rank."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-                      DS_ACCELERATOR="cpu")
+    """torch.distributed settings for one in-process DeepSpeed rank on the CPU."""
+    from stages.common import ray_workers
+
+    os.environ.update(ray_workers.single_rank_env(), DS_ACCELERATOR="cpu")
 
 
 def make_ctx(stage: str, cfg, root: Path, log=None):

@@ -33,18 +33,31 @@ def prepare_process(num_threads: int) -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def free_address() -> tuple[str, int]:
-    """This node's IP and a free port: rank 0's rendezvous point for torch.distributed."""
+def free_port() -> int:
+    """A TCP port nothing on this machine listens on now."""
     with socket.socket() as s:
         s.bind(("", 0))
-        port = s.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
+        return s.getsockname()[1]
+
+
+def free_address() -> tuple[str, int]:
+    """This node's IP and a free port: rank 0's rendezvous point for torch.distributed."""
+    return ray.util.get_node_ip_address(), free_port()
+
+
+def rank_env(master: tuple[str, int], rank: int, world_size: int) -> dict[str, str]:
+    """The environment torch.distributed (and DeepSpeed) read to join the group."""
+    return dict(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(rank), WORLD_SIZE=str(world_size),
+                LOCAL_RANK="0")
 
 
 def join_env(master: tuple[str, int], rank: int, world_size: int) -> None:
-    """The environment torch.distributed (and DeepSpeed) read to join the group."""
-    os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+    os.environ.update(rank_env(master, rank, world_size))
+
+
+def single_rank_env() -> dict[str, str]:
+    """A group of one rank in this process (stage tests, benchmarks): rank 0 of 1 on a free local port."""
+    return rank_env(("127.0.0.1", free_port()), 0, 1)
 
 
 def leave_process_group() -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from stages.common.ray_workers import free_port
+
 CLI = [sys.executable, "-m", "flows.cli"]
 
 
@@ -93,12 +95,6 @@ def mlflow_client(workdir: Path):
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import ray
 
 from configs import load_config
 from stages import data_prep
+from stages.common import ray_workers
 from stages.contract import StageContext
 
 # Small enough that each stage runs in seconds; the flow tests run the real preset.
@@ -28,11 +28,7 @@ FAST = [
 @pytest.fixture(scope="session", autouse=True)
 def single_rank_env():
     """The torch.distributed environment a Ray worker would set for a one-rank stage."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0", "DS_ACCELERATOR": "cpu"}
+    env = {**ray_workers.single_rank_env(), "DS_ACCELERATOR": "cpu"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     yield

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from transformers import (
 from configs.errors import CheckpointError
 from configs.schema import RewardConfig, TinyModelConfig
 from stages.common import checkpoint
+from stages.common.ray_workers import free_port
 from stages.rewards import (
     ProcessRewardScorer,
     RemoteScorer,
@@ -180,12 +180,6 @@ def test_not_a_prm_config(tok, tmp_path):
     path = checkpoint.save(plain, tok, tmp_path / "lm")
     with pytest.raises(RewardError, match="not a process reward model .*lacks prm_placeholder_token"):
         ProcessRewardScorer(path)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_serve_rm_cli_matches_in_process_scorer(tok, rms):

@@ -4,7 +4,6 @@ a local server (including a dead one and a slow one)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from fastapi import FastAPI, Request, Response
 
 import configs
 from configs.schema import RewardConfig
+from stages.common.ray_workers import free_port
 from stages.common.tokenization import last_token_index
 from stages.rewards import (
     FunctionScorer,
@@ -206,12 +206,6 @@ def test_build_scorer_needs_a_model_or_url():
 
 
 # --- the remote client ----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_test_app() -> FastAPI:
