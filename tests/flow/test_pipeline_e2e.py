@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from artifacts import store
 from tests.flow.conftest import CLI, cli_env, mlflow_client, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e")]  # one scenario: one test process, in order
 
 
 @pytest.fixture(scope="module")
@@ -352,9 +352,17 @@ def test_served_deployments_run_the_pipeline_and_one_stage(ws, tmp_path):
 # --- faults ----------------------------------------------------------------------------------
 
 
-def stage_worker_pids() -> list[int]:
-    """Ray actor processes of the training stages (Ray titles them after the actor class)."""
-    return [p.pid for p in psutil.process_iter(["cmdline"]) if any("ray::StageWorker" in a for a in p.info["cmdline"] or [])]
+def stage_worker_pids(cli_pid: int) -> list[int]:
+    """Ray actor processes of the training stages that a CLI run started (its local cluster's raylet
+    forks them; Ray titles them after the actor class). Other tests may run stages beside it."""
+    pids = []
+    for p in psutil.Process(cli_pid).children(recursive=True):
+        try:
+            if any("ray::StageWorker" in a for a in p.cmdline()):
+                pids.append(p.pid)
+        except psutil.Error:  # a short-lived helper process that is gone already
+            pass
+    return pids
 
 
 def test_a_lost_ray_worker_is_retried_and_the_rerun_resumes(ws):
@@ -367,7 +375,7 @@ def test_a_lost_ray_worker_is_retried_and_the_rerun_resumes(ws):
     while time.monotonic() < deadline and not list((ws / ".rlhf" / "work").glob("rm-*/checkpoints/latest")):
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         time.sleep(0.2)
-    (pid,) = stage_worker_pids()
+    (pid,) = stage_worker_pids(proc.pid)
     os.kill(pid, signal.SIGKILL)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
