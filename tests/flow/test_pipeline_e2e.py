@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from artifacts import store
 from tests.flow.conftest import CLI, cli_env, mlflow_client, run_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e")]  # one scenario: one test process, in order
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -354,7 +354,7 @@ def test_served_deployments_run_the_pipeline_and_one_stage(ws, tmp_path):
 
 def stage_worker_pids(cli_pid: int) -> list[int]:
     """Ray actor processes of the training stages that a CLI run started (its local cluster's raylet
-    forks them; Ray titles them after the actor class). Other tests may run stages beside it."""
+    forks them; Ray titles them after the actor class), not another process's that happens to run."""
     pids = []
     for p in psutil.Process(cli_pid).children(recursive=True):
         try:
