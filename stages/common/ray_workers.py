@@ -204,10 +204,8 @@ class WorkerPool:
     def outside_work(self):
         """While the block runs, nothing idles on the cluster's resources (the block's actors need them)."""
         with self._cond:
-            self._outside += 1
-            doomed, self._idle = self._idle, []
-        for s in doomed:
-            s.kill()
+            self._outside += 1  # from here on, a released set is killed, not kept
+        self.clear()
         try:
             yield
         finally:
