@@ -15,6 +15,7 @@ import torch
 from configs.schema import InfraConfig, TrainingConfig
 
 RESUME_TAG = "latest"
+SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's ShareMemCommBuilder.NAME
 
 
 def init_distributed() -> None:
@@ -23,6 +24,10 @@ def init_distributed() -> None:
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
+    # DeepSpeed would compile its shared-memory all-reduce kernel here (35-50 s on the 2-core CPU,
+    # again for every new virtualenv path); it serves only inference_all_reduce (AutoTP inference),
+    # while training's collectives go through torch.distributed. DeepSpeed keeps edits to this dict.
+    deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
 
 

@@ -36,9 +36,9 @@ def cli_env(workdir: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
-    """A real Prefect server (`prefect server start`) that this module's CLI runs report to, started
+    """A real Prefect server (`prefect server start`) that the flow tests' CLI runs report to, started
     once: a run that has to start its own temporary server pays several seconds for it."""
     from flows.serve import prefect_server as start_server
     from flows.serve import stop

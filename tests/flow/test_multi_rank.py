@@ -30,7 +30,7 @@ FAST = [
 ]
 
 
-def test_two_ranks_with_zero3(workdir, monkeypatch):
+def test_two_ranks_with_zero3(workdir, monkeypatch, prefect_server):
     result = run_cli(workdir, "run", *FAST, "infra.num_workers=2", "infra.cpus_per_worker=1", "infra.zero_stage=3")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     client = mlflow_client(workdir)

@@ -219,10 +219,9 @@ def test_reward_models_are_accurate_and_registered(ws):
 
 @pytest.mark.parametrize("source", ["prm"])  # PPO on the RM: tests/stage/test_rl_stage.py (CI time)
 def test_ppo_with_the_pipelines_reward_model_raises_reward_with_bounded_kl(ws, source):
-    result = run_cli(ws, "run", f"reward.source={source}", *PPO)
+    result = run_cli(ws, "run", "--only", "rl", f"reward.source={source}", *PPO)  # rl and what it needs
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "cached", "prm": "cached",
-                                  "rl": "ran", "dpo": "cached", "lora_merge": "skipped", "eval": "ran"}
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", source: "cached", "rl": "ran"}
     client = mlflow_client(ws)
     (run,) = [r for r in stage_runs(ws, "rl") if r.data.params.get("reward.source") == source
               and r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
@@ -273,7 +272,9 @@ def test_a_pinned_input_runs_one_stage_on_the_cluster_named_in_the_config(ws, ra
     dpo = max((r for r in stage_runs(ws, "dpo") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE
                and r.data.params["dpo.iterative.rounds"] == "0"), key=lambda r: r.info.start_time)
     pin = f"runs:/{dpo.info.run_id}/dpo_model"
-    result = run_cli(ws, "run", "--only", "eval", f"inputs.rl_model={pin}", f"infra.ray_address=127.0.0.1:{port}")
+    # a quarter of the held-out prompts, one sample each: the same two checkpoints score the same either way
+    result = run_cli(ws, "run", "--only", "eval", f"inputs.rl_model={pin}", f"infra.ray_address=127.0.0.1:{port}",
+                     "eval.max_samples=50", "eval.samples_per_prompt=1")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"[ray] connected to cluster at 127.0.0.1:{port}" in result.stdout
     assert "Started a local Ray instance" not in result.stdout + result.stderr
