@@ -12,9 +12,9 @@ advantages and the k3 KL loss against the frozen start model at the preset's coe
 the CPU. Ours runs as the pipeline runs it: a local Ray cluster, the policy as a DeepSpeed rank, the
 reference, the reward scorer and an HF `generate` rollout engine as Ray actors, every one colocated
 on the 2 cores. TRL runs in one process, generating with the policy itself (no vLLM on a CPU). Our
-stage runs twice per repeat: recomputing the old log-probs with the policy after sampling, as TRL
-does here (the headline ratio: the same work), and as the tiny preset runs, with the engine's
-log-probs standing in.
+stage runs three times per repeat: recomputing the old log-probs with the policy after sampling, as
+TRL does here (the headline ratio: the same work); as the tiny preset runs, with the engine's
+log-probs standing in; and the same work with `rl.engine=hybrid`, the policy rank sampling itself.
 
 Samples are prompt x sample pairs (rollouts). Time is the rollout loop only: for ours the sum of its
 per-step timers (generation, reward, experience, training, weight sync; actor start-up and the
@@ -40,8 +40,11 @@ from benchmarks.report import Report, RunOptions
 DEFAULT_STEPS = 8  # rollout steps per trial
 # Our stage's rows. TRL recomputes the old log-probs with the policy after sampling (its steps per
 # generation exceed its gradient accumulation), so `ours` does the same work; `ours_preset` runs as
-# the tiny preset does, taking them from the engine (rl.recompute_old_log_probs=false).
-OUR_ROWS = {"ours": ["rl.recompute_old_log_probs=true"], "ours_preset": ["rl.recompute_old_log_probs=false"]}
+# the tiny preset does, taking them from the engine (rl.recompute_old_log_probs=false); `ours_hybrid`
+# does TRL's work with the policy rank sampling itself, as TRL does (rl.engine=hybrid).
+OUR_ROWS = {"ours": ["rl.recompute_old_log_probs=true"], "ours_preset": ["rl.recompute_old_log_probs=false"],
+            "ours_hybrid": ["rl.recompute_old_log_probs=true", "rl.engine=hybrid"]}
+RATIO_ROWS = {"ours": "ours / TRL", "ours_preset": "ours as the preset runs / TRL", "ours_hybrid": "ours, hybrid engine / TRL"}
 SYSTEMS = (*OUR_ROWS, "trl")
 SFT_STEPS = 300  # the start policy: enough SFT for the rule reward to vary within a group
 PARTS = ("generation", "reward", "experience", "training", "weight_sync")
@@ -87,6 +90,7 @@ def report(steps: int, repeats: int, trials: dict[str, list[dict]]) -> Report:
     stage = "`stages.rl` (Ray; DeepSpeed ZeRO-{zero} policy, HF engine, reference, reward actors)".format(zero=first["zero_stage"])
     labels = {"ours": f"ours: {stage}, old log-probs recomputed (TRL's work)",
               "ours_preset": "ours, as the tiny preset runs: the engine's log-probs as the old ones",
+              "ours_hybrid": "ours, `rl.engine=hybrid`: the policy rank samples (no engine, no sync), old log-probs recomputed",
               "trl": f"TRL {version} `GRPOTrainer` (one process, HF generate)"}
     columns = ["system", "samples/s (median)", "response tokens/s", "samples/s per trial",
                *(f"{p.replace('_', ' ')} s/step" for p in PARTS)]
@@ -96,7 +100,7 @@ def report(steps: int, repeats: int, trials: dict[str, list[dict]]) -> Report:
         per_trial = ", ".join(f"{r['samples_per_s']:,.1f}" for r in trials[system])
         rows.append([labels[system], f"{s['samples_per_s']:,.1f}", f"{s['tokens_per_s']:,.0f}", per_trial,
                      *(f"{s[f'{p}_s'] / steps:.2f}" for p in PARTS)])
-    for system, name in (("ours", "ours / TRL"), ("ours_preset", "ours as the preset runs / TRL")):
+    for system, name in RATIO_ROWS.items():
         r = ratios[system]
         rows.append([name, f"{r['samples_per_s']:.2f}", f"{r['tokens_per_s']:.2f}", "", *[""] * len(PARTS)])
     title = (f"GRPO throughput, tiny preset: {steps} rollout steps of {first['prompts']} prompts x "

@@ -115,4 +115,5 @@ def _describe(exc: ValidationError, origin: str) -> str:
         return f"{origin}: unknown key {loc!r}{expected}"
     got = err.get("input")
     shown = "" if isinstance(got, dict) else f" (got {got!r})"
-    return f"{origin}: {loc}: {err['msg']}{shown}"
+    where = f"{origin}: {loc}" if loc else origin  # a check across sections names its fields itself
+    return f"{where}: {err['msg']}{shown}"

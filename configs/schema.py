@@ -281,7 +281,9 @@ class RLConfig(Section):
     actor: RLModelConfig = RLModelConfig(lr=1e-4)
     critic: RLModelConfig = RLModelConfig(lr=1e-3)
     # rollouts
-    engine: Literal["hf", "vllm"] = Field("hf", description="rollout engine: HF generate or vLLM, in Ray actors")
+    engine: Literal["hf", "vllm", "hybrid"] = Field(
+        "hf", description="rollout engine: HF generate or vLLM, in Ray actors of their own; hybrid: each policy rank "
+                          "samples with HF generate on its own training weights (no engine actors, no weight sync)")
     num_engines: int = Field(1, gt=0)
     ref_num_workers: int = Field(1, gt=0, description="reference model copies; each scores an equal share of a rollout")
     reward_num_workers: int = Field(1, gt=0, description="reward scorer copies; each scores an equal share of a rollout")
@@ -393,3 +395,10 @@ class PipelineConfig(Section):
     rl: RLConfig = RLConfig()
     dpo: DPOConfig = DPOConfig()
     eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _hybrid_engine_needs_whole_weights(self) -> "PipelineConfig":
+        if self.rl.engine == "hybrid" and self.infra.zero_stage == 3:
+            raise ValueError("rl.engine=hybrid samples with each policy rank's own weights, which ZeRO-3 partitions: "
+                             "use infra.zero_stage 0, 1 or 2, or rl.engine=hf")
+        return self

@@ -43,7 +43,10 @@ class Slot:
 
 def group_sizes(cfg: PipelineConfig, needs_critic: bool) -> dict[str, int]:
     rl = cfg.rl
-    sizes = {"actor": rl.actor.num_workers, "engine": rl.num_engines, "reward": rl.reward_num_workers}
+    sizes = {"actor": rl.actor.num_workers}
+    if rl.engine != "hybrid":  # hybrid: the policy ranks sample themselves
+        sizes["engine"] = rl.num_engines
+    sizes["reward"] = rl.reward_num_workers
     if rl.needs_reference:
         sizes["ref"] = rl.ref_num_workers
     if needs_critic:

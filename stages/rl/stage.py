@@ -1,6 +1,7 @@
-"""RL stage: the driver. Each rollout step it samples responses from the rollout engines, scores
-them, makes experience (old/reference log-probs, values, KL, advantages), trains the policy (and
-critic) on the actor groups, and syncs the new weights into the engines.
+"""RL stage: the driver. Each rollout step it samples responses from the rollout engines (with
+rl.engine=hybrid, from the policy ranks themselves), scores them, makes experience (old/reference
+log-probs, values, KL, advantages), trains the policy (and critic) on the actor groups, and syncs
+the new weights into the engines.
 
 Reads `sft_model`, `prompts`, `eval_data` (and `reward_model` / `prm` when the reward comes from
 the pipeline's own models); writes `rl_model`, an HF checkpoint of the trained policy. Every
@@ -101,7 +102,8 @@ class Actors:
         own_rm, own_prm = (str(inputs[k]) if inputs.get(k) else None for k in ("reward_model", "prm"))
         self.reward = [workers.RewardWorker.options(**s.options()).remote(cfg, own_rm, own_prm, s.threads, cwd)
                        for s in slots["reward"]]
-        self.engines = rollout_engines.start(cfg, sft, slots["engine"])
+        self.hybrid = rl.engine == "hybrid"  # the policy ranks sample with their own weights
+        self.engines = self.policy if self.hybrid else rollout_engines.start(cfg, sft, slots["engine"])
         pending = [w.ready.remote() for w in self.reward]  # a bad reward config fails here, before any model loads
         ray.get(pending)
         for group, optim in ((self.policy, rl.actor), (self.critic, rl.critic)):
@@ -112,7 +114,7 @@ class Actors:
         ray.get(pending)
 
     def all(self) -> list:
-        return [*self.policy, *self.critic, *self.engines, *self.reward, *self.ref]
+        return [*self.policy, *self.critic, *([] if self.hybrid else self.engines), *self.reward, *self.ref]
 
     def close(self) -> None:
         try:
@@ -181,7 +183,9 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
 
 def sync_weights(actors: Actors) -> None:
     """Every policy rank takes part in the gather (ZeRO-3); rank 0's state goes to the engines straight
-    from the object store, not through the driver."""
+    from the object store, not through the driver. Hybrid: the policy ranks are the engines."""
+    if actors.hybrid:
+        return
     states = [w.synced_state_dict.remote() for w in actors.policy]
     ray.get([e.load_weights.remote(states[0]) for e in actors.engines] + states[1:])
 

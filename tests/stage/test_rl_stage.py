@@ -94,6 +94,22 @@ def test_engine_log_probs_stand_in_for_the_old_ones_when_not_recomputed(grpo, pr
         assert fast[key] == pytest.approx(full[key], abs=1e-5), key
 
 
+def test_hybrid_engine_samples_as_the_engine_does_without_engine_actors_or_weight_sync(grpo, prepared, length_reward,
+                                                                                         tmp_path):
+    """rl.engine=hybrid: the policy rank samples with the weights it trains. The first rollout (same seed,
+    same start weights) is the one the HF engine drew; the second comes from the updated policy itself,
+    so its log-probs are the trainer's, and nothing is synced."""
+    result, logged = run_rl(prepared, tmp_path, ["rl.advantage_estimator=group_norm", f"reward.func_path={length_reward}",
+                                                 "rl.engine=hybrid"])
+    steps = {s: m for s, m in logged if "reward" in m}
+    engine = next(m for s, m in grpo[1] if s == 1 and "reward" in m)
+    assert (steps[1]["reward"], steps[1]["response_length"]) == (engine["reward"], engine["response_length"])
+    assert steps[2]["rollout_logprob_gap"] < 1e-4
+    assert all(m["time/weight_sync"] < 0.01 for m in steps.values())
+    assert {"eval_accuracy", "eval_sampled_accuracy"} <= set(result.metrics)
+    assert AutoModelForCausalLM.from_pretrained(result.outputs["rl_model"]).config.vocab_size > 0
+
+
 def test_hf_engine_in_calls_of_generate_batch_size_returns_every_prompt_in_order(prepared):
     """rl.generate_batch_size splits an engine's share into several `generate` calls; greedy answers
     (which do not depend on the batch) come back the same, one per prompt, in the prompts' order."""

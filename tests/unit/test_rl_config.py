@@ -63,6 +63,13 @@ def test_group_sizes_and_pools():
     assert pools(together, groups) == [groups]
 
 
+def test_the_hybrid_engine_has_no_engine_group_and_needs_whole_weights():
+    cfg = PipelineConfig.model_validate({"rl": {"engine": "hybrid"}, "infra": {"zero_stage": 2}})
+    assert group_sizes(cfg, needs_critic=False) == {"actor": 1, "reward": 1, "ref": 1}
+    with pytest.raises(ConfigError, match=r"tiny.yaml: .*rl.engine=hybrid .* use infra.zero_stage 0, 1 or 2"):
+        load_config(None, ["rl.engine=hybrid", "infra.zero_stage=3"])
+
+
 def test_reference_and_reward_groups_take_their_worker_counts_and_must_split_the_rollout():
     cfg = PipelineConfig.model_validate({"rl": {"ref_num_workers": 2, "reward_num_workers": 3}})
     assert group_sizes(cfg, needs_critic=False) == {"actor": 1, "engine": 1, "reward": 3, "ref": 2}
