@@ -139,8 +139,7 @@ class PolicyWorker(TrainerWorker):
     def generate(self, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
                  top_p: float = 1.0) -> list[Sample]:
         """rl.engine=hybrid: this rank samples with the weights it trains (ZeRO 0-2 hold them whole), so
-        there is no engine to sync. In a GRPO benchmark pair on the tiny preset, 20 % more samples/s
-        than the HF engine actor with its weight sync."""
+        there is no engine actor and nothing to sync."""
         self.engine.eval()
         return sample(self.engine.module, self.tokenizer, self.rl, prompt_ids, seed, temperature, max_new_tokens, top_p)
 
