@@ -24,7 +24,7 @@ def init_distributed() -> None:
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
-    # DeepSpeed would compile its shared-memory all-reduce kernel here (35-50 s on the 2-core CPU,
+    # DeepSpeed would compile its shared-memory all-reduce kernel here (31-53 s a build on the 2-core CPU,
     # again for every new virtualenv path); it serves only inference_all_reduce (AutoTP inference),
     # while training's collectives go through torch.distributed. DeepSpeed keeps edits to this dict.
     deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
