@@ -39,28 +39,6 @@ def _prefect_home(state_dir: str) -> None:
     os.environ.setdefault("PREFECT_HOME", str(home))
 
 
-def check_local_resources(cfg) -> None:
-    """A local Ray cluster has `infra.num_cpus` CPUs (default: all): training stages must fit in it; and
-    this machine's GPUs: options that need CUDA (flash attention, QLoRA) fail here when it has none."""
-    if os.environ.get("RAY_ADDRESS") or cfg.infra.ray_address:
-        return  # a remote cluster's size is checked when the stage asks for it
-    from stages.common import checkpoint, lora
-    from stages.dag import LORA_SECTIONS, lora_of
-
-    if cfg.model.attn_implementation == "flash_attention_2":
-        checkpoint.require_flash_attn()
-    for section in LORA_SECTIONS:
-        if lora_of(cfg, section).load_in_4bit:
-            lora.require_qlora(f"{section}.lora")
-    have = cfg.infra.num_cpus or os.cpu_count() or 1
-    need = cfg.infra.num_workers * cfg.infra.cpus_per_worker
-    if need > have:
-        raise PipelineError(
-            f"infra.num_workers={cfg.infra.num_workers} x infra.cpus_per_worker={cfg.infra.cpus_per_worker} needs "
-            f"{need} CPUs; the local Ray cluster has {have} (infra.num_cpus)"
-        )
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from configs import load_config
 
@@ -70,10 +48,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     force = [s for item in args.force for s in item.split(",") if s]
     only = [s for item in args.only for s in item.split(",") if s]
     check_request(cfg, force, only)
-    from stages import data_prep  # torch and friends: after the config, so a config error stays quick
+    from stages import preflight
 
-    data_prep.preflight(cfg)
-    check_local_resources(cfg)
+    preflight.check(cfg)
     if cfg.rl.engine == "vllm":
         from stages.rl.rollout_engines import check_installed
 

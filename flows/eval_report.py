@@ -8,7 +8,7 @@ from mlflow import MlflowClient
 
 from artifacts import registry
 from artifacts.store import ArtifactRef
-from stages.evaluate import MODEL_SUFFIX, per_model
+from stages.eval_results import MODEL_SUFFIX, per_model
 
 EVAL_METRIC = "accuracy"  # what a champion is chosen by
 BAR_METRICS = ("accuracy", "sampled_accuracy")

@@ -24,7 +24,8 @@ from artifacts.tracking import TrackingSetup
 from configs.errors import PipelineError, first_line
 from configs.schema import PipelineConfig
 from flows.ray_cluster import RaySession
-from stages import dag, lora_merge
+from stages import dag
+from stages.common import checkpoint_paths
 from stages.contract import StageContext
 
 
@@ -154,8 +155,10 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
     print(f"[{spec.name}] running (MLflow run {run_id}, fingerprint {fingerprint})", flush=True)
 
     local_inputs = {n: store.download(ref, setup.state_dir / "downloads") for n, ref in inputs.items()}
-    if not spec.takes_adapters:  # a model trained as a LoRA adapter reaches the stage merged
-        local_inputs = {n: lora_merge.materialize(p) for n, p in local_inputs.items()}
+    if not spec.takes_adapters and any(checkpoint_paths.is_adapter(p) for p in local_inputs.values()):
+        from stages import lora_merge  # peft and torch: in this process only when there is an adapter to merge
+
+        local_inputs = {n: lora_merge.materialize(p) for n, p in local_inputs.items()}  # the stage gets it merged
     output_dir = work_dir / "output"
     shutil.rmtree(output_dir, ignore_errors=True)  # a previous, interrupted attempt's partial outputs
     output_dir.mkdir(parents=True)

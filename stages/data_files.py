@@ -14,6 +14,18 @@ from configs.schema import DatasetConfig
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
+def file_columns(section: str, cfg: DatasetConfig) -> dict[str, str]:
+    """Config field -> column each dataset kind reads."""
+    if section == "sft":
+        return {"input_key": cfg.input_key} if cfg.multiturn else {"input_key": cfg.input_key, "output_key": cfg.output_key}
+    if section == "preference":
+        cols = {"chosen_key": cfg.chosen_key, "rejected_key": cfg.rejected_key}
+        if cfg.margin_key:
+            cols["margin_key"] = cfg.margin_key
+        return cols
+    return {"input_key": cfg.input_key, "label_key": cfg.label_key}
+
+
 def load_source(path: str, split: str, subset: str | None = None) -> Dataset:
     """One source as a `Dataset` (`subset`: a hub dataset's config name); a missing file or an
     unreachable hub name is a one-line DataError."""

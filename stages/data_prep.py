@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase, set_seed
 from configs.errors import DataError
 from configs.schema import DatasetConfig, PipelineConfig
 from stages import data_files, synthetic_task, tiny_model
-from stages.common import checkpoint
+from stages.common import checkpoint, checkpoint_paths
 from stages.common.answers import extract_answer
 from stages.common.tokenization import encode_segments
 from stages.contract import StageContext, StageResult
@@ -149,18 +149,6 @@ def synthetic_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, li
     }
 
 
-def file_columns(section: str, cfg: DatasetConfig) -> dict[str, str]:
-    """Config field -> column each dataset kind reads."""
-    if section == "sft":
-        return {"input_key": cfg.input_key} if cfg.multiturn else {"input_key": cfg.input_key, "output_key": cfg.output_key}
-    if section == "preference":
-        cols = {"chosen_key": cfg.chosen_key, "rejected_key": cfg.rejected_key}
-        if cfg.margin_key:
-            cols["margin_key"] = cfg.margin_key
-        return cols
-    return {"input_key": cfg.input_key, "label_key": cfg.label_key}
-
-
 def reference_answer(label, cfg: DatasetConfig) -> str:
     """The label column's value, or with `label_pattern` the answer it names (GSM8K: `... #### 72` -> `72`)."""
     if cfg.label_pattern is None:
@@ -207,7 +195,7 @@ def file_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, list[di
     data = cfg.data
     if data.sft is not None:
         s = data.sft
-        columns = file_columns("sft", s)
+        columns = data_files.file_columns("sft", s)
         train, ev = data_files.load_mixed(s, "sft", columns, cfg.seed)
 
         def sft(name, ds):
@@ -219,7 +207,7 @@ def file_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, list[di
         out["sft_data"] = {"train": sft("sft_data/train", train), "eval": sft("sft_data/eval", ev)}
     if data.preference is not None:
         p = data.preference
-        columns = file_columns("preference", p)
+        columns = data_files.file_columns("preference", p)
         # the prompt column is optional: conversation-style chosen/rejected carry their prompt
         train, ev = data_files.load_mixed(p, "preference", columns, cfg.seed, optional=[p.input_key])
         out["pref_data"] = {
@@ -228,7 +216,7 @@ def file_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, list[di
         }
     if data.prompts is not None:
         q = data.prompts
-        columns = file_columns("prompts", q)
+        columns = data_files.file_columns("prompts", q)
         train, ev = data_files.load_mixed(q, "prompts", columns, cfg.seed)
 
         def prompts(name, ds):
@@ -256,32 +244,15 @@ TEXT_FIELDS = {
 # --- the stage -----------------------------------------------------------------------------------
 
 
-def preflight(cfg: PipelineConfig) -> None:
-    """Cheap checks that must fail before any work starts: the model path and local dataset files."""
-    if cfg.model.name_or_path:
-        checkpoint.validate(cfg.model.name_or_path)
-    if cfg.data.source == "files":
-        for section in ("sft", "preference", "prompts"):
-            ds_cfg: DatasetConfig | None = getattr(cfg.data, section)
-            if ds_cfg is None or not all(_is_local(p) for p in ds_cfg.paths):
-                continue
-            columns = file_columns(section, ds_cfg)
-            data_files.load_mixed(ds_cfg, section, columns, cfg.seed)
-
-
-def _is_local(path: str) -> bool:
-    return path.startswith("json@") or Path(path).expanduser().exists() or Path(path).suffix in data_files.FILE_BUILDERS
-
-
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     cfg = ctx.config
     set_seed(cfg.seed)
     base_dir = ctx.output_dir / "base_model"
 
     if cfg.model.name_or_path:
-        checkpoint.validate(cfg.model.name_or_path)
+        checkpoint_paths.validate(cfg.model.name_or_path)
         tokenizer = checkpoint.load_tokenizer(cfg.model.name_or_path)
-        checkpoint.write_pointer(base_dir, cfg.model.name_or_path)
+        checkpoint_paths.write_pointer(base_dir, cfg.model.name_or_path)
     if cfg.data.source == "synthetic":
         if not cfg.model.name_or_path:
             splits = synthetic_task.generate(cfg.data.synthetic, cfg.seed)

@@ -23,24 +23,7 @@ from stages.common.progress import Progress
 from stages.common.tokenization import encode_segments, pad_batch
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
-
-MODEL_SUFFIX = "_model"
-
-
-def model_inputs(inputs: dict[str, Path]) -> dict[str, Path]:
-    """`{"base": path, "sft": path, ...}` in pipeline order."""
-    return {name.removesuffix(MODEL_SUFFIX): path for name, path in inputs.items() if name.endswith(MODEL_SUFFIX)}
-
-
-def per_model(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
-    """The stage's flat `{"sft/accuracy": 0.9}` metrics back as `{"sft": {"accuracy": 0.9}}`, in order."""
-    models: dict[str, dict[str, float]] = {}
-    for key, value in metrics.items():
-        model, sep, metric = key.partition("/")
-        if sep:
-            models.setdefault(model, {})[metric] = value
-    return models
-
+from stages.eval_results import model_inputs
 
 @torch.no_grad()
 def perplexity(model, rows: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int) -> float:

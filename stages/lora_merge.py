@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from configs.errors import CheckpointError
-from stages.common import checkpoint, lora
+from stages.common import checkpoint, checkpoint_paths, lora
 from stages.contract import StageContext, StageResult
 
 MODEL_INPUTS = ("sft_model", "reward_model", "prm", "dpo_model", "rl_model")
@@ -33,8 +33,8 @@ _MATERIALIZE_LOCK = threading.Lock()
 
 
 def load_base(base: str, sequence_classification: bool):
-    source = checkpoint.resolve(base)
-    checkpoint.validate(source, field="base")
+    source = checkpoint_paths.resolve(base)
+    checkpoint_paths.validate(source, field="base")
     try:
         if sequence_classification:
             return AutoModelForSequenceClassification.from_pretrained(source, num_labels=1)
@@ -50,9 +50,9 @@ def merge(adapter: Path, out: Path, base: str | None = None, is_rm: bool | None 
     from peft import PeftModel
 
     adapter = Path(adapter)
-    if not lora.is_adapter(adapter):
-        raise CheckpointError(f"adapter={adapter}: not a LoRA adapter (no {lora.ADAPTER_CONFIG})")
-    config = json.loads((adapter / lora.ADAPTER_CONFIG).read_text())
+    if not checkpoint_paths.is_adapter(adapter):
+        raise CheckpointError(f"adapter={adapter}: not a LoRA adapter (no {checkpoint_paths.ADAPTER_CONFIG})")
+    config = json.loads((adapter / checkpoint_paths.ADAPTER_CONFIG).read_text())
     base = base or config.get("base_model_name_or_path")
     if not base:
         raise CheckpointError(f"adapter={adapter}: records no base model; pass one")
@@ -97,7 +97,7 @@ def merge(adapter: Path, out: Path, base: str | None = None, is_rm: bool | None 
 
 def materialize(path: Path) -> Path:
     """`path` itself, or for an adapter its merged checkpoint (made once, beside it)."""
-    if not lora.is_adapter(path):
+    if not checkpoint_paths.is_adapter(path):
         return path
     merged = Path(path).with_name(Path(path).name + ".merged")
     with _MATERIALIZE_LOCK:
@@ -111,7 +111,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     out.mkdir(parents=True)
     diffs = {}
     for name in MODEL_INPUTS:
-        if name in inputs and lora.is_adapter(inputs[name]):
+        if name in inputs and checkpoint_paths.is_adapter(inputs[name]):
             diffs[name] = merge(inputs[name], out / name)
             print(f"[lora_merge] {name}: merged ({out / name}); max |logit diff| vs the adapter model {diffs[name]:.2e}", flush=True)
     if not diffs:

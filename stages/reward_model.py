@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, set_seed
 
 from configs.errors import CheckpointError
-from stages.common import checkpoint, deepspeed_engine, lora
+from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora
 from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
@@ -130,7 +130,7 @@ def reward_stats(rewards: torch.Tensor, world: int) -> tuple[float, float]:
 
 def load_reward_backbone(path: Path, model_cfg, **kwargs):
     """The SFT checkpoint with a fresh scalar head (its LM head is dropped); `kwargs` go to `from_pretrained`."""
-    source = checkpoint.resolve(path)
+    source = checkpoint_paths.resolve(path)
     try:
         return AutoModelForSequenceClassification.from_pretrained(
             source, num_labels=1, attn_implementation=checkpoint.attn_implementation(model_cfg),

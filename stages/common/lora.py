@@ -12,13 +12,8 @@ import torch
 from configs.errors import CheckpointError
 from configs.schema import LoRAConfig
 
-ADAPTER_CONFIG = "adapter_config.json"
 EXTRA_FILE = "adapter_extra.json"
 FRESH_HEADS = ("score.", "classifier.")  # initialised by the stage, saved with the adapter: not part of the base
-
-
-def is_adapter(path: str | Path) -> bool:
-    return (Path(path) / ADAPTER_CONFIG).is_file()
 
 
 def apply(model: torch.nn.Module, cfg: LoRAConfig, task_type: str) -> torch.nn.Module:

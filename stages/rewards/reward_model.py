@@ -21,7 +21,8 @@ from transformers.utils import cached_file
 from transformers.utils import logging as hf_logging
 
 from configs.errors import CheckpointError, first_line
-from stages.common.checkpoint import DTYPES, load_tokenizer, resolve, validate
+from stages.common.checkpoint import DTYPES, load_tokenizer
+from stages.common.checkpoint_paths import resolve, validate
 from stages.common.tokenization import last_token_index, pad_batch
 from stages.rewards.base import RewardBatch, check_batch
 from stages.rewards.errors import RewardError

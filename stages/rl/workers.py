@@ -12,7 +12,7 @@ import ray
 import torch
 
 from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
-from stages.common import checkpoint, deepspeed_engine, lora, ray_workers
+from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, ray_workers
 from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
 from stages.rl.experience import Sample, micro_batches, trim
@@ -179,7 +179,7 @@ class CriticWorker(TrainerWorker):
     def load_model(self, path: str):
         from transformers import AutoConfig, AutoModelForTokenClassification
 
-        source = checkpoint.resolve(path)
+        source = checkpoint_paths.resolve(path)
         config = AutoConfig.from_pretrained(source, num_labels=1)
         config.classifier_dropout = 0.0  # values must not change between experience making and training
         model = AutoModelForTokenClassification.from_pretrained(

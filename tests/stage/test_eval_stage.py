@@ -1,6 +1,6 @@
 import json
 
-from stages import evaluate
+from stages import eval_results, evaluate
 from tests.stage.conftest import make_ctx
 
 
@@ -27,5 +27,5 @@ def test_eval_reports_every_model_it_is_given(fast_config, prepared, tmp_path):
 
 
 def test_model_inputs_keep_pipeline_order(tmp_path):
-    got = evaluate.model_inputs({"base_model": tmp_path / "b", "sft_data": tmp_path, "sft_model": tmp_path / "s"})
+    got = eval_results.model_inputs({"base_model": tmp_path / "b", "sft_data": tmp_path, "sft_model": tmp_path / "s"})
     assert list(got) == ["base", "sft"]

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from configs import CheckpointError, load_config
 from stages import lora_merge, prm, reward_model, sft
-from stages.common import lora
+from stages.common import checkpoint_paths, lora
 from stages.dpo import stage as dpo
 from stages.rewards import load_reward_model
 from tests.stage.conftest import FAST, make_ctx
@@ -49,7 +49,7 @@ def merged(adapters, prepared, tmp_path_factory):
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_stage_with_lora_saves_only_an_adapter_on_its_base(adapters, prepared, stage):
     path = adapters[stage]
-    assert lora.is_adapter(path) and not (path / "model.safetensors").exists()
+    assert checkpoint_paths.is_adapter(path) and not (path / "model.safetensors").exists()
     assert json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"] == str(prepared["base_model"])
     base = (AutoModelForSequenceClassification.from_pretrained(prepared["base_model"], num_labels=1) if stage == "rm"
             else AutoModelForCausalLM.from_pretrained(prepared["base_model"]))

@@ -89,7 +89,7 @@ def test_prm_stage_writes_a_checkpoint_the_step_scorer_reads(prepared, tmp_path)
 def test_rm_with_lora_trains_and_saves_only_an_adapter_that_peft_loads(prepared, tmp_path):
     from peft import PeftModel
 
-    from stages.common.lora import is_adapter
+    from stages.common.checkpoint_paths import is_adapter
 
     result, _ = run_rm(prepared, tmp_path, ["rm.lora.rank=4", "rm.lora.alpha=8", "rm.lr=5e-3"])
     path = result.outputs["reward_model"]

@@ -137,7 +137,7 @@ def test_ppo_with_lora_actor_and_critic_syncs_merged_weights_and_saves_the_adapt
     """The engines sample from the merged LoRA policy: at step 2 their log-probs are the trainer's."""
     from peft import PeftModel
 
-    from stages.common import lora
+    from stages.common import checkpoint_paths
 
     result, logged = run_rl(prepared, tmp_path, ["rl.advantage_estimator=gae", f"reward.func_path={length_reward}",
                                                  "rl.actor.lora.rank=4", "rl.actor.lora.alpha=8", "rl.critic.lora.rank=4",
@@ -145,7 +145,7 @@ def test_ppo_with_lora_actor_and_critic_syncs_merged_weights_and_saves_the_adapt
     step2 = next(m for s, m in logged if s == 2 and "reward" in m)
     assert step2["rollout_logprob_gap"] < 1e-4 and "critic/value_loss" in step2
     out = result.outputs["rl_model"]
-    assert lora.is_adapter(out) and not (out / "model.safetensors").exists()
+    assert checkpoint_paths.is_adapter(out) and not (out / "model.safetensors").exists()
     base = AutoModelForCausalLM.from_pretrained(prepared["base_model"])
     adapted = PeftModel.from_pretrained(base, out).eval()
     ids = torch.arange(3, 30).unsqueeze(0)

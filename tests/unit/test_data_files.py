@@ -15,8 +15,8 @@ import pytest
 
 from configs.errors import DataError
 from configs.schema import DatasetConfig, PipelineConfig, TinyModelConfig
-from stages import data_files, data_prep, tiny_model
-from stages.common import checkpoint
+from stages import data_files, data_prep, preflight, tiny_model
+from stages.common import checkpoint, checkpoint_paths
 from stages.common.tokenization import IGNORE_INDEX, encode_segments
 from stages.contract import StageContext
 
@@ -435,13 +435,13 @@ def test_run_on_files_writes_every_dataset_and_a_base_model_pointer(model_dir, t
         {"paths": [str(prompts)], "eval_ratio": 0.25},
         max_len=64,
     )
-    data_prep.preflight(cfg)
+    preflight.check_inputs(cfg)
     result = run_stage(cfg, tmp_path)
     out = tmp_path / "out"
     assert set(result.outputs) == {"base_model", "sft_data", "prompts", "eval_data"}
     assert result.outputs["base_model"] == out / "base_model"
-    assert json.loads((out / "base_model" / checkpoint.POINTER_FILE).read_text()) == {"name_or_path": str(model_dir)}
-    assert checkpoint.resolve(out / "base_model") == str(model_dir)
+    assert json.loads((out / "base_model" / checkpoint_paths.POINTER_FILE).read_text()) == {"name_or_path": str(model_dir)}
+    assert checkpoint_paths.resolve(out / "base_model") == str(model_dir)
 
     sft_train, sft_eval = read_jsonl(out / "sft_data" / "train.jsonl"), read_jsonl(out / "sft_data" / "eval.jsonl")
     assert (len(sft_train), len(sft_eval)) == (8, 2)
@@ -485,11 +485,11 @@ def test_preflight_catches_a_missing_column_before_run(model_dir, tmp_path):
     sft = write_jsonl(tmp_path / "sft.jsonl", qa_rows(3))
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "answer": "1"}] * 2)
     cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "label_key": "answer", "eval_ratio": 0.5})
-    data_prep.preflight(cfg)  # the renamed label_key is found: no error
+    preflight.check_inputs(cfg)  # the renamed label_key is found: no error
 
     bad = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.5})
     with pytest.raises(DataError) as err:
-        data_prep.preflight(bad)
+        preflight.check_inputs(bad)
     assert str(err.value).startswith(f"{prompts}: missing column 'label' (set by data.prompts.label_key)")
     assert not (tmp_path / "out").exists()
 
@@ -499,7 +499,7 @@ def test_preflight_catches_a_missing_file(model_dir, tmp_path):
     missing = tmp_path / "missing.parquet"
     cfg = files_config(model_dir, _sft_cfg(missing), _sft_cfg(prompts))
     with pytest.raises(DataError, match=f"^{missing}: no such file$"):
-        data_prep.preflight(cfg)
+        preflight.check_inputs(cfg)
 
 
 def test_a_bad_multiturn_row_is_named(tok, model_dir, tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from configs import load_config
 from configs.loader import PRESET_DIR
-from stages.data_prep import preflight
+from stages.preflight import check_inputs
 from stages.rl.placement import group_sizes, pools
 
 PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
@@ -22,7 +22,7 @@ def test_every_preset_is_listed():
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_loads_and_passes_preflight(name):
     cfg = load_config(name)
-    preflight(cfg)  # a hub id is accepted as one; hub datasets are read when the stage runs
+    check_inputs(cfg)  # a hub id is accepted as one; hub datasets are read when the stage runs
     if name != "tiny":
         assert cfg.model.name_or_path and cfg.infra.precision == "bf16" and cfg.infra.gpus_per_worker == 1
 
@@ -47,7 +47,7 @@ def test_a_local_model_path_stands_in_for_the_hub_id(tmp_path):
     from tests.tiny_checkpoint import save_tiny_checkpoint
 
     local = save_tiny_checkpoint(["What is 1+2?\n1+2=3\n#### 3"], tmp_path / "Qwen2.5-0.5B-Instruct")
-    preflight(load_config("qwen2.5-0.5b-gsm8k", [f"model.name_or_path={local}"]))
+    check_inputs(load_config("qwen2.5-0.5b-gsm8k", [f"model.name_or_path={local}"]))
 
 
 def gsm8k_reward():

@@ -1,0 +1,62 @@
+"""Checks that must fail before any work starts, cheap enough to run in the flow's driver: the model
+path, local dataset files (readable, with the columns the config names), and what the local machine
+has (the CPUs the Ray cluster is given, a GPU for the options that need one). Nothing here imports
+torch or transformers unless the config asks for a GPU-only option."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from configs.errors import PipelineError
+from configs.schema import DatasetConfig, PipelineConfig
+from stages.common import checkpoint_paths
+from stages.dag import LORA_SECTIONS, lora_of
+
+
+def check(cfg: PipelineConfig) -> None:
+    check_inputs(cfg)
+    check_local_resources(cfg)
+
+
+def check_inputs(cfg: PipelineConfig) -> None:
+    """The model path, and each local dataset file of a `data.source: files` config (a hub dataset is
+    read when the stage runs)."""
+    if cfg.model.name_or_path:
+        checkpoint_paths.validate(cfg.model.name_or_path)
+    if cfg.data.source != "files":
+        return
+    from stages import data_files  # HF datasets: only a config that reads files needs it here
+
+    for section in ("sft", "preference", "prompts"):
+        ds_cfg: DatasetConfig | None = getattr(cfg.data, section)
+        if ds_cfg is None or not all(_is_local(p, data_files.FILE_BUILDERS) for p in ds_cfg.paths):
+            continue
+        data_files.load_mixed(ds_cfg, section, data_files.file_columns(section, ds_cfg), cfg.seed)
+
+
+def _is_local(path: str, file_builders: dict[str, str]) -> bool:
+    return path.startswith("json@") or Path(path).expanduser().exists() or Path(path).suffix in file_builders
+
+
+def check_local_resources(cfg: PipelineConfig) -> None:
+    """A local Ray cluster has `infra.num_cpus` CPUs (default: all): training stages must fit in it; and
+    this machine's GPUs: options that need CUDA (flash attention, QLoRA) fail here when it has none."""
+    if os.environ.get("RAY_ADDRESS") or cfg.infra.ray_address:
+        return  # a remote cluster's size is checked when the stage asks for it
+    if cfg.model.attn_implementation == "flash_attention_2":
+        from stages.common import checkpoint
+
+        checkpoint.require_flash_attn()
+    for section in LORA_SECTIONS:
+        if lora_of(cfg, section).load_in_4bit:
+            from stages.common import lora
+
+            lora.require_qlora(f"{section}.lora")
+    have = cfg.infra.num_cpus or os.cpu_count() or 1
+    need = cfg.infra.num_workers * cfg.infra.cpus_per_worker
+    if need > have:
+        raise PipelineError(
+            f"infra.num_workers={cfg.infra.num_workers} x infra.cpus_per_worker={cfg.infra.cpus_per_worker} needs "
+            f"{need} CPUs; the local Ray cluster has {have} (infra.num_cpus)"
+        )

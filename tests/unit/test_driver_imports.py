@@ -1,0 +1,32 @@
+"""The flow's driver (the `rlhf run` process) checks the config and orchestrates; the stages' libraries
+load where a stage runs. Importing torch, transformers and peft costs the driver ~8-10 s per run on
+two cores, which a fully cached run would otherwise pay for nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("torch", "transformers", "peft", "deepspeed", "datasets", "vllm")
+
+DRIVER = f"""
+import sys
+from configs import load_config
+from flows import cli, pipeline
+from stages import preflight
+
+preflight.check(load_config(None, []))
+print(" ".join(sorted(set({HEAVY!r}) & set(sys.modules))))
+"""
+
+
+def test_the_driver_checks_the_preset_and_loads_the_flow_without_the_stages_libraries():
+    done = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == ""
+
+
+def test_an_option_that_needs_a_gpu_is_still_checked_in_the_driver():
+    code = DRIVER.replace("load_config(None, [])", "load_config(None, ['model.attn_implementation=flash_attention_2'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "flash_attention_2 needs a CUDA GPU" in done.stderr
