@@ -26,6 +26,11 @@ def file_columns(section: str, cfg: DatasetConfig) -> dict[str, str]:
     return {"input_key": cfg.input_key, "label_key": cfg.label_key}
 
 
+def is_local(path: str) -> bool:
+    """A source read from this machine (a file, a `json@` folder), not a hub dataset name."""
+    return path.startswith("json@") or Path(path).expanduser().exists() or Path(path).suffix in FILE_BUILDERS
+
+
 def load_source(path: str, split: str, subset: str | None = None) -> Dataset:
     """One source as a `Dataset` (`subset`: a hub dataset's config name); a missing file or an
     unreachable hub name is a one-line DataError."""

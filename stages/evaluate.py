@@ -25,6 +25,7 @@ from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 from stages.eval_results import model_inputs
 
+
 @torch.no_grad()
 def perplexity(model, rows: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int) -> float:
     total_loss, total_tokens = 0.0, 0

@@ -6,7 +6,6 @@ torch or transformers unless the config asks for a GPU-only option."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from configs.errors import PipelineError
 from configs.schema import DatasetConfig, PipelineConfig
@@ -30,13 +29,9 @@ def check_inputs(cfg: PipelineConfig) -> None:
 
     for section in ("sft", "preference", "prompts"):
         ds_cfg: DatasetConfig | None = getattr(cfg.data, section)
-        if ds_cfg is None or not all(_is_local(p, data_files.FILE_BUILDERS) for p in ds_cfg.paths):
+        if ds_cfg is None or not all(data_files.is_local(p) for p in ds_cfg.paths):
             continue
         data_files.load_mixed(ds_cfg, section, data_files.file_columns(section, ds_cfg), cfg.seed)
-
-
-def _is_local(path: str, file_builders: dict[str, str]) -> bool:
-    return path.startswith("json@") or Path(path).expanduser().exists() or Path(path).suffix in file_builders
 
 
 def check_local_resources(cfg: PipelineConfig) -> None:
