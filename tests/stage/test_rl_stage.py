@@ -181,16 +181,17 @@ def test_reinforce_with_dense_process_rewards(prepared, tmp_path):
     assert result.outputs["rl_model"].is_dir()
 
 
-def test_killed_rl_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(prepared, length_reward, tmp_path):
-    args = ["rl.advantage_estimator=rloo", f"reward.func_path={length_reward}", "rl.max_steps=3", "rl.save_every=2",
-            "rl.eval_every=10"]
-    whole, _ = run_rl(prepared, tmp_path / "whole", args)
-    with pytest.raises(RuntimeError, match="killed at step 3"):
-        run_rl(prepared, tmp_path / "cut", args, fail_at=3)
-    assert (tmp_path / "cut" / "work" / "checkpoints" / "policy" / "latest").read_text() == "step2"
-    resumed, logged = run_rl(prepared, tmp_path / "cut", args)
-    assert resumed.metrics["resumed_from_step"] == 2.0
-    assert [s for s, m in logged if "reward" in m] == [3]
+def test_killed_rl_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(grpo, prepared, length_reward, tmp_path):
+    """Killed at step 2 (after the step-1 checkpoint; `rl.save_every=1`), the rerun resumes there and ends
+    on the weights of the module's uninterrupted GRPO run, with the same settings."""
+    args = ["rl.advantage_estimator=group_norm", f"reward.func_path={length_reward}"]
+    whole, _ = grpo
+    with pytest.raises(RuntimeError, match="killed at step 2"):
+        run_rl(prepared, tmp_path, args, fail_at=2)
+    assert (tmp_path / "work" / "checkpoints" / "policy" / "latest").read_text() == "step1"
+    resumed, logged = run_rl(prepared, tmp_path, args)
+    assert resumed.metrics["resumed_from_step"] == 1.0
+    assert [s for s, m in logged if "reward" in m] == [2]
     a = load_file(whole.outputs["rl_model"] / "model.safetensors")
     b = load_file(resumed.outputs["rl_model"] / "model.safetensors")
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
