@@ -1,5 +1,7 @@
 """A real MLflow SQLite store in a temp folder, and stage runs published into it."""
 
+import shutil
+
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import RunStatus
@@ -7,8 +9,17 @@ from mlflow.entities import RunStatus
 from artifacts import store
 
 
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory):
+    """An MLflow SQLite file with its tables made, once: each test copies it (making them takes seconds)."""
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def client(tmp_path, monkeypatch):
+def client(tmp_path, monkeypatch, empty_store):
+    shutil.copyfile(empty_store, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     c = MlflowClient(uri)
