@@ -121,11 +121,11 @@ def test_hf_engine_in_calls_of_generate_batch_size_returns_every_prompt_in_order
 
     tok = checkpoint.load_tokenizer(prepared["base_model"])
     prompts = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in read_split(prepared["eval_data"], "eval")[:7]]
-    answers = {}
-    for per_call in (None, 3):
-        cfg = load_config(None, [*RL_FAST, *([f"rl.generate_batch_size={per_call}"] if per_call else [])])
-        engine = HFRolloutEngine.options(num_cpus=0).remote(cfg, str(prepared["base_model"]), 1)
-        answers[per_call] = ray.get(engine.generate.remote(prompts, 0, None, 12))
+    engines = {per_call: HFRolloutEngine.options(num_cpus=0).remote(  # both start at once
+        load_config(None, [*RL_FAST, *([f"rl.generate_batch_size={per_call}"] if per_call else [])]),
+        str(prepared["base_model"]), 1) for per_call in (None, 3)}
+    answers = {per_call: ray.get(e.generate.remote(prompts, 0, None, 12)) for per_call, e in engines.items()}
+    for engine in engines.values():
         ray.kill(engine)
     assert [s.prompt_ids for s in answers[3]] == prompts
     assert [s.response_ids for s in answers[3]] == [s.response_ids for s in answers[None]]
