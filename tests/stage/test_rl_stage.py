@@ -51,9 +51,14 @@ def run_rl(prepared, root, overrides, fail_at: int | None = None, extra_inputs=N
 
 
 @pytest.fixture(scope="module")
-def grpo(prepared, length_reward, tmp_path_factory):
-    root = tmp_path_factory.mktemp("grpo")
-    return run_rl(prepared, root, ["rl.advantage_estimator=group_norm", f"reward.func_path={length_reward}"])
+def grpo_args(length_reward) -> list[str]:
+    """The module's GRPO run's settings (on top of RL_FAST): the tests that compare against it start from them."""
+    return ["rl.advantage_estimator=group_norm", f"reward.func_path={length_reward}"]
+
+
+@pytest.fixture(scope="module")
+def grpo(prepared, grpo_args, tmp_path_factory):
+    return run_rl(prepared, tmp_path_factory.mktemp("grpo"), grpo_args)
 
 
 def test_grpo_logs_every_step_metric_and_evals(grpo):
@@ -81,11 +86,10 @@ def test_grpo_trains_the_policy_and_syncs_the_engine(grpo, prepared):
     assert model.config.vocab_size > 0
 
 
-def test_engine_log_probs_stand_in_for_the_old_ones_when_not_recomputed(grpo, prepared, length_reward, tmp_path):
+def test_engine_log_probs_stand_in_for_the_old_ones_when_not_recomputed(grpo, grpo_args, prepared, tmp_path):
     """rl.recompute_old_log_probs=false: the same first rollout (same seed) trains to the same losses,
     since the HF engine's log-probs are the ones the policy would recompute."""
-    _, logged = run_rl(prepared, tmp_path, ["rl.advantage_estimator=group_norm", f"reward.func_path={length_reward}",
-                                            "rl.recompute_old_log_probs=false", "rl.max_steps=1"])
+    _, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.recompute_old_log_probs=false", "rl.max_steps=1"])
     fast = next(m for s, m in logged if s == 1 and "reward" in m)
     full = next(m for s, m in grpo[1] if s == 1 and "reward" in m)
     assert "rollout_logprob_gap" not in fast
@@ -94,13 +98,12 @@ def test_engine_log_probs_stand_in_for_the_old_ones_when_not_recomputed(grpo, pr
         assert fast[key] == pytest.approx(full[key], abs=1e-5), key
 
 
-def test_hybrid_engine_samples_as_the_engine_does_without_engine_actors_or_weight_sync(grpo, prepared, length_reward,
+def test_hybrid_engine_samples_as_the_engine_does_without_engine_actors_or_weight_sync(grpo, grpo_args, prepared,
                                                                                          tmp_path):
     """rl.engine=hybrid: the policy rank samples with the weights it trains. The first rollout (same seed,
     same start weights) is the one the HF engine drew; the second comes from the updated policy itself,
     so its log-probs are the trainer's, and nothing is synced."""
-    result, logged = run_rl(prepared, tmp_path, ["rl.advantage_estimator=group_norm", f"reward.func_path={length_reward}",
-                                                 "rl.engine=hybrid"])
+    result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.engine=hybrid"])
     steps = {s: m for s, m in logged if "reward" in m}
     engine = next(m for s, m in grpo[1] if s == 1 and "reward" in m)
     assert (steps[1]["reward"], steps[1]["response_length"]) == (engine["reward"], engine["response_length"])
@@ -181,15 +184,14 @@ def test_reinforce_with_dense_process_rewards(prepared, tmp_path):
     assert result.outputs["rl_model"].is_dir()
 
 
-def test_killed_rl_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(grpo, prepared, length_reward, tmp_path):
+def test_killed_rl_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(grpo, grpo_args, prepared, tmp_path):
     """Killed at step 2 (after the step-1 checkpoint; `rl.save_every=1`), the rerun resumes there and ends
     on the weights of the module's uninterrupted GRPO run, with the same settings."""
-    args = ["rl.advantage_estimator=group_norm", f"reward.func_path={length_reward}"]
     whole, _ = grpo
     with pytest.raises(RuntimeError, match="killed at step 2"):
-        run_rl(prepared, tmp_path, args, fail_at=2)
+        run_rl(prepared, tmp_path, grpo_args, fail_at=2)
     assert (tmp_path / "work" / "checkpoints" / "policy" / "latest").read_text() == "step1"
-    resumed, logged = run_rl(prepared, tmp_path, args)
+    resumed, logged = run_rl(prepared, tmp_path, grpo_args)
     assert resumed.metrics["resumed_from_step"] == 1.0
     assert [s for s, m in logged if "reward" in m] == [2]
     a = load_file(whole.outputs["rl_model"] / "model.safetensors")
