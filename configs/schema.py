@@ -283,9 +283,10 @@ class RLConfig(Section):
     # rollouts
     engine: Literal["hf", "vllm", "hybrid"] = Field(
         "hf", description="rollout engine: HF generate or vLLM, in Ray actors of their own; hybrid: each policy rank "
-                          "samples with HF generate on its own training weights (no engine actors, no weight sync)")
+                          "samples with HF generate on its own training weights (no engine actors, no weight sync) "
+                          "and holds the reference model (no reference actors)")
     num_engines: int = Field(1, gt=0)
-    ref_num_workers: int = Field(1, gt=0, description="reference model copies; each scores an equal share of a rollout")
+    ref_num_workers: int = Field(1, gt=0, description="reference model actors (engine hf or vllm); each scores an equal share of a rollout")
     reward_num_workers: int = Field(1, gt=0, description="reward scorer copies; each scores an equal share of a rollout")
     vllm_python: str | None = Field(None, description="Python of the env holding vLLM (`rlhf vllm-env`); empty: the pipeline's own")
     vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory a vLLM engine may take")
@@ -350,6 +351,8 @@ class RLConfig(Section):
             per_step = self.micro_train_batch_size * getattr(self, group).num_workers
             if self.train_batch_size % per_step:
                 raise ValueError(f"train_batch_size ({self.train_batch_size}) must be a multiple of micro_train_batch_size x {group}.num_workers ({per_step})")
+        if self.engine == "hybrid" and self.ref_num_workers != 1:
+            raise ValueError("engine=hybrid keeps the reference in each policy rank: ref_num_workers does not apply (leave it at 1)")
         if rollout % self.ref_num_workers:
             raise ValueError(f"rollout_batch_size x n_samples_per_prompt ({rollout}) must be a multiple of ref_num_workers ({self.ref_num_workers})")
         if self.rollout_is_cap is not None and not self.recompute_old_log_probs:

@@ -32,7 +32,7 @@ def perplexity(model, rows: list[tuple[list[int], list[int]]], batch_size: int, 
     for i in range(0, len(rows), batch_size):
         batch = pad_batch(rows[i : i + batch_size], pad_id)
         n = int((batch["labels"][:, 1:] != -100).sum())
-        total_loss += float(model(**batch).loss) * n
+        total_loss += float(model(**batch, use_cache=False).loss) * n
         total_tokens += n
     return math.exp(total_loss / max(total_tokens, 1))
 

@@ -78,7 +78,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     pad_id = tokenizer.pad_token_id
 
     def loss_fn(engine, batch):
-        logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
         loss, correct = prm_loss(logits, batch["labels"], reward_ids)
         return loss, {"step_acc": float(correct.mean())}, int(batch["attention_mask"].sum())
 
@@ -86,7 +86,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         sums = torch.zeros(3, dtype=torch.float64)  # loss*n, correct, n
         for chunk, weight in eval_batches(eval_rows, ctx.rank, ctx.world_size, p.micro_batch_size):
             batch = {k: v.to(engine.device) for k, v in pad_batch(chunk, pad_id).items()}
-            logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
             loss, correct = prm_loss(logits, batch["labels"], reward_ids)
             n = len(correct) * weight
             sums += torch.tensor([float(loss) * n, float(correct.sum()) * weight, n], dtype=torch.float64)

@@ -77,7 +77,7 @@ class LastTokenReward(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         module = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         backbone = getattr(module, module.base_model_prefix)
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         last = attention_mask.sum(-1) - 1
         return module.score(hidden[torch.arange(len(last), device=hidden.device), last]).squeeze(-1).float()
 

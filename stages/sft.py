@@ -37,7 +37,7 @@ def eval_loss(engine, rows: list[tuple[list[int], list[int]]], batch_size: int, 
     for chunk, weight in eval_batches(rows, rank, world, batch_size):
         batch = pad_batch(chunk, pad_id)
         n_tokens = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum()) * weight
-        loss = engine(**{k: v.to(engine.device) for k, v in batch.items()}).loss
+        loss = engine(**{k: v.to(engine.device) for k, v in batch.items()}, use_cache=False).loss
         total += torch.tensor([float(loss) * n_tokens, n_tokens], dtype=torch.float64)
     if world > 1:
         dist.all_reduce(total)

@@ -66,7 +66,7 @@ def sequence_batch(seqs: list[Seq], pad_id: int) -> dict[str, torch.Tensor]:
 
 def response_logps(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the summed log-prob of the response tokens, and how many there are."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
     mask = batch["response_mask"][:, 1:]
     logps = token_logps(logits[:, :-1], batch["input_ids"][:, 1:])
     return sequence_logps(logps, mask), mask.sum(-1)

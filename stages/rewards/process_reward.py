@@ -112,7 +112,7 @@ class ProcessRewardScorer:
             keep = sorted({p for _, positions in chunk for p in positions}) or [0]
             column = {p: j for j, p in enumerate(keep)}
             logits = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
-                                logits_to_keep=torch.tensor(keep, device=device)).logits
+                                logits_to_keep=torch.tensor(keep, device=device), use_cache=False).logits
             probs = step_probabilities(logits, self.good_id, self.bad_id).cpu()
             out += [[probs[i, column[p]].item() for p in positions] for i, (_, positions) in enumerate(chunk)]
         return out

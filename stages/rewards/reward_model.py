@@ -59,7 +59,7 @@ class RewardModel(torch.nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Raw rewards [B]: the head on the final (normed) hidden state of each row's last real token."""
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         pooled = hidden[rows, last_token_index(attention_mask)]
         return self.head(pooled).squeeze(-1).float()

@@ -44,10 +44,11 @@ class Slot:
 def group_sizes(cfg: PipelineConfig, needs_critic: bool) -> dict[str, int]:
     rl = cfg.rl
     sizes = {"actor": rl.actor.num_workers}
-    if rl.engine != "hybrid":  # hybrid: the policy ranks sample themselves
+    hybrid = rl.engine == "hybrid"  # the policy ranks sample themselves and hold the reference
+    if not hybrid:
         sizes["engine"] = rl.num_engines
     sizes["reward"] = rl.reward_num_workers
-    if rl.needs_reference:
+    if rl.needs_reference and not hybrid:
         sizes["ref"] = rl.ref_num_workers
     if needs_critic:
         sizes["critic"] = rl.critic.num_workers

@@ -97,12 +97,15 @@ class Actors:
                        for i, s in enumerate(slots["actor"])]
         self.critic = [workers.CriticWorker.options(**s.options()).remote(i, len(slots["critic"]), s.threads)
                        for i, s in enumerate(slots["critic"])] if needs_critic else []
-        self.ref = [workers.ReferenceWorker.options(**s.options()).remote(cfg, sft, s.threads)
-                    for s in slots.get("ref", [])]  # none without a KL coefficient
+        self.hybrid = rl.engine == "hybrid"  # the policy ranks sample with their own weights and hold the reference
+        if self.hybrid:
+            self.ref = self.policy if rl.needs_reference else []
+        else:
+            self.ref = [workers.ReferenceWorker.options(**s.options()).remote(cfg, sft, s.threads)
+                        for s in slots.get("ref", [])]  # none without a KL coefficient
         own_rm, own_prm = (str(inputs[k]) if inputs.get(k) else None for k in ("reward_model", "prm"))
         self.reward = [workers.RewardWorker.options(**s.options()).remote(cfg, own_rm, own_prm, s.threads, cwd)
                        for s in slots["reward"]]
-        self.hybrid = rl.engine == "hybrid"  # the policy ranks sample with their own weights
         self.engines = self.policy if self.hybrid else rollout_engines.start(cfg, sft, slots["engine"])
         pending = [w.ready.remote() for w in self.reward]  # a bad reward config fails here, before any model loads
         ray.get(pending)
@@ -114,7 +117,9 @@ class Actors:
         ray.get(pending)
 
     def all(self) -> list:
-        return [*self.policy, *self.critic, *([] if self.hybrid else self.engines), *self.reward, *self.ref]
+        if self.hybrid:
+            return [*self.policy, *self.critic, *self.reward]
+        return [*self.policy, *self.critic, *self.engines, *self.reward, *self.ref]
 
     def close(self) -> None:
         try:
@@ -344,7 +349,7 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     if rl.recompute_old_log_probs:
         calls["actor"] = lambda: on_shards(actors.policy, "log_probs", batch)
     if actors.ref:
-        calls["ref"] = lambda: on_shards(actors.ref, "log_probs", batch)
+        calls["ref"] = lambda: on_shards(actors.ref, "ref_log_probs", batch)
     if actors.critic:
         calls["critic"] = lambda: on_shards(actors.critic, "values", batch)
     names = {"actor": "old", "ref": "ref", "critic": "values"}

@@ -100,14 +100,21 @@ def test_engine_log_probs_stand_in_for_the_old_ones_when_not_recomputed(grpo, gr
 
 def test_hybrid_engine_samples_as_the_engine_does_without_engine_actors_or_weight_sync(grpo, grpo_args, prepared,
                                                                                          tmp_path):
-    """rl.engine=hybrid: the policy rank samples with the weights it trains. The first rollout (same seed,
-    same start weights) is the one the HF engine drew; the second comes from the updated policy itself,
-    so its log-probs are the trainer's, and nothing is synced."""
+    """rl.engine=hybrid: the policy rank samples with the weights it trains and holds the reference. The
+    first rollout (same seed, same start weights) is the one the HF engine drew; the second comes from
+    the updated policy itself, so its log-probs are the trainer's, nothing is synced, and its KL against
+    the rank's reference is the one the reference actor gave the engine's run."""
     result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.engine=hybrid"])
     steps = {s: m for s, m in logged if "reward" in m}
     engine = next(m for s, m in grpo[1] if s == 1 and "reward" in m)
     assert (steps[1]["reward"], steps[1]["response_length"]) == (engine["reward"], engine["response_length"])
     assert steps[2]["rollout_logprob_gap"] < 1e-4
+    # the reference the policy rank holds scores as the reference actor does: the same KL from the updated
+    # policy (0.062 here; the policy's current weights as the reference would read 0)
+    engine2 = next(m for s, m in grpo[1] if s == 2 and "reward" in m)
+    assert steps[2]["kl"] > 0.01
+    for key in ("reward", "kl", "actor/kl_loss", "actor/policy_loss"):
+        assert steps[2][key] == pytest.approx(engine2[key], abs=1e-6), key
     assert all(m["time/weight_sync"] < 0.01 for m in steps.values())
     assert {"eval_accuracy", "eval_sampled_accuracy"} <= set(result.metrics)
     assert AutoModelForCausalLM.from_pretrained(result.outputs["rl_model"]).config.vocab_size > 0

@@ -63,11 +63,14 @@ def test_group_sizes_and_pools():
     assert pools(together, groups) == [groups]
 
 
-def test_the_hybrid_engine_has_no_engine_group_and_needs_whole_weights():
+def test_the_hybrid_engine_has_no_engine_or_reference_group_and_needs_whole_weights():
     cfg = PipelineConfig.model_validate({"rl": {"engine": "hybrid"}, "infra": {"zero_stage": 2}})
-    assert group_sizes(cfg, needs_critic=False) == {"actor": 1, "reward": 1, "ref": 1}
+    assert cfg.rl.needs_reference  # the policy ranks hold it
+    assert group_sizes(cfg, needs_critic=True) == {"actor": 1, "reward": 1, "critic": 1}
     with pytest.raises(ConfigError, match=r"tiny.yaml: .*rl.engine=hybrid .* use infra.zero_stage 0, 1 or 2"):
         load_config(None, ["rl.engine=hybrid", "infra.zero_stage=3"])
+    with pytest.raises(ConfigError, match=r"engine=hybrid keeps the reference in each policy rank: ref_num_workers"):
+        load_config(None, ["rl.engine=hybrid", "rl.ref_num_workers=2"])
 
 
 def test_reference_and_reward_groups_take_their_worker_counts_and_must_split_the_rollout():
