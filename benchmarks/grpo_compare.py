@@ -128,11 +128,12 @@ def ours(cfg, data: dict[str, Path], work: Path) -> dict:
     import ray
 
     from benchmarks.in_process import make_ctx
+    from stages.common.ray_workers import start_local_cluster
     from stages.rl import stage as rl_stage
 
     steps: list[dict] = []
     ctx = make_ctx("rl", cfg, work, lambda metrics, step: steps.append(metrics) if "samples_per_s" in metrics else None)
-    ray.init(address="local", num_cpus=cfg.infra.num_cpus, include_dashboard=False, log_to_driver=False)
+    start_local_cluster(cfg.infra.num_cpus, log_to_driver=False)  # as the flow starts one
     try:
         rl_stage.run(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
     finally:

@@ -31,6 +31,7 @@ def rollout(options: RunOptions) -> Report:
     from configs import load_config
     from flows import vllm_env
     from stages.common import checkpoint
+    from stages.common.ray_workers import start_local_cluster
     from stages.data_prep import read_split
     from stages.rl import rollout_engines
     from stages.rl.vllm_engine import VLLMRolloutEngine, runtime_env
@@ -47,7 +48,7 @@ def rollout(options: RunOptions) -> Report:
     prompts = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
                for r in read_split(data["prompts"], "train")[:biggest]]
 
-    ray.init(address="local", num_cpus=threads, include_dashboard=False, log_to_driver=False)
+    start_local_cluster(threads, log_to_driver=False)
     try:
         rollout_engines.check(cfg, cluster_gpus=0)
         print("[rollout] starting the engines ...", flush=True)

@@ -56,10 +56,10 @@ class RaySession:
                     raise PipelineError(f"Ray cluster at {address} (RAY_ADDRESS / infra.ray_address): cannot connect ({exc})") from exc
                 self.where = f"cluster at {address}"
             else:
-                # address="local": always a fresh cluster, even when `ray start` left one running on this machine
-                ray.init(address="local", num_cpus=self.infra.num_cpus, include_dashboard=False, log_to_driver=True)
+                from stages.common.ray_workers import WorkerPool, start_local_cluster
+
+                start_local_cluster(self.infra.num_cpus)
                 self.where = "local cluster"
-                from stages.common.ray_workers import WorkerPool
 
                 self.pool = WorkerPool()  # idle workers would hold resources other users of a shared cluster need
             self._owned = True

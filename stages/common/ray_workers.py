@@ -22,6 +22,16 @@ from configs.schema import InfraConfig
 from stages.contract import StageContext, StageResult, run_timed
 
 
+def start_local_cluster(num_cpus: int, log_to_driver: bool = True) -> None:
+    """A fresh local Ray cluster (even when `ray start` left one running on this machine) whose workers
+    run at nice 0. Ray starts workers at nice 15 so that its daemons stay responsive; here the workers
+    are the job, and at nice 15 every nice-0 process (the flow's driver, a Prefect server, Ray's own
+    daemons, anything else on the machine) preempts their compute: a GRPO trial beside a test run read
+    18.5 and 19.4 samples/s at nice 15, 162.2 and 170.1 at nice 0."""
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
+             _system_config={"worker_niceness": 0})
+
+
 def prepare_process(num_threads: int) -> None:
     """In a fresh Ray worker process: name the accelerator, use the cores this actor holds, quiet HF bars."""
     import torch

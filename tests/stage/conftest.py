@@ -62,6 +62,6 @@ def prepared(fast_config, tmp_path_factory):
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A fresh local Ray cluster for the module (RL actors and rollout engines)."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray_workers.start_local_cluster(num_cpus=2, log_to_driver=False)
     yield
     ray.shutdown()
