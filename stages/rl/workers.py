@@ -1,7 +1,7 @@
 """The RL stage's Ray actors: the policy and critic (DeepSpeed engines, one actor per rank), the
-frozen reference model, the reward scorer, and HF rollout engines (or the policy ranks themselves,
-rl.engine=hybrid). The driver (stages/rl/stage.py)
-moves tensors between them; each actor holds one model and does one job."""
+frozen reference model, the reward scorer, and HF rollout engines. The driver (stages/rl/stage.py)
+moves tensors between them; each actor holds one model and does one job, except with
+rl.engine=hybrid, where each policy rank also samples and holds the reference (verl's fused worker)."""
 
 from __future__ import annotations
 
