@@ -123,9 +123,9 @@ def test_iterative_dpo_with_the_rule_reward_beats_sft_and_keeps_up_with_offline_
     Sampled accuracy is 800 draws (200 prompts x 4), a standard error near 0.015 each and near 0.016 for
     the difference of two models' (p near 0.88), greedy accuracy 200 (near 0.02): iterative DPO read
     +0.032, +0.013 and -0.028 sampled, +0.05, +0.025 and +0.005 greedy over offline DPO in three runs of
-    this test on three machines (CPU kernels differ, so do the trained models; SFT 0.945 / 0.601, 0.905 /
-    0.596 and 0.900 / 0.638). So it must beat SFT by a wide margin and stay level with offline DPO within
-    two and a half standard errors of the difference."""
+    this test, the third on an AVX-512 machine (other CPU kernels, so other trained models; SFT 0.945 /
+    0.601, 0.905 / 0.596 and 0.900 / 0.638). So it must beat SFT by a wide margin and stay level with
+    offline DPO: within two and a half standard errors of the difference on sampled accuracy."""
     result = run_cli(ws, "run", "dpo.iterative.rounds=6")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     statuses = stage_statuses(ws)
@@ -151,7 +151,7 @@ def test_iterative_dpo_with_the_rule_reward_beats_sft_and_keeps_up_with_offline_
     print("  round reward mean (the policy's own samples): " + ", ".join(f"{m.value:.3f}" for m in rounds))
     assert m_on["dpo/sampled_accuracy"] >= m_off["sft/sampled_accuracy"] + 0.12  # +0.25, +0.20, +0.23 measured
     assert m_on["dpo/sampled_accuracy"] >= m_off["dpo/sampled_accuracy"] - 0.04
-    assert m_on["dpo/accuracy"] >= m_off["dpo/accuracy"] - 0.04  # greedy: +0.05, +0.025, +0.005 measured
+    assert m_on["dpo/accuracy"] >= m_off["dpo/accuracy"] - 0.02  # greedy: +0.05, +0.025, +0.005 measured
     # eval moved `champion` to the iterative DPO model only if it beat the offline one on greedy accuracy
     better = online if m_on["dpo/accuracy"] > m_off["dpo/accuracy"] else offline
     assert mlflow_client(ws).get_model_version_by_alias("rlhf-dpo", "champion").run_id == better.info.run_id
