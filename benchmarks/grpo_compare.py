@@ -23,6 +23,10 @@ held-out evals fall outside), for TRL a callback from `on_train_begin` to the la
 rest of `_generate_and_score_completions` (experience: old and reference log-probs, advantages); the
 remainder of the loop is training. TRL has no weight sync: it samples from the model it trains.
 Each trial is a fresh process; the systems alternate and the table gives medians.
+
+A control row runs TRL's same trial as a task on a local Ray cluster started as ours is (workers at
+nice 0, the worker set-up of our actors): what running inside a Ray worker costs TRL's own loop, so
+that "ours, hybrid engine / TRL in a Ray worker" compares the two trainers under the same runtime.
 """
 
 from __future__ import annotations
@@ -44,8 +48,12 @@ DEFAULT_STEPS = 8  # rollout steps per trial
 # does TRL's work with the policy rank sampling itself, as TRL does (rl.engine=hybrid).
 OUR_ROWS = {"ours": ["rl.recompute_old_log_probs=true"], "ours_preset": ["rl.recompute_old_log_probs=false"],
             "ours_hybrid": ["rl.recompute_old_log_probs=true", "rl.engine=hybrid"]}
-RATIO_ROWS = {"ours": "ours / TRL", "ours_preset": "ours as the preset runs / TRL", "ours_hybrid": "ours, hybrid engine / TRL"}
-SYSTEMS = (*OUR_ROWS, "trl")
+SYSTEMS = (*OUR_ROWS, "trl", "trl_ray")
+# (numerator, denominator): label of the ratio row
+RATIO_ROWS = {("ours", "trl"): "ours / TRL", ("ours_preset", "trl"): "ours as the preset runs / TRL",
+              ("ours_hybrid", "trl"): "ours, hybrid engine / TRL",
+              ("trl_ray", "trl"): "TRL in a Ray worker / TRL",
+              ("ours_hybrid", "trl_ray"): "ours, hybrid engine / TRL in a Ray worker"}
 SFT_STEPS = 300  # the start policy: enough SFT for the rule reward to vary within a group
 PARTS = ("generation", "reward", "experience", "training", "weight_sync")
 EVAL_SAMPLES = 16  # our stage's held-out evals (outside the timed loop) on few prompts
@@ -85,13 +93,14 @@ def report(steps: int, repeats: int, trials: dict[str, list[dict]]) -> Report:
     summary = {system: {metric: statistics.median(r[metric] for r in results)
                         for metric in ("samples_per_s", "tokens_per_s", *(f"{p}_s" for p in PARTS))}
                for system, results in trials.items()}
-    ratios = {system: {metric: summary[system][metric] / summary["trl"][metric] for metric in ("samples_per_s", "tokens_per_s")}
-              for system in OUR_ROWS}
+    ratios = {pair: {metric: summary[pair[0]][metric] / summary[pair[1]][metric] for metric in ("samples_per_s", "tokens_per_s")}
+              for pair in RATIO_ROWS}
     stage = "`stages.rl` (Ray; DeepSpeed ZeRO-{zero} policy, HF engine, reference, reward actors)".format(zero=first["zero_stage"])
     labels = {"ours": f"ours: {stage}, old log-probs recomputed (TRL's work)",
               "ours_preset": "ours, as the tiny preset runs: the engine's log-probs as the old ones",
               "ours_hybrid": "ours, `rl.engine=hybrid`: the policy rank samples (no engine, no sync), old log-probs recomputed",
-              "trl": f"TRL {version} `GRPOTrainer` (one process, HF generate)"}
+              "trl": f"TRL {version} `GRPOTrainer` (one process, HF generate)",
+              "trl_ray": f"TRL {version} `GRPOTrainer`, the same trial as a task on a local Ray cluster (control)"}
     columns = ["system", "samples/s (median)", "response tokens/s", "samples/s per trial",
                *(f"{p.replace('_', ' ')} s/step" for p in PARTS)]
     rows = []
@@ -100,14 +109,15 @@ def report(steps: int, repeats: int, trials: dict[str, list[dict]]) -> Report:
         per_trial = ", ".join(f"{r['samples_per_s']:,.1f}" for r in trials[system])
         rows.append([labels[system], f"{s['samples_per_s']:,.1f}", f"{s['tokens_per_s']:,.0f}", per_trial,
                      *(f"{s[f'{p}_s'] / steps:.2f}" for p in PARTS)])
-    for system, name in RATIO_ROWS.items():
-        r = ratios[system]
+    for pair, name in RATIO_ROWS.items():
+        r = ratios[pair]
         rows.append([name, f"{r['samples_per_s']:.2f}", f"{r['tokens_per_s']:.2f}", "", *[""] * len(PARTS)])
     title = (f"GRPO throughput, tiny preset: {steps} rollout steps of {first['prompts']} prompts x "
              f"{first['group_size']} samples (<= {first['max_new_tokens']} tokens), {first['optimizer_steps_per_rollout']} "
              f"optimizer steps each, KL loss, fp32, {repeats} alternating trials per system")
     return Report(title, columns, rows, data={"settings": first["settings"], "trl_version": version,
-                                              "systems": summary, "ratio": ratios["ours"], "ratios": ratios, "trials": trials})
+                                              "systems": summary, "ratio": ratios["ours", "trl"],
+                                              "ratios": {"/".join(pair): r for pair, r in ratios.items()}, "trials": trials})
 
 
 # --- one trial, in its own process ---------------------------------------------------------------
@@ -185,6 +195,28 @@ def trl(cfg, data: dict[str, Path], work: Path) -> dict:
             "trl_defaults": measured["trl_defaults"]}
 
 
+def trl_in_ray(cfg, data: dict[str, Path], work: Path) -> dict:
+    """`trl` as a task on a local Ray cluster started as our stage's is, its worker set up as our actors
+    are: the cost of the runtime alone, with TRL's loop unchanged."""
+    import ray
+
+    from stages.common.ray_workers import prepare_process, start_local_cluster
+
+    threads = cfg.infra.num_cpus
+    data, work = {name: path.resolve() for name, path in data.items()}, work.resolve()
+
+    @ray.remote(num_cpus=threads)
+    def trial() -> dict:
+        prepare_process(threads)
+        return trl(cfg, data, work)
+
+    start_local_cluster(threads, log_to_driver=False)
+    try:
+        return ray.get(trial.remote())
+    finally:
+        ray.shutdown()
+
+
 class PartClock:
     """Times three of the trainer's own methods (wrapped on the instance; behaviour unchanged) and counts
     the completions it scored."""
@@ -218,7 +250,7 @@ def trial_main(spec: dict) -> None:
     data = {name: Path(path) for name, path in spec["data"].items()}
     cfg = bench_config(spec["steps"], spec["overrides"])
     rl = cfg.rl
-    measured = (trl if spec["system"] == "trl" else ours)(cfg, data, work)
+    measured = {"trl": trl, "trl_ray": trl_in_ray}.get(spec["system"], ours)(cfg, data, work)
     result = {
         "system": spec["system"], "rollout_steps": spec["steps"], "prompts": rl.rollout_batch_size,
         "group_size": rl.n_samples_per_prompt, "max_new_tokens": rl.generate_max_len,

@@ -42,9 +42,15 @@ def test_grpo_benchmark_times_both_systems_on_the_same_rollout_shape(tmp_path, c
     # the same-work row recomputes the old log-probs as TRL does; the preset's row takes the engine's
     preset = grpo["trials"]["ours_preset"][0]
     assert ours["settings"]["recompute_old_log_probs"] and not preset["settings"]["recompute_old_log_probs"]
-    assert grpo["ratios"]["ours_preset"]["samples_per_s"] == pytest.approx(preset["samples_per_s"] / trl["samples_per_s"])
+    assert grpo["ratios"]["ours_preset/trl"]["samples_per_s"] == pytest.approx(preset["samples_per_s"] / trl["samples_per_s"])
     hybrid = grpo["trials"]["ours_hybrid"][0]  # the policy rank samples: nothing to sync
     assert hybrid["weight_sync_s"] < 1e-3 and hybrid["settings"]["recompute_old_log_probs"]
     printed = capsys.readouterr().out
     assert "| ours / TRL |" in printed and "| ours as the preset runs / TRL |" in printed
     assert "| ours, hybrid engine / TRL |" in printed
+    # the control: TRL's own trial inside a Ray worker, timed the same way
+    in_ray = grpo["trials"]["trl_ray"][0]
+    assert in_ray["samples"] == trl["samples"] and in_ray["weight_sync_s"] == 0
+    assert grpo["ratios"]["ours_hybrid/trl_ray"]["samples_per_s"] == pytest.approx(
+        hybrid["samples_per_s"] / in_ray["samples_per_s"])
+    assert "| TRL in a Ray worker / TRL |" in printed
