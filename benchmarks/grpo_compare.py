@@ -135,19 +135,14 @@ def bench_config(steps: int, overrides: list[str]):
 
 
 def ours(cfg, data: dict[str, Path], work: Path) -> dict:
-    import ray
-
     from benchmarks.in_process import make_ctx
-    from stages.common.ray_workers import start_local_cluster
+    from stages.common.ray_workers import local_cluster
     from stages.rl import stage as rl_stage
 
     steps: list[dict] = []
     ctx = make_ctx("rl", cfg, work, lambda metrics, step: steps.append(metrics) if "samples_per_s" in metrics else None)
-    start_local_cluster(cfg.infra.num_cpus, log_to_driver=False)  # as the flow starts one
-    try:
+    with local_cluster(cfg.infra.num_cpus, log_to_driver=False):  # as the flow starts one
         rl_stage.run(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
-    finally:
-        ray.shutdown()
     per_step = cfg.rl.rollout_batch_size * cfg.rl.n_samples_per_prompt
     parts = {f"{p}_s": sum(m.get(f"time/{p}", 0.0) for m in steps) for p in PARTS}
     return {"samples": per_step * len(steps), "response_tokens": sum(m["response_length"] * per_step for m in steps),
@@ -200,7 +195,7 @@ def trl_in_ray(cfg, data: dict[str, Path], work: Path) -> dict:
     are: the cost of the runtime alone, with TRL's loop unchanged."""
     import ray
 
-    from stages.common.ray_workers import prepare_process, start_local_cluster
+    from stages.common.ray_workers import local_cluster, prepare_process
 
     threads = cfg.infra.num_cpus
     data, work = {name: path.resolve() for name, path in data.items()}, work.resolve()
@@ -210,11 +205,8 @@ def trl_in_ray(cfg, data: dict[str, Path], work: Path) -> dict:
         prepare_process(threads)
         return trl(cfg, data, work)
 
-    start_local_cluster(threads, log_to_driver=False)
-    try:
+    with local_cluster(threads, log_to_driver=False):
         return ray.get(trial.remote())
-    finally:
-        ray.shutdown()
 
 
 class PartClock:

@@ -31,7 +31,7 @@ def rollout(options: RunOptions) -> Report:
     from configs import load_config
     from flows import vllm_env
     from stages.common import checkpoint
-    from stages.common.ray_workers import start_local_cluster
+    from stages.common.ray_workers import local_cluster
     from stages.data_prep import read_split
     from stages.rl import rollout_engines
     from stages.rl.vllm_engine import VLLMRolloutEngine, runtime_env
@@ -48,8 +48,7 @@ def rollout(options: RunOptions) -> Report:
     prompts = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
                for r in read_split(data["prompts"], "train")[:biggest]]
 
-    start_local_cluster(threads, log_to_driver=False)
-    try:
+    with local_cluster(threads, log_to_driver=False):
         rollout_engines.check(cfg, cluster_gpus=0)
         print("[rollout] starting the engines ...", flush=True)
         engines = {
@@ -71,8 +70,6 @@ def rollout(options: RunOptions) -> Report:
             print(f"[rollout] batch {batch}: " + ", ".join(
                 f"{name} {statistics.median(t['tokens_per_s'] for t in trials[name][batch]):,.0f} tokens/s"
                 for name in ENGINES), flush=True)
-    finally:
-        ray.shutdown()
     return report(trials, repeats, cfg.rl.generate_max_len, threads)
 
 

@@ -32,6 +32,16 @@ def start_local_cluster(num_cpus: int, log_to_driver: bool = True) -> None:
              _system_config={"worker_niceness": 0})
 
 
+@contextlib.contextmanager
+def local_cluster(num_cpus: int, log_to_driver: bool = True):
+    """`start_local_cluster` for the span of a `with` block, shut down when it ends."""
+    start_local_cluster(num_cpus, log_to_driver)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
 def prepare_process(num_threads: int) -> None:
     """In a fresh Ray worker process: name the accelerator, use the cores this actor holds, quiet HF bars."""
     import torch

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import ray
 
 from configs import load_config
 from stages import data_prep
@@ -62,6 +61,5 @@ def prepared(fast_config, tmp_path_factory):
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A fresh local Ray cluster for the module (RL actors and rollout engines)."""
-    ray_workers.start_local_cluster(num_cpus=2, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with ray_workers.local_cluster(num_cpus=2, log_to_driver=False):
+        yield
