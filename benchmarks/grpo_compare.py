@@ -9,12 +9,14 @@ same rule reward (`rewards/arithmetic.py`), the same rollout shape (`rl.rollout_
 top-p), the same optimizer steps per rollout (`train_batch_size` samples in micro-batches of
 `micro_train_batch_size`, one epoch), clip range, learning rate (constant), group-normalized
 advantages and the k3 KL loss against the frozen start model at the preset's coefficient. fp32 on
-the CPU. Ours runs as the pipeline runs it: a local Ray cluster, the policy as a DeepSpeed rank, the
-reference, the reward scorer and an HF `generate` rollout engine as Ray actors, every one colocated
-on the 2 cores. TRL runs in one process, generating with the policy itself (no vLLM on a CPU). Our
-stage runs three times per repeat: recomputing the old log-probs with the policy after sampling, as
-TRL does here (the headline ratio: the same work); as the tiny preset runs, with the engine's
-log-probs standing in; and the same work with `rl.engine=hybrid`, the policy rank sampling itself.
+the CPU. Ours runs as the pipeline runs it: a local Ray cluster, the policy as a DeepSpeed rank in a Ray
+actor and the reward scorer in another, colocated on the 2 cores. Three rows of ours: as the tiny
+preset runs (`rl.engine=hybrid`: the policy rank samples with the weights it trains and holds the
+reference; the log-probs it sampled with are the old ones); the same with the old log-probs
+recomputed by a forward pass after sampling, as TRL does here (TRL's work); and the engine-actor
+layout of the GPU presets (`rl.engine=hf`: an HF `generate` engine and the reference in actors of their
+own, the weights synced into the engine each step), compared with the preset's row. TRL runs in one
+process, generating with the policy itself (no vLLM on a CPU).
 
 Samples are prompt x sample pairs (rollouts). Time is the rollout loop only: for ours the sum of its
 per-step timers (generation, reward, experience, training, weight sync; actor start-up and the
@@ -42,18 +44,17 @@ from benchmarks import trl_compare
 from benchmarks.report import Report, RunOptions
 
 DEFAULT_STEPS = 8  # rollout steps per trial
-# Our stage's rows. TRL recomputes the old log-probs with the policy after sampling (its steps per
-# generation exceed its gradient accumulation), so `ours` does the same work; `ours_preset` runs as
-# the tiny preset does, taking them from the engine (rl.recompute_old_log_probs=false); `ours_hybrid`
-# does TRL's work with the policy rank sampling itself, as TRL does (rl.engine=hybrid).
-OUR_ROWS = {"ours": ["rl.recompute_old_log_probs=true"], "ours_preset": ["rl.recompute_old_log_probs=false"],
-            "ours_hybrid": ["rl.recompute_old_log_probs=true", "rl.engine=hybrid"]}
+# Our stage's rows. `ours` runs as the tiny preset does; TRL recomputes the old log-probs with the policy
+# after sampling (its steps per generation exceed its gradient accumulation), which `ours_recompute`
+# does too; `ours_actors` is the engine-actor layout of the GPU presets.
+OUR_ROWS = {"ours": [], "ours_recompute": ["rl.recompute_old_log_probs=true"], "ours_actors": ["rl.engine=hf"]}
 SYSTEMS = (*OUR_ROWS, "trl", "trl_ray")
 # (numerator, denominator): label of the ratio row
-RATIO_ROWS = {("ours", "trl"): "ours / TRL", ("ours_preset", "trl"): "ours as the preset runs / TRL",
-              ("ours_hybrid", "trl"): "ours, hybrid engine / TRL",
+RATIO_ROWS = {("ours", "trl"): "ours / TRL",
+              ("ours_recompute", "trl"): "ours, TRL's work / TRL",
               ("trl_ray", "trl"): "TRL in a Ray worker / TRL",
-              ("ours_hybrid", "trl_ray"): "ours, hybrid engine / TRL in a Ray worker"}
+              ("ours_recompute", "trl_ray"): "ours, TRL's work / TRL in a Ray worker",
+              ("ours_actors", "ours"): "ours, engine and reference actors / ours"}
 SFT_STEPS = 300  # the start policy: enough SFT for the rule reward to vary within a group
 PARTS = ("generation", "reward", "experience", "training", "weight_sync")
 EVAL_SAMPLES = 16  # our stage's held-out evals (outside the timed loop) on few prompts
@@ -95,10 +96,10 @@ def report(steps: int, repeats: int, trials: dict[str, list[dict]]) -> Report:
                for system, results in trials.items()}
     ratios = {pair: {metric: summary[pair[0]][metric] / summary[pair[1]][metric] for metric in ("samples_per_s", "tokens_per_s")}
               for pair in RATIO_ROWS}
-    stage = "`stages.rl` (Ray; DeepSpeed ZeRO-{zero} policy, HF engine, reference, reward actors)".format(zero=first["zero_stage"])
-    labels = {"ours": f"ours: {stage}, old log-probs recomputed (TRL's work)",
-              "ours_preset": "ours, as the tiny preset runs: the engine's log-probs as the old ones",
-              "ours_hybrid": "ours, `rl.engine=hybrid`: the policy rank samples (no engine, no sync), old log-probs recomputed",
+    stage = "`stages.rl` (Ray; DeepSpeed ZeRO-{zero} policy rank sampling itself, reward actor)".format(zero=first["zero_stage"])
+    labels = {"ours": f"ours: {stage}, as the tiny preset runs",
+              "ours_recompute": "ours, old log-probs recomputed after sampling (TRL's work)",
+              "ours_actors": "ours, `rl.engine=hf`: HF engine and reference in actors of their own, weight sync",
               "trl": f"TRL {version} `GRPOTrainer` (one process, HF generate)",
               "trl_ray": f"TRL {version} `GRPOTrainer`, the same trial as a task on a local Ray cluster (control)"}
     columns = ["system", "samples/s (median)", "response tokens/s", "samples/s per trial",
@@ -252,7 +253,7 @@ def trial_main(spec: dict) -> None:
         "settings": {"precision": cfg.infra.precision, "lr": rl.actor.lr, "kl_coef": rl.init_kl_coef,
                      "kl_estimator": rl.kl_estimator, "train_batch_size": rl.train_batch_size,
                      "micro_train_batch_size": rl.micro_train_batch_size, "sft_steps": SFT_STEPS,
-                     "recompute_old_log_probs": rl.recompute_old_log_probs},
+                     "recompute_old_log_probs": rl.recompute_old_log_probs, "engine": rl.engine},
     }
     (work / "result.json").write_text(json.dumps(result))
 

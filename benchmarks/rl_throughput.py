@@ -41,5 +41,5 @@ def rl(options: RunOptions) -> Report:
             for name, r in results.items()]
     first = next(iter(results.values()))
     title = (f"RL stage by algorithm, tiny preset: {steps} rollout steps of {first['prompts']} prompts x "
-             f"{first['group_size']} samples, every actor colocated on the CPU's cores, HF engine")
+             f"{first['group_size']} samples, every actor colocated on the CPU's cores, rl.engine={first['settings']['engine']}")
     return Report(title, columns, rows, data={"variants": results, "overrides": VARIANTS})

@@ -39,18 +39,22 @@ def test_grpo_benchmark_times_both_systems_on_the_same_rollout_shape(tmp_path, c
         assert parts == pytest.approx(trial["seconds"], rel=1e-6)  # the split adds up to the timed loop
     assert trl["weight_sync_s"] == 0  # TRL samples from the model it trains
     assert grpo["ratio"]["samples_per_s"] == pytest.approx(ours["samples_per_s"] / trl["samples_per_s"])
-    # the same-work row recomputes the old log-probs as TRL does; the preset's row takes the engine's
-    preset = grpo["trials"]["ours_preset"][0]
-    assert ours["settings"]["recompute_old_log_probs"] and not preset["settings"]["recompute_old_log_probs"]
-    assert grpo["ratios"]["ours_preset/trl"]["samples_per_s"] == pytest.approx(preset["samples_per_s"] / trl["samples_per_s"])
-    hybrid = grpo["trials"]["ours_hybrid"][0]  # the policy rank samples: nothing to sync
-    assert hybrid["weight_sync_s"] < 1e-3 and hybrid["settings"]["recompute_old_log_probs"]
+    # ours runs as the preset does: the policy rank samples (nothing to sync) and keeps its sampling
+    # log-probs as the old ones; the TRL's-work row recomputes them, as TRL does
+    assert ours["settings"]["engine"] == "hybrid" and not ours["settings"]["recompute_old_log_probs"]
+    assert ours["weight_sync_s"] < 1e-3
+    same_work = grpo["trials"]["ours_recompute"][0]
+    assert same_work["settings"]["recompute_old_log_probs"]
+    assert grpo["ratios"]["ours_recompute/trl"]["samples_per_s"] == pytest.approx(same_work["samples_per_s"] / trl["samples_per_s"])
+    actors = grpo["trials"]["ours_actors"][0]  # the engine-actor layout syncs the weights every step
+    assert actors["settings"]["engine"] == "hf" and actors["weight_sync_s"] > 0
+    assert grpo["ratios"]["ours_actors/ours"]["samples_per_s"] == pytest.approx(actors["samples_per_s"] / ours["samples_per_s"])
     printed = capsys.readouterr().out
-    assert "| ours / TRL |" in printed and "| ours as the preset runs / TRL |" in printed
-    assert "| ours, hybrid engine / TRL |" in printed
+    assert "| ours / TRL |" in printed and "| ours, TRL's work / TRL |" in printed
+    assert "| ours, engine and reference actors / ours |" in printed
     # the control: TRL's own trial inside a Ray worker, timed the same way
     in_ray = grpo["trials"]["trl_ray"][0]
     assert in_ray["samples"] == trl["samples"] and in_ray["weight_sync_s"] == 0
-    assert grpo["ratios"]["ours_hybrid/trl_ray"]["samples_per_s"] == pytest.approx(
-        hybrid["samples_per_s"] / in_ray["samples_per_s"])
+    assert grpo["ratios"]["ours_recompute/trl_ray"]["samples_per_s"] == pytest.approx(
+        same_work["samples_per_s"] / in_ray["samples_per_s"])
     assert "| TRL in a Ray worker / TRL |" in printed

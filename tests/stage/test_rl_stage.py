@@ -17,6 +17,7 @@ RL_FAST = [
     "rl.generate_max_len=12", "rl.actor.lr=1e-3", "eval.max_samples=8", "eval.max_new_tokens=12",
     "eval.samples_per_prompt=2", "rl.colocate_all=true", "infra.cpus_per_worker=2",
     "rl.recompute_old_log_probs=true",  # the policy's own old log-probs: rollout_logprob_gap checks the weight sync
+    "rl.engine=hf",  # engine and reference actors (the preset's hybrid layout: the hybrid test and the flow tests)
 ]
 # Rewards that differ between samples of the untrained model, so every estimator has a signal.
 LENGTH_REWARD = "def reward_func(queries, prompts, labels):\n    return [len(q) - len(p) for q, p in zip(queries, prompts)]\n"
@@ -86,10 +87,13 @@ def test_grpo_trains_the_policy_and_syncs_the_engine(grpo, prepared):
     assert model.config.vocab_size > 0
 
 
-def test_engine_log_probs_stand_in_for_the_old_ones_when_not_recomputed(grpo, grpo_args, prepared, tmp_path):
+@pytest.mark.parametrize("engine", ["hf", "hybrid"])  # hybrid, not recomputed: the tiny preset's RL
+def test_sampling_log_probs_stand_in_for_the_old_ones_when_not_recomputed(grpo, grpo_args, prepared, tmp_path, engine):
     """rl.recompute_old_log_probs=false: the same first rollout (same seed) trains to the same losses,
-    since the HF engine's log-probs are the ones the policy would recompute."""
-    _, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.recompute_old_log_probs=false", "rl.max_steps=1"])
+    since the sampler's log-probs (HF engine or the hybrid policy rank) are the ones the policy would
+    recompute."""
+    _, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.recompute_old_log_probs=false", "rl.max_steps=1",
+                                            f"rl.engine={engine}"])
     fast = next(m for s, m in logged if s == 1 and "reward" in m)
     full = next(m for s, m in grpo[1] if s == 1 and "reward" in m)
     assert "rollout_logprob_gap" not in fast
