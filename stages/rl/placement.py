@@ -69,13 +69,17 @@ def pools(cfg: PipelineConfig, groups: list[str]) -> list[list[str]]:
     return [p for p in together if p] + [[g] for g in groups if g not in placed]
 
 
-def waves(pools: list[list[str]], groups: list[str]) -> list[list[str]]:
+def waves(pools: list[list[str]], groups: list[str], hosts: dict[str, str] | None = None) -> list[list[str]]:
     """`groups` in waves whose members share no pool: a wave's groups may run at once, the waves one
     after another. Colocated groups running at once would oversubscribe the cores they share (on the
     2-core tiny preset, experience making took 0.69 s per step with the policy's and the reference's
-    forward passes at once, 0.26 s in turn)."""
+    forward passes at once, 0.26 s in turn). `hosts` names the group whose actors a group runs in
+    (hybrid: the reference lives in the policy ranks)."""
+    hosts = hosts or {}
+
     def colocated(a: str, b: str) -> bool:
-        return any(a in pool and b in pool for pool in pools)
+        a, b = hosts.get(a, a), hosts.get(b, b)
+        return a == b or any(a in pool and b in pool for pool in pools)
 
     out: list[list[str]] = []
     for group in groups:
@@ -93,6 +97,8 @@ class Placement:
     def __init__(self, cfg: PipelineConfig, needs_critic: bool, timeout_s: float = 120.0):
         infra = cfg.infra
         self.sizes = group_sizes(cfg, needs_critic)
+        # groups with no actors of their own, and the group whose actors they run in
+        self.hosts = {"ref": "actor", "engine": "actor"} if cfg.rl.engine == "hybrid" else {}
         self.pools = pools(cfg, list(self.sizes))
         cpus, gpus = infra.cpus_per_worker, infra.gpus_per_worker
         need_cpu = sum(max(self.sizes[g] for g in pool) for pool in self.pools) * cpus

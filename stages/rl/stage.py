@@ -139,7 +139,7 @@ def in_waves(placement: Placement, calls: dict[str, Callable[[], list]]) -> dict
     """Run each actor group's calls (`group name -> launch`, returning the object refs); groups that
     share cores go one after another, the others at once. Returns each group's results."""
     results: dict[str, list] = {}
-    for wave in waves(placement.pools, list(calls)):
+    for wave in waves(placement.pools, list(calls), placement.hosts):
         launched = {group: calls[group]() for group in wave}
         for group, refs in launched.items():
             results[group] = ray.get(refs)

@@ -85,6 +85,10 @@ def test_groups_that_share_cores_take_turns_the_others_run_at_once():
     assert waves([experience], experience) == [["actor"], ["ref"], ["critic"]]  # colocate_all
     assert waves([["actor", "ref"], ["critic", "reward"]], experience) == [["actor", "critic"], ["ref"]]
     assert waves([["actor"], ["ref"], ["critic"]], experience) == [experience]  # nothing shared
+    # hybrid: the reference runs in the policy ranks, so it shares their cores with a colocated critic
+    hybrid_pools = [["actor", "reward", "critic"]]
+    assert waves(hybrid_pools, ["ref", "critic"], {"ref": "actor"}) == [["ref"], ["critic"]]
+    assert waves([["actor"], ["reward"], ["critic"]], ["ref", "critic"], {"ref": "actor"}) == [["ref", "critic"]]
 
 
 def test_tiny_preset_rl_fits_two_cpus():
