@@ -9,13 +9,13 @@ same rule reward (`rewards/arithmetic.py`), the same rollout shape (`rl.rollout_
 top-p), the same optimizer steps per rollout (`train_batch_size` samples in micro-batches of
 `micro_train_batch_size`, one epoch), clip range, learning rate (constant), group-normalized
 advantages and the k3 KL loss against the frozen start model at the preset's coefficient. fp32 on
-the CPU. Ours runs as the pipeline runs it: a local Ray cluster, the policy as a DeepSpeed rank in a Ray
-actor and the reward scorer in another, colocated on the 2 cores. Three rows of ours: as the tiny
+the CPU. Ours runs as the pipeline runs it: a local Ray cluster, the policy as a DeepSpeed rank in a
+Ray actor and the reward scorer in another, colocated on the 2 cores. Three rows of ours: as the tiny
 preset runs (`rl.engine=hybrid`: the policy rank samples with the weights it trains and holds the
 reference; the log-probs it sampled with are the old ones); the same with the old log-probs
 recomputed by a forward pass after sampling, as TRL does here (TRL's work); and the engine-actor
-layout of the GPU presets (`rl.engine=hf`: an HF `generate` engine and the reference in actors of their
-own, the weights synced into the engine each step), compared with the preset's row. TRL runs in one
+layout of the GPU presets (`rl.engine=hf`: an HF `generate` engine and the reference in actors of
+their own, the weights synced into the engine each step), compared with the preset's row. TRL runs in one
 process, generating with the policy itself (no vLLM on a CPU).
 
 Samples are prompt x sample pairs (rollouts). Time is the rollout loop only: for ours the sum of its
@@ -28,7 +28,7 @@ Each trial is a fresh process; the systems alternate and the table gives medians
 
 A control row runs TRL's same trial as a task on a local Ray cluster started as ours is (workers at
 nice 0, the worker set-up of our actors): what running inside a Ray worker costs TRL's own loop, so
-that "ours, hybrid engine / TRL in a Ray worker" compares the two trainers under the same runtime.
+that "ours, TRL's work / TRL in a Ray worker" compares the two trainers under the same runtime.
 """
 
 from __future__ import annotations
