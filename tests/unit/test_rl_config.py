@@ -88,6 +88,8 @@ def test_groups_that_share_cores_take_turns_the_others_run_at_once():
     # hybrid: the reference runs in the policy ranks, so it shares their cores with a colocated critic
     hybrid_pools = [["actor", "reward", "critic"]]
     assert waves(hybrid_pools, ["ref", "critic"], {"ref": "actor"}) == [["ref"], ["critic"]]
+    # the policy's old log-probs and the reference's go to the same ranks, which queue them
+    assert waves(hybrid_pools, experience, {"ref": "actor"}) == [["actor", "ref"], ["critic"]]
     assert waves([["actor"], ["reward"], ["critic"]], ["ref", "critic"], {"ref": "actor"}) == [["ref", "critic"]]
 
 
