@@ -15,8 +15,8 @@ preset runs (`rl.engine=hybrid`: the policy rank samples with the weights it tra
 reference; the log-probs it sampled with are the old ones); the same with the old log-probs
 recomputed by a forward pass after sampling, as TRL does here (TRL's work); and the engine-actor
 layout of the GPU presets (`rl.engine=hf`: an HF `generate` engine and the reference in actors of
-their own, the weights synced into the engine each step), compared with the preset's row. TRL runs in one
-process, generating with the policy itself (no vLLM on a CPU).
+their own, the weights synced into the engine each step), compared with the preset's row. TRL runs
+in one process, generating with the policy itself (no vLLM on a CPU).
 
 Samples are prompt x sample pairs (rollouts). Time is the rollout loop only: for ours the sum of its
 per-step timers (generation, reward, experience, training, weight sync; actor start-up and the

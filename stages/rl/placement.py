@@ -41,18 +41,21 @@ class Slot:
         }
 
 
+def hosts(cfg: PipelineConfig) -> dict[str, str]:
+    """The groups with no actors of their own, and the group whose actors do their work (hybrid: the
+    policy ranks sample themselves and hold the reference)."""
+    return {"engine": "actor", "ref": "actor"} if cfg.rl.engine == "hybrid" else {}
+
+
 def group_sizes(cfg: PipelineConfig, needs_critic: bool) -> dict[str, int]:
     rl = cfg.rl
-    sizes = {"actor": rl.actor.num_workers}
-    hybrid = rl.engine == "hybrid"  # the policy ranks sample themselves and hold the reference
-    if not hybrid:
-        sizes["engine"] = rl.num_engines
-    sizes["reward"] = rl.reward_num_workers
-    if rl.needs_reference and not hybrid:
+    sizes = {"actor": rl.actor.num_workers, "engine": rl.num_engines, "reward": rl.reward_num_workers}
+    if rl.needs_reference:
         sizes["ref"] = rl.ref_num_workers
     if needs_critic:
         sizes["critic"] = rl.critic.num_workers
-    return sizes
+    hosted = hosts(cfg)
+    return {group: n for group, n in sizes.items() if group not in hosted}
 
 
 def pools(cfg: PipelineConfig, groups: list[str]) -> list[list[str]]:
@@ -98,8 +101,7 @@ class Placement:
     def __init__(self, cfg: PipelineConfig, needs_critic: bool, timeout_s: float = 120.0):
         infra = cfg.infra
         self.sizes = group_sizes(cfg, needs_critic)
-        # groups with no actors of their own, and the group whose actors they run in
-        self.hosts = {"ref": "actor", "engine": "actor"} if cfg.rl.engine == "hybrid" else {}
+        self.hosts = hosts(cfg)
         self.pools = pools(cfg, list(self.sizes))
         cpus, gpus = infra.cpus_per_worker, infra.gpus_per_worker
         need_cpu = sum(max(self.sizes[g] for g in pool) for pool in self.pools) * cpus
