@@ -49,8 +49,26 @@ def prepare_process(num_threads: int) -> None:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # say it, rather than have DeepSpeed warn it guessed
-    torch.set_num_threads(num_threads)
+    use_threads(num_threads)
     transformers.utils.logging.disable_progress_bar()
+
+
+def use_threads(num_threads: int) -> None:
+    """torch's intra-op thread count, set only where OMP_NUM_THREADS (which Ray sets to an actor's
+    `num_cpus`, `thread_env` to its cores) has not already made it so. `torch.set_num_threads` also turns
+    MKL's dynamic threading off for the life of the process, and MKL then opens a nested OpenMP region
+    for every matmul inside torch's own parallel loops (SDPA's CPU kernels): 12x the futex calls in the
+    RL policy rank, and 1.07x the time per training step of the tiny model (`benchmarks/threads.py`)."""
+    import torch
+
+    if torch.get_num_threads() != num_threads:
+        torch.set_num_threads(num_threads)
+
+
+def thread_env(num_threads: int) -> dict:
+    """Ray actor options whose process starts with `num_threads` OpenMP threads: for actors whose
+    `num_cpus` is a share of cores they use in turns with others (Ray would set OMP_NUM_THREADS to 1)."""
+    return {"runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(num_threads)}}}
 
 
 def free_port() -> int:

@@ -21,6 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from configs.errors import PipelineError
 from configs.schema import PipelineConfig
+from stages.common.ray_workers import thread_env
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Slot:
             "num_cpus": self.num_cpus,
             "num_gpus": self.num_gpus,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=self.bundle),
+            **thread_env(self.threads),
         }
 
 

@@ -97,5 +97,5 @@ def start(cfg: PipelineConfig, model_path: str, slots: list[Slot]) -> list:
     window = AutoConfig.from_pretrained(model_path).max_position_embeddings
     options["max_model_len"] = min(options["max_model_len"], window)
     python = vllm_python(cfg)
-    return [VLLMRolloutEngine.options(**s.options(), runtime_env=runtime_env(python, s.threads))
+    return [VLLMRolloutEngine.options(**s.options() | {"runtime_env": runtime_env(python, s.threads)})
             .remote(model_path, options, s.threads) for s in slots]

@@ -5,7 +5,7 @@ import pytest
 from configs import ConfigError, load_config
 from configs.schema import InfraConfig, PipelineConfig, TrainingConfig
 from stages.common.deepspeed_engine import engine_config
-from stages.rl.placement import group_sizes, pools, waves
+from stages.rl.placement import Slot, group_sizes, pools, waves
 
 
 @pytest.mark.parametrize("estimator", ["reinforce_baseline", "rloo", "group_norm", "dr_grpo"])
@@ -91,6 +91,13 @@ def test_groups_that_share_cores_take_turns_the_others_run_at_once():
     # the policy's old log-probs and the reference's go to the same ranks, which queue them
     assert waves(hybrid_pools, experience, {"ref": "actor"}) == [["actor", "ref"], ["critic"]]
     assert waves([["actor"], ["reward"], ["critic"]], ["ref", "critic"], {"ref": "actor"}) == [["ref", "critic"]]
+
+
+def test_an_actor_sharing_its_cores_starts_with_as_many_threads_as_they_are():
+    # a quarter of 2 cores: Ray alone would start the process with OMP_NUM_THREADS=1
+    options = Slot(pg=None, bundle=0, num_cpus=0.5, num_gpus=0.0, threads=2).options()
+    assert options["num_cpus"] == 0.5
+    assert options["runtime_env"] == {"env_vars": {"OMP_NUM_THREADS": "2"}}
 
 
 def test_tiny_preset_rl_fits_two_cpus():
