@@ -346,14 +346,21 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     batch = sequence_batch(samples, tokenizer.pad_token_id)
     mask = batch["action_mask"]
     calls = {}
-    if rl.recompute_old_log_probs:
-        calls["actor"] = lambda: on_shards(actors.policy, "log_probs", batch)
-    if actors.ref:
-        calls["ref"] = lambda: on_shards(actors.ref, "ref_log_probs", batch)
+    both = rl.recompute_old_log_probs and actors.hybrid and bool(actors.ref)  # one call to the policy ranks
+    if both:
+        calls["actor"] = lambda: on_shards(actors.policy, "old_and_ref_log_probs", batch)
+    else:
+        if rl.recompute_old_log_probs:
+            calls["actor"] = lambda: on_shards(actors.policy, "log_probs", batch)
+        if actors.ref:
+            calls["ref"] = lambda: on_shards(actors.ref, "ref_log_probs", batch)
     if actors.critic:
         calls["critic"] = lambda: on_shards(actors.critic, "values", batch)
+    results = in_waves(actors.placement, calls)
+    if both:
+        results["actor"], results["ref"] = map(list, zip(*results["actor"]))
     names = {"actor": "old", "ref": "ref", "critic": "values"}
-    got = {names[group]: torch.cat(parts) for group, parts in in_waves(actors.placement, calls).items()}
+    got = {names[group]: torch.cat(parts) for group, parts in results.items()}
     old = got.get("old", batch["rollout_log_probs"])
     kl = approx_kl(old, got["ref"], rl.kl_estimator) * mask if "ref" in got else torch.zeros_like(mask)
     scores = scored.rewards.float()
