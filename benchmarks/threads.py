@@ -20,12 +20,10 @@ gives medians over the trials.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from benchmarks import trl_compare
 from benchmarks.report import Report, RunOptions
@@ -46,10 +44,8 @@ def threads(options: RunOptions) -> Report:
     for repeat in range(repeats):
         for setting in SETTINGS:  # alternate
             spec = {"setting": setting, "model": str(model), "steps": steps, "threads": cores}
-            env = {**os.environ, "OMP_NUM_THREADS": str(cores),
-                   "PYTHONPATH": os.pathsep.join(filter(None, [str(trl_compare.REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-            proc = subprocess.run([sys.executable, "-m", __name__, json.dumps(spec)], env=env, capture_output=True,
-                                  text=True, cwd=trl_compare.REPO_ROOT)
+            proc = subprocess.run([sys.executable, "-m", __name__, json.dumps(spec)], capture_output=True, text=True,
+                                  env=trl_compare.trial_env(OMP_NUM_THREADS=str(cores)), cwd=trl_compare.REPO_ROOT)
             if proc.returncode != 0:
                 raise RuntimeError(f"threads trial ({setting}) failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
             result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -93,6 +93,15 @@ def tiny_data(workdir: Path) -> dict[str, Path]:
     return data_prep.run(make_ctx("data_prep", load_config(None, []), workdir / "data"), {}).outputs
 
 
+def trial_env(**extra: str) -> dict[str, str]:
+    """The environment of a trial's fresh process: this repo importable, no torch.distributed settings
+    inherited (our trial sets its own one-rank ones), no tokenizer threads or progress bars; `extra` on top."""
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+               TOKENIZERS_PARALLELISM="false", TQDM_DISABLE="1", **extra)
+    return env
+
+
 def run_trial(task: str, system: str, steps: int, data: dict[str, Path], work: Path,
               module: str = "benchmarks.trl_compare", overrides: list[str] = ()) -> dict:
     """One training run of `system` in a fresh process (`python -m module SPEC`); its measurements.
@@ -100,12 +109,8 @@ def run_trial(task: str, system: str, steps: int, data: dict[str, Path], work: P
     work.mkdir(parents=True)
     spec = {"task": task, "system": system, "steps": steps, "work": str(work), "overrides": list(overrides),
             "data": {name: str(path) for name, path in data.items()}}
-    # a clean process: no torch.distributed settings inherited (our trial sets its own one-rank ones)
-    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
-    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-               TOKENIZERS_PARALLELISM="false", TQDM_DISABLE="1")
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", module, json.dumps(spec)], cwd=REPO_ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", module, json.dumps(spec)], cwd=REPO_ROOT, env=trial_env(),
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{task} trial of {system} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
