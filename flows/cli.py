@@ -13,9 +13,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from configs.errors import PipelineError
@@ -60,10 +62,49 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         use_local_token()  # Ray reads it when first imported, which is about to happen
     _prefect_home(cfg.tracking.state_dir)
-    from flows.pipeline import rlhf_pipeline
+    prefect_server = start_prefect_server()
+    from flows import ray_cluster
 
-    rlhf_pipeline(config=args.config or "tiny", overrides=args.overrides, force=force, only=only or None)
+    if not only and new_local_store(cfg):
+        ray_cluster.start_early(cfg)
+    try:
+        from flows.pipeline import rlhf_pipeline
+
+        if prefect_server is not None:
+            prefect_server.join()  # the flow uses it (or, had it failed, starts it again and reports why)
+        rlhf_pipeline(config=args.config or "tiny", overrides=args.overrides, force=force, only=only or None)
+    finally:
+        ray_cluster.drop_early()
     return 0
+
+
+def start_prefect_server() -> threading.Thread | None:
+    """Without PREFECT_API_URL, calling the flow starts Prefect's temporary server: a process that imports
+    the server and creates its database (5-10 s here). Starting it first, in a thread, lets the flow's
+    imports and the early Ray start run meanwhile; the flow then finds it running."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return None
+    from prefect.server.api.server import SubprocessASGIServer
+
+    def start() -> None:
+        with contextlib.suppress(Exception):  # the flow's own start tries again and reports the error
+            SubprocessASGIServer().start()
+
+    thread = threading.Thread(target=start, name="prefect-server-start", daemon=True)
+    thread.start()
+    return thread
+
+
+def new_local_store(cfg) -> bool:
+    """No MLflow database yet and no Ray cluster named: no stage can be cached, all of them run here."""
+    from artifacts import tracking
+
+    if os.environ.get("RAY_ADDRESS") or cfg.infra.ray_address:
+        return False
+    uri = tracking.resolve(cfg.tracking).uri
+    return uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from configs import load_config
 from configs.errors import PipelineError, first_line
 from configs.schema import PipelineConfig
 from flows import eval_report, retries
-from flows.ray_cluster import RaySession
+from flows.ray_cluster import RaySession, session_for
 from flows.stage_task import StageOutcome, execute_stage
 from flows.summary import markdown, print_summary, summary_rows
 from stages import dag
@@ -65,7 +65,7 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
     params = fp.flatten(cfg.model_dump(mode="json"))
     client.log_batch(parent_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
 
-    ray_session = RaySession(cfg.infra)
+    ray_session = session_for(cfg.infra)
     futures = {}
     try:
         for spec in dag.STAGES:  # declared in dependency order

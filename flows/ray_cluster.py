@@ -1,6 +1,7 @@
 """One Ray cluster per flow run: `RAY_ADDRESS` / `infra.ray_address` when set, else a local one.
 
-It is joined lazily, by the first stage that has work to do, so a fully cached run starts no Ray.
+It is joined lazily, by the first stage that has work to do, so a fully cached run starts no Ray;
+`rlhf run` on a new store, where every stage will run, starts it at once (`start_early`).
 On a local cluster of its own the session keeps stage workers for the next stage of the same shape
 (`stages.common.ray_workers.WorkerPool`); on a shared cluster each stage starts and frees its own.
 """
@@ -12,11 +13,16 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from configs.errors import PipelineError
-from configs.schema import InfraConfig
+from configs.errors import PipelineError, first_line
+from configs.schema import InfraConfig, PipelineConfig
+from stages import dag
 from stages.contract import StageContext, StageResult, run_timed
 from stages.dag import StageSpec
+
+if TYPE_CHECKING:
+    from stages.common.ray_workers import Shape
 
 LOG_FLUSH_S = 1.0
 
@@ -30,6 +36,41 @@ def use_local_token() -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
+_started_early: RaySession | None = None  # by `rlhf run`, for the flow it is about to call
+
+
+def start_early(cfg: PipelineConfig) -> None:
+    """For `rlhf run` on a new store (no MLflow database yet, so no stage is cached and the first one will
+    run): start the local cluster and the first stage's worker now, while Prefect starts its server
+    and the flow's modules import; the flow's session takes them over (`session_for`)."""
+    global _started_early
+    from stages.common.ray_workers import stage_shape
+
+    first = next((s for s in dag.STAGES if not dag.pinned_away(s, cfg)), None)
+    session = RaySession(cfg.infra)
+    try:
+        # in the main thread: Ray's daemons get the signal to die when the thread that started them ends
+        session.ensure(None if first is None or first.driver else stage_shape(cfg.infra, first.distributed))
+    except Exception as exc:  # noqa: BLE001 - the first stage's own start tries again and reports it as its error
+        print(f"[ray] early start failed, the first stage will retry: {first_line(exc)}", flush=True)
+    _started_early = session
+
+
+def drop_early() -> None:
+    """Shut down an early session that no flow took over (the flow failed before it began)."""
+    global _started_early
+    early, _started_early = _started_early, None
+    if early is not None:
+        early.shutdown()
+
+
+def session_for(infra: InfraConfig) -> RaySession:
+    """The flow's session: the one `start_early` began for this config, else a new one, joined lazily."""
+    global _started_early
+    early, _started_early = _started_early, None
+    return early if early is not None and early.infra == infra else RaySession(infra)
+
+
 class RaySession:
     def __init__(self, infra: InfraConfig):
         self.infra = infra
@@ -38,7 +79,9 @@ class RaySession:
         self._owned = False
         self.pool = None  # stages.common.ray_workers.WorkerPool on a local cluster of its own
 
-    def ensure(self) -> None:
+    def ensure(self, prestart: Shape | None = None) -> None:
+        """Join or start the cluster, once (`prestart`: on a local cluster, start a stage worker set of
+        this shape too, for the first stage to find idle)."""
         import ray
 
         with self._lock:
@@ -62,6 +105,8 @@ class RaySession:
                 self.where = "local cluster"
 
                 self.pool = WorkerPool()  # idle workers would hold resources other users of a shared cluster need
+                if prestart:
+                    self.pool.prestart(prestart)
             self._owned = True
             print(f"[ray] connected to {self.where}: {ray.cluster_resources().get('CPU', 0):g} CPU, "
                   f"{ray.cluster_resources().get('GPU', 0):g} GPU", flush=True)

@@ -228,6 +228,15 @@ class WorkerPool:
             self.release(None, healthy=False)
             raise
 
+    def prestart(self, shape: Shape) -> None:
+        """Start a set of `shape` now, idle, for the first stage that asks for it (its processes import
+        their libraries meanwhile). Nothing is started when the cluster lacks the resources."""
+        if free_for(shape):
+            started = WorkerSet.start(shape)
+            with self._cond:
+                self._idle.append(started)
+                self._cond.notify_all()
+
     def release(self, workers: WorkerSet | None, healthy: bool) -> None:
         with self._cond:
             self._busy -= 1
@@ -264,10 +273,14 @@ def free_for(shape: Shape) -> bool:
     return free.get("CPU", 0) >= n * cpus and free.get("GPU", 0) >= n * gpus
 
 
+def stage_shape(infra: InfraConfig, distributed: bool) -> Shape:
+    return (infra.num_workers if distributed else 1, infra.cpus_per_worker, infra.gpus_per_worker)
+
+
 def run_stage(entrypoint: str, ctx: StageContext, inputs: dict[str, Path], infra: InfraConfig, distributed: bool,
               pool: WorkerPool | None = None) -> StageResult:
     """Run the stage function on its ranks, in workers from `pool` (fresh ones without a pool)."""
-    shape = (infra.num_workers if distributed else 1, infra.cpus_per_worker, infra.gpus_per_worker)
+    shape = stage_shape(infra, distributed)
     check_resources(ctx.stage, *shape)
     pool = pool or WorkerPool(keep_idle=False)
     ranks = pool.acquire(shape)

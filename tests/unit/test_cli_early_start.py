@@ -1,0 +1,36 @@
+"""When `rlhf run` starts the Ray cluster before the flow: only on a new local store, where no stage
+can be cached (a cached run must stay free of Ray)."""
+
+from __future__ import annotations
+
+import pytest
+
+from configs import load_config
+from flows.cli import new_local_store
+
+
+@pytest.fixture
+def cfg(tmp_path, monkeypatch):
+    for key in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS"):
+        monkeypatch.delenv(key, raising=False)
+    return load_config(None, [f"tracking.state_dir={tmp_path / 'state'}"])
+
+
+def test_a_store_without_its_database_is_new(cfg, tmp_path):
+    assert new_local_store(cfg)
+
+
+def test_a_store_with_its_database_is_not(cfg, tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "mlflow.db").write_bytes(b"")
+    assert not new_local_store(cfg)
+
+
+def test_a_tracking_server_or_a_named_ray_cluster_is_never_new(cfg, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert not new_local_store(cfg)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert not new_local_store(cfg)
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert not new_local_store(cfg.model_copy(update={"infra": cfg.infra.model_copy(update={"ray_address": "127.0.0.1:6379"})}))
