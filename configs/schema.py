@@ -230,6 +230,9 @@ class DPOConfig(TrainingConfig):
     loss: Literal["sigmoid", "ipo", "kto"] = Field("sigmoid", description="sigmoid: DPO (cDPO with label_smoothing); ipo; kto")
     label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="cDPO: assumed probability that a pair's label is flipped")
     nll_loss_coef: float = Field(0.0, ge=0.0, description="weight of the chosen responses' NLL added to the loss")
+    shared_prompt: bool = Field(True, description="pair losses: each pair as one row, its prompt computed once for both "
+                                                  "responses (a 4D attention mask; the same log-probs); with "
+                                                  "flash_attention_2, which takes no such mask, two padded rows")
     desirable_weight: float = Field(1.0, gt=0, description="KTO: weight of desirable examples")
     undesirable_weight: float = Field(1.0, gt=0, description="KTO: weight of undesirable examples")
     iterative: IterativeDPOConfig = IterativeDPOConfig()

@@ -64,6 +64,56 @@ def sequence_batch(seqs: list[Seq], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask}
 
 
+def shared_prompt_batch(pairs: list[tuple[Seq, Seq]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Each pair as one right-padded row: its prompt once, then the chosen and the rejected response.
+    The rejected response's position ids restart where the chosen one's began, and `mask4d` lets every
+    response token see the prompt and its own response only (a pad sees itself: a row of nothing but
+    masked keys would give NaNs). `chosen_mask` / `rejected_mask` [B, W-1], aligned with
+    `logits[:, :-1]`, mark where each response's next-token log-probs are read; the rejected response's
+    first token is the exception, read at the prompt's last position (`prompt_last` -> `rejected_first`)."""
+    width = max(len(p) + len(c) + len(r) for (p, c), (_, r) in pairs)
+    b = len(pairs)
+    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((b, width), dtype=torch.long)
+    mask4d = torch.zeros((b, 1, width, width), dtype=torch.bool)
+    chosen_mask = torch.zeros((b, width - 1), dtype=torch.long)
+    rejected_mask = torch.zeros((b, width - 1), dtype=torch.long)
+    prompt_last = torch.zeros(b, dtype=torch.long)
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    for i, ((prompt, chosen), (_, rejected)) in enumerate(pairs):
+        p, c, r = len(prompt), len(chosen), len(rejected)
+        n = p + c + r
+        input_ids[i, :n] = torch.tensor(prompt + chosen + rejected)
+        position_ids[i, : p + c] = torch.arange(p + c)
+        position_ids[i, p + c : n] = torch.arange(p, p + r)
+        mask4d[i, 0, : p + c, : p + c] = causal[: p + c, : p + c]
+        mask4d[i, 0, p + c : n, :p] = True
+        mask4d[i, 0, p + c : n, p + c : n] = causal[:r, :r]
+        pads = torch.arange(n, width)
+        mask4d[i, 0, pads, pads] = True
+        chosen_mask[i, p - 1 : p + c - 1] = 1
+        rejected_mask[i, p + c : n - 1] = 1
+        prompt_last[i] = p - 1
+    return {"input_ids": input_ids, "position_ids": position_ids, "mask4d": mask4d, "chosen_mask": chosen_mask,
+            "rejected_mask": rejected_mask, "prompt_last": prompt_last, "rejected_first": prompt_last + 1 + chosen_mask.sum(-1)}
+
+
+def shared_prompt_logps(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`response_logps` of a `shared_prompt_batch`: the chosen rows' sums and counts, then the rejected
+    rows'. The mask goes in as an additive float mask, which SDPA and eager attention both take."""
+    dtype = next(iter(model.parameters())).dtype
+    additive = torch.zeros(batch["mask4d"].shape, dtype=dtype, device=batch["mask4d"].device)
+    additive.masked_fill_(~batch["mask4d"], torch.finfo(dtype).min)
+    ids = batch["input_ids"]
+    logits = model(input_ids=ids, position_ids=batch["position_ids"], attention_mask=additive, use_cache=False).logits
+    logps = token_logps(logits[:, :-1], ids[:, 1:])
+    rows = torch.arange(ids.shape[0], device=ids.device)
+    first = token_logps(logits[rows, batch["prompt_last"]], ids[rows, batch["rejected_first"]])
+    chosen, rejected = sequence_logps(logps, batch["chosen_mask"]), sequence_logps(logps, batch["rejected_mask"]) + first
+    counts = torch.cat([batch["chosen_mask"].sum(-1), batch["rejected_mask"].sum(-1) + 1])
+    return torch.cat([chosen, rejected]), counts
+
+
 def response_logps(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the summed log-prob of the response tokens, and how many there are."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
@@ -95,25 +145,33 @@ def reference_logps(engine, seqs: list[Seq], batch_size: int, pad_id: int, rank:
 
 
 class PairObjective:
-    """DPO / cDPO / IPO on (chosen, rejected) pairs; row i is pair i."""
+    """DPO / cDPO / IPO on (chosen, rejected) pairs; row i is pair i. With `shared_prompt` (and pairs
+    whose responses share the prompt, as every pair built here does) a micro-batch has one row per
+    pair (`shared_prompt_batch`), else two padded rows."""
 
-    def __init__(self, cfg: DPOConfig, pairs: list[tuple[Seq, Seq]], pad_id: int):
+    def __init__(self, cfg: DPOConfig, pairs: list[tuple[Seq, Seq]], pad_id: int, shared_prompt: bool = False):
         self.cfg, self.pad_id, self.n_rows, self.pairs = cfg, pad_id, len(pairs), pairs
         # the sequences whose reference log-probs the rows need: chosen ones, then rejected ones
         self.sequences = [c for c, _ in pairs] + [r for _, r in pairs]
+        self.shared_prompt = shared_prompt and all(c[0] == r[0] for c, r in pairs)
 
     def sequence_ids(self, rows: list[int]) -> list[int]:
         return rows + [self.n_rows + i for i in rows]
 
     def collate(self, ref: torch.Tensor, idx: list[int]) -> dict:
         rejected = [self.n_rows + i for i in idx]
-        batch = sequence_batch([self.sequences[i] for i in idx + rejected], self.pad_id)
+        seqs = [self.sequences[i] for i in idx + rejected]
+        if self.shared_prompt:
+            batch = shared_prompt_batch([self.pairs[i] for i in idx], self.pad_id)
+        else:
+            batch = sequence_batch(seqs, self.pad_id)
         batch["ref"] = ref[idx + rejected]
+        batch["tokens"] = torch.tensor(sum(len(p) + len(r) for p, r in seqs))  # both sequences' tokens, either layout
         return batch
 
     def pair_terms(self, model, batch: dict):
         """Per pair: losses, chosen / rejected implicit rewards; also the chosen NLL per token."""
-        sums, counts = response_logps(model, batch)
+        sums, counts = (shared_prompt_logps if self.shared_prompt else response_logps)(model, batch)
         policy, ref = sums, batch["ref"]
         if self.cfg.loss == "ipo":
             policy, ref = sums / counts.clamp(min=1), ref / counts.clamp(min=1)
@@ -129,7 +187,7 @@ class PairObjective:
         loss = losses.mean()
         if self.cfg.nll_loss_coef:
             loss = loss + self.cfg.nll_loss_coef * nll
-        return loss, {**pair_logs(chosen, rejected), "nll": nll.item()}, int(batch["attention_mask"].sum())
+        return loss, {**pair_logs(chosen, rejected), "nll": nll.item()}, int(batch["tokens"])
 
 
 class KTOObjective:
@@ -237,10 +295,13 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
     pad_id = tokenizer.pad_token_id
 
-    def make_objective(pairs):
-        return KTOObjective(d, pairs, pad_id, ctx.world_size) if d.loss == "kto" else PairObjective(d, pairs, pad_id)
+    # flash_attention_2 takes no 4D mask: there, two padded rows per pair
+    shared = d.shared_prompt and checkpoint.attn_implementation(cfg.model) in ("sdpa", "eager")
 
-    evaluation = PairObjective(d, encode_pairs(tokenizer, read_split(inputs["pref_data"], "eval")), pad_id)
+    def make_objective(pairs):
+        return KTOObjective(d, pairs, pad_id, ctx.world_size) if d.loss == "kto" else PairObjective(d, pairs, pad_id, shared)
+
+    evaluation = PairObjective(d, encode_pairs(tokenizer, read_split(inputs["pref_data"], "eval")), pad_id, shared)
     # offline: the preference pairs; iterative: none until each round samples its own
     objective = None if d.iterative.rounds else make_objective(encode_pairs(tokenizer, read_split(inputs["pref_data"], "train")))
 

@@ -52,13 +52,14 @@ def test_dpo_checkpoint_loads_with_plain_transformers(trained, prepared):
     assert moved > 1e-4
 
 
-@pytest.mark.parametrize(("overrides", "expected"), [
-    ([], math.log(2)),  # DPO: -log sigmoid(0)
-    (["dpo.label_smoothing=0.2"], math.log(2)),  # cDPO is symmetric at margin 0
-    (["dpo.loss=ipo", "dpo.beta=0.5"], 1.0),  # (0 - 1 / (2 * 0.5))^2
-    (["dpo.loss=kto", "dpo.desirable_weight=1.5", "dpo.undesirable_weight=1.5"], 0.75),  # 1.5 * (1 - sigmoid(0))
+@pytest.mark.parametrize(("overrides", "expected", "shared_prompt"), [
+    ([], math.log(2), False),  # DPO: -log sigmoid(0)
+    ([], math.log(2), True),  # the same pairs, one row each
+    (["dpo.label_smoothing=0.2"], math.log(2), True),  # cDPO is symmetric at margin 0
+    (["dpo.loss=ipo", "dpo.beta=0.5"], 1.0, True),  # (0 - 1 / (2 * 0.5))^2
+    (["dpo.loss=kto", "dpo.desirable_weight=1.5", "dpo.undesirable_weight=1.5"], 0.75, False),  # 1.5 * (1 - sigmoid(0))
 ])
-def test_objective_at_the_reference(prepared, overrides, expected):
+def test_objective_at_the_reference(prepared, overrides, expected, shared_prompt):
     """With policy == reference the precomputed reference log-probs must equal the training forward's,
     so each objective's loss is its value at margin 0 (and KTO's KL reference point is 0)."""
     from stages.common import checkpoint
@@ -69,7 +70,8 @@ def test_objective_at_the_reference(prepared, overrides, expected):
     model = AutoModelForCausalLM.from_pretrained(prepared["base_model"]).eval()
     pairs = dpo.encode_pairs(tok, read_split(prepared["pref_data"], "train")[:6])
     objective = (dpo.KTOObjective(d, pairs, tok.pad_token_id, world=1) if d.loss == "kto"
-                 else dpo.PairObjective(d, pairs, tok.pad_token_id))
+                 else dpo.PairObjective(d, pairs, tok.pad_token_id, shared_prompt))
+    assert getattr(objective, "shared_prompt", False) == shared_prompt
     with torch.no_grad():
         ref = dpo.reference_logps(model, objective.sequences, batch_size=4, pad_id=tok.pad_token_id, rank=0, world=1)
         loss, logs, _ = objective.loss(model, objective.collate(ref, list(range(objective.n_rows))))
@@ -79,6 +81,30 @@ def test_objective_at_the_reference(prepared, overrides, expected):
         assert logs["kl"] == pytest.approx(0.0, abs=1e-5)
     else:
         assert logs["margin"] == pytest.approx(0.0, abs=1e-6) and logs["nll"] > 0
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_shared_prompt_row_scores_and_trains_as_two_padded_rows(prepared, attention):
+    """One row per pair (prompt once, each response masked from the other) gives each response the
+    log-prob, token count and gradient of its own padded row."""
+    from stages.common import checkpoint
+    from stages.data_prep import read_split
+
+    tok = checkpoint.load_tokenizer(prepared["base_model"])
+    model = AutoModelForCausalLM.from_pretrained(prepared["base_model"], attn_implementation=attention)
+    pairs = dpo.encode_pairs(tok, read_split(prepared["pref_data"], "train")[:7])
+    assert len({len(c[1]) + len(r[1]) for c, r in pairs}) > 1  # rows of different lengths: pads in the shared rows
+    results = []
+    for sums_fn, batch in ((dpo.response_logps, dpo.sequence_batch([c for c, _ in pairs] + [r for _, r in pairs], tok.pad_token_id)),
+                           (dpo.shared_prompt_logps, dpo.shared_prompt_batch(pairs, tok.pad_token_id))):
+        model.zero_grad()
+        sums, counts = sums_fn(model, batch)
+        (sums * torch.linspace(0.5, 1.5, len(sums))).sum().backward()  # a different weight per sequence
+        results.append((sums.detach(), counts, [p.grad.clone() for p in model.parameters()]))
+    (padded, padded_counts, padded_grads), (shared, shared_counts, shared_grads) = results
+    assert shared.tolist() == pytest.approx(padded.tolist(), abs=1e-4)
+    assert shared_counts.tolist() == padded_counts.tolist() == [len(s[1]) for s in [c for c, _ in pairs] + [r for _, r in pairs]]
+    assert max(float((a - b).abs().max()) for a, b in zip(shared_grads, padded_grads)) < 1e-4
 
 
 def test_killed_run_resumes_from_last_checkpoint_and_matches_uninterrupted(prepared, trained, tmp_path, capsys):
