@@ -146,14 +146,14 @@ def reference_logps(engine, seqs: list[Seq], batch_size: int, pad_id: int, rank:
 
 class PairObjective:
     """DPO / cDPO / IPO on (chosen, rejected) pairs; row i is pair i. With `shared_prompt` (and pairs
-    whose responses share the prompt, as every pair built here does) a micro-batch has one row per
-    pair (`shared_prompt_batch`), else two padded rows."""
+    whose non-empty responses share the prompt, as every pair built here does) a micro-batch has one
+    row per pair (`shared_prompt_batch`), else two padded rows."""
 
     def __init__(self, cfg: DPOConfig, pairs: list[tuple[Seq, Seq]], pad_id: int, shared_prompt: bool = False):
         self.cfg, self.pad_id, self.n_rows, self.pairs = cfg, pad_id, len(pairs), pairs
         # the sequences whose reference log-probs the rows need: chosen ones, then rejected ones
         self.sequences = [c for c, _ in pairs] + [r for _, r in pairs]
-        self.shared_prompt = shared_prompt and all(c[0] == r[0] for c, r in pairs)
+        self.shared_prompt = shared_prompt and all(c[0] == r[0] and c[1] and r[1] for c, r in pairs)
 
     def sequence_ids(self, rows: list[int]) -> list[int]:
         return rows + [self.n_rows + i for i in rows]

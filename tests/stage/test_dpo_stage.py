@@ -107,6 +107,15 @@ def test_a_shared_prompt_row_scores_and_trains_as_two_padded_rows(prepared, atte
     assert max(float((a - b).abs().max()) for a, b in zip(shared_grads, padded_grads)) < 1e-4
 
 
+def test_pairs_that_do_not_share_a_prompt_or_have_an_empty_response_keep_two_rows():
+    d = load_config(None, []).dpo
+    shared = ((([1, 2], [3]), ([1, 2], [4, 5])),)
+    assert dpo.PairObjective(d, list(shared), 0, shared_prompt=True).shared_prompt
+    assert not dpo.PairObjective(d, list(shared), 0, shared_prompt=False).shared_prompt
+    assert not dpo.PairObjective(d, [*shared, (([1, 2], [3]), ([1, 9], [4]))], 0, shared_prompt=True).shared_prompt
+    assert not dpo.PairObjective(d, [*shared, (([1, 2], [3]), ([1, 2], []))], 0, shared_prompt=True).shared_prompt
+
+
 def test_killed_run_resumes_from_last_checkpoint_and_matches_uninterrupted(prepared, trained, tmp_path, capsys):
     with pytest.raises(KeyboardInterrupt):
         run_dpo(prepared, tmp_path, recorder=Recorder(fail_at=4))  # dies at step 4's eval, before its save
