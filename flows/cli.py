@@ -57,15 +57,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         from stages.rl.rollout_engines import check_installed
 
         check_installed(cfg)
-    if os.environ.get("RAY_ADDRESS") or cfg.infra.ray_address:
-        from flows.ray_cluster import use_local_token
-
-        use_local_token()  # Ray reads it when first imported, which is about to happen
-    _prefect_home(cfg.tracking.state_dir)
-    prefect_server = start_prefect_server()
     from flows import ray_cluster
 
-    if not only and new_local_store(cfg):
+    named_cluster = ray_cluster.named_address(cfg.infra)
+    if named_cluster:
+        ray_cluster.use_local_token()  # Ray reads it when first imported, which is about to happen
+    _prefect_home(cfg.tracking.state_dir)
+    prefect_server = start_prefect_server()
+    if not only and not named_cluster and new_store(cfg):
         ray_cluster.start_early(cfg)
     try:
         from flows.pipeline import rlhf_pipeline
@@ -97,12 +96,10 @@ def start_prefect_server() -> threading.Thread | None:
     return thread
 
 
-def new_local_store(cfg) -> bool:
-    """No MLflow database yet and no Ray cluster named: no stage can be cached, all of them run here."""
+def new_store(cfg) -> bool:
+    """A local MLflow store without its database yet: no stage can be cached, all of them will run."""
     from artifacts import tracking
 
-    if os.environ.get("RAY_ADDRESS") or cfg.infra.ray_address:
-        return False
     uri = tracking.resolve(cfg.tracking).uri
     return uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists()
 

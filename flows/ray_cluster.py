@@ -36,6 +36,11 @@ def use_local_token() -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
+def named_address(infra: InfraConfig) -> str | None:
+    """The cluster the user named (`RAY_ADDRESS`, else `infra.ray_address`); None: a local one of our own."""
+    return os.environ.get("RAY_ADDRESS") or infra.ray_address
+
+
 _started_early: RaySession | None = None  # by `rlhf run`, for the flow it is about to call
 
 
@@ -49,7 +54,7 @@ def start_early(cfg: PipelineConfig) -> None:
     first = next((s for s in dag.STAGES if not dag.pinned_away(s, cfg)), None)
     session = RaySession(cfg.infra)
     try:
-        # in the main thread: Ray's daemons get the signal to die when the thread that started them ends
+        # in the main thread: started from a thread that then ended, the cluster's GCS was gone
         session.ensure(None if first is None or first.driver else stage_shape(cfg.infra, first.distributed))
     except Exception as exc:  # noqa: BLE001 - the first stage's own start tries again and reports it as its error
         print(f"[ray] early start failed, the first stage will retry: {first_line(exc)}", flush=True)
@@ -68,7 +73,10 @@ def session_for(infra: InfraConfig) -> RaySession:
     """The flow's session: the one `start_early` began for this config, else a new one, joined lazily."""
     global _started_early
     early, _started_early = _started_early, None
-    return early if early is not None and early.infra == infra else RaySession(infra)
+    if early is not None and early.infra != infra:
+        early.shutdown()  # started for another config: nothing may keep it running unowned
+        early = None
+    return early or RaySession(infra)
 
 
 class RaySession:
@@ -90,7 +98,7 @@ class RaySession:
             if ray.is_initialized():  # joined by the caller (e.g. a test or a notebook)
                 self.where = "existing"
                 return
-            address = os.environ.get("RAY_ADDRESS") or self.infra.ray_address
+            address = named_address(self.infra)
             if address:
                 use_local_token()
                 try:

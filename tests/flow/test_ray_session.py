@@ -50,6 +50,12 @@ def test_an_early_start_hands_the_flow_a_cluster_with_the_first_stages_worker_wa
     assert not ray.is_initialized()
 
 
+def test_an_early_start_for_another_config_is_shut_down_not_handed_over():
+    start_early(load_config(None, []))
+    session = session_for(InfraConfig(num_cpus=1))
+    assert session.where is None and not ray.is_initialized()
+
+
 def test_an_early_start_no_flow_took_over_is_shut_down():
     start_early(load_config(None, []))
     assert ray.is_initialized()

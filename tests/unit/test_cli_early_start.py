@@ -1,12 +1,13 @@
 """When `rlhf run` starts the Ray cluster before the flow: only on a new local store, where no stage
-can be cached (a cached run must stay free of Ray)."""
+can be cached (a cached run must stay free of Ray), and never for a cluster the user named."""
 
 from __future__ import annotations
 
 import pytest
 
 from configs import load_config
-from flows.cli import new_local_store
+from flows.cli import new_store
+from flows.ray_cluster import named_address
 
 
 @pytest.fixture
@@ -17,20 +18,23 @@ def cfg(tmp_path, monkeypatch):
 
 
 def test_a_store_without_its_database_is_new(cfg, tmp_path):
-    assert new_local_store(cfg)
+    assert new_store(cfg)
 
 
 def test_a_store_with_its_database_is_not(cfg, tmp_path):
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "mlflow.db").write_bytes(b"")
-    assert not new_local_store(cfg)
+    assert not new_store(cfg)
 
 
-def test_a_tracking_server_or_a_named_ray_cluster_is_never_new(cfg, monkeypatch):
+def test_a_tracking_server_is_never_new(cfg, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
-    assert not new_local_store(cfg)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI")
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    assert not new_local_store(cfg)
-    monkeypatch.delenv("RAY_ADDRESS")
-    assert not new_local_store(cfg.model_copy(update={"infra": cfg.infra.model_copy(update={"ray_address": "127.0.0.1:6379"})}))
+    assert not new_store(cfg)
+
+
+def test_a_cluster_is_named_by_ray_address_first_then_by_the_config(cfg, monkeypatch):
+    assert named_address(cfg.infra) is None
+    named = cfg.infra.model_copy(update={"ray_address": "127.0.0.1:6379"})
+    assert named_address(named) == "127.0.0.1:6379"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert named_address(cfg.infra) == named_address(named) == "10.0.0.1:6379"
