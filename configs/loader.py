@@ -72,21 +72,44 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
-    """Validate a preset plus overrides; every error names the file or override and the key."""
+def read_preset(path: str | None, seen: tuple[Path, ...] = ()) -> tuple[dict, Path]:
+    """A preset's mapping with its `base:` (a preset name or a YAML path beside it) merged underneath:
+    the file states only what differs from its base. Each file's keys are checked, naming that file."""
     file = preset_path(path)
+    if file.resolve() in seen:
+        raise ConfigError(f"{file}: base: leads back to itself ({' -> '.join(str(p) for p in (*seen, file))})")
     try:
         raw = yaml.safe_load(file.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{file}: not valid YAML ({exc})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{file}: expected a mapping of sections at the top level")
-
-    # Check the file's own keys first so an error names the file, not an override.
+    base = raw.pop("base", None)
+    if base is not None:
+        if not isinstance(base, str) or not base:
+            raise ConfigError(f"{file}: base: expected a preset name (e.g. tiny) or a .yaml path")
+        beside = file.parent / base
+        parent, _ = read_preset(str(beside) if beside.suffix in (".yaml", ".yml") and beside.is_file() else base,
+                                (*seen, file.resolve()))
+        raw = merged(parent, raw)
     try:
-        PipelineConfig.model_validate(raw)
+        PipelineConfig.model_validate(raw)  # the file's own keys first, so an error names it, not an override
     except ValidationError as exc:
         raise ConfigError(_describe(exc, str(file))) from None
+    return raw, file
+
+
+def merged(base: dict, override: dict) -> dict:
+    """`override` over `base`, section by section (a list or value replaces the base's whole)."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    """Validate a preset (over its base) plus overrides; every error names the file or override and the key."""
+    raw, file = read_preset(path)
 
     origins: dict[str, str] = {}
     for text in overrides:

@@ -163,9 +163,10 @@ class LoRAConfig(Section):
 
 
 class OptimConfig(Section):
-    """Optimizer (AdamW) and learning-rate schedule of one trained model."""
+    """Optimizer (AdamW) and learning-rate schedule of one trained model. Each stage's default `lr` is the
+    one OpenRLHF's example scripts use for a pretrained model; the tiny preset states its own."""
 
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(5e-6, gt=0)
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine decay floor as a share of lr (1.0 with no warm-up: constant)")
     warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
@@ -188,6 +189,7 @@ class TrainingConfig(OptimConfig):
 class SFTConfig(TrainingConfig):
     """Causal-LM loss on response tokens."""
 
+    lr: float = Field(5e-6, gt=0)
     packing: bool = Field(False, description="each micro-batch as one padding-free row (position ids reset per sample); "
                                             "pays with flash_attention_2, slower with SDPA (attention over the whole row)")
 
@@ -195,7 +197,7 @@ class SFTConfig(TrainingConfig):
 class RewardModelConfig(TrainingConfig):
     """Bradley-Terry reward model trained from the SFT checkpoint on preference pairs."""
 
-    lr: float = Field(5e-4, gt=0)
+    lr: float = Field(9e-6, gt=0)
     micro_batch_size: int = Field(16, gt=0, description="preference pairs per micro-batch")
     value_head_prefix: str = Field("score", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     normalize_reward: bool = Field(False, description="scorers return (r - mean) / std with the eval-split statistics")
@@ -204,6 +206,7 @@ class RewardModelConfig(TrainingConfig):
 class PRMConfig(TrainingConfig):
     """Process reward model: next-token CE over the reward tokens at each step placeholder."""
 
+    lr: float = Field(1e-6, gt=0)
     placeholder_token: str = Field("<|step|>", description="ends every step; the reward is read there")
     reward_tokens: tuple[str, str] = Field(("+", "-"), description="the (good, bad) label tokens")
     step_separator: str = Field("\n", description="splits a response into steps when it has no placeholders")
@@ -225,6 +228,7 @@ class IterativeDPOConfig(Section):
 class DPOConfig(TrainingConfig):
     """Direct preference optimisation of the SFT policy against its frozen starting weights."""
 
+    lr: float = Field(5e-7, gt=0)
     micro_batch_size: int = Field(16, gt=0, description="preference pairs (KTO: examples) per micro-batch")
     beta: float = Field(0.1, gt=0, description="strength of the KL anchor to the reference")
     loss: Literal["sigmoid", "ipo", "kto"] = Field("sigmoid", description="sigmoid: DPO (cDPO with label_smoothing); ipo; kto")
@@ -266,7 +270,7 @@ class RewardConfig(Section):
 class RLModelConfig(OptimConfig):
     """A trained RL model (policy or critic): its optimizer (constant lr by default) and its ranks."""
 
-    lr: float = Field(1e-4, gt=0)
+    lr: float = Field(5e-7, gt=0)
     min_lr_ratio: float = Field(1.0, ge=0.0, le=1.0)
     warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0)
     num_workers: int = Field(1, gt=0, description="DeepSpeed ranks of this model's actor group")
@@ -281,13 +285,14 @@ class RLConfig(Section):
     (prompts x samples) except `rollout_batch_size`, which counts prompts, as in OpenRLHF."""
 
     advantage_estimator: Literal["gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"] = "group_norm"
-    actor: RLModelConfig = RLModelConfig(lr=1e-4)
-    critic: RLModelConfig = RLModelConfig(lr=1e-3)
+    actor: RLModelConfig = RLModelConfig(lr=5e-7)
+    critic: RLModelConfig = RLModelConfig(lr=9e-6)
     # rollouts
-    engine: Literal["hf", "vllm", "hybrid"] = Field(
-        "hf", description="rollout engine: HF generate or vLLM, in Ray actors of their own; hybrid: each policy rank "
-                          "samples with HF generate on its own training weights (no engine actors, no weight sync) "
-                          "and holds the reference model (no reference actors)")
+    engine: Literal["auto", "hf", "vllm", "hybrid"] = Field(
+        "auto", description="rollout engine: HF generate or vLLM, in Ray actors of their own; hybrid: each policy rank "
+                            "samples with HF generate on its own training weights (no engine actors, no weight sync) "
+                            "and holds the reference model (no reference actors); auto: hf where the cluster has "
+                            "bundles for every actor group, else hybrid with colocate_all (hf with ZeRO-3)")
     num_engines: int = Field(1, gt=0)
     ref_num_workers: int = Field(1, gt=0, description="reference model actors (engine hf or vllm); each scores an equal share of a rollout")
     reward_num_workers: int = Field(1, gt=0, description="reward scorer copies; each scores an equal share of a rollout")
@@ -367,6 +372,11 @@ class RLConfig(Section):
     @property
     def needs_reference(self) -> bool:
         return self.init_kl_coef > 0
+
+    @property
+    def needs_critic(self) -> bool:
+        """Only GAE learns a value function (stages.rl.advantages.ESTIMATORS agrees, tested)."""
+        return self.advantage_estimator == "gae"
 
     @property
     def aggregation(self) -> str:

@@ -21,7 +21,8 @@ from flows import eval_report, retries
 from flows.ray_cluster import RaySession, session_for
 from flows.stage_task import StageOutcome, execute_stage
 from flows.summary import markdown, print_summary, summary_rows
-from stages import dag
+from stages import dag, preflight
+from stages.rl.layout import describe_layout
 
 FLOW_NAME = "rlhf-pipeline"
 
@@ -46,7 +47,10 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
     `only`: run just these stages; the stages they need are reused from MLflow (their cached runs for
     this config), never run, and nothing downstream runs."""
     started = time.monotonic()
-    cfg = load_config(config, overrides or [])
+    loaded = load_config(config, overrides or [])
+    cfg = preflight.with_rl_layout(loaded)
+    if cfg.rl.engine != loaded.rl.engine:
+        print(f"[rl] rl.engine=auto: {describe_layout(cfg)} on the local Ray cluster", flush=True)
     dag.check_request(cfg, force or [], only or [])
     # a forced stage reruns; its consumers rerun because their inputs' identity (the new run) changed
     forced = set(force or [])

@@ -1,6 +1,6 @@
 """Checks that must fail before any work starts, cheap enough to run in the flow's driver: the model
 path, local dataset files (readable, with the columns the config names), and what the local machine
-has (the CPUs the Ray cluster is given, a GPU for the options that need one). Nothing here imports
+has (the CPUs the Ray cluster is given, the RL layout they fit, a GPU for the options that need one). Nothing here imports
 torch or transformers unless the config asks for a GPU-only option."""
 
 from __future__ import annotations
@@ -10,12 +10,36 @@ import os
 from configs.errors import PipelineError
 from configs.schema import DatasetConfig, PipelineConfig
 from stages.common import checkpoint_paths
+from stages import dag
 from stages.dag import LORA_SECTIONS, lora_of
+from stages.rl.layout import check_fits, resolve_layout
 
 
 def check(cfg: PipelineConfig) -> None:
     check_inputs(cfg)
     check_local_resources(cfg)
+
+
+def local_cluster(cfg: PipelineConfig) -> tuple[int, int] | None:
+    """(CPUs, GPUs) of the local Ray cluster a run starts; None where the user named a cluster."""
+    if os.environ.get("RAY_ADDRESS") or cfg.infra.ray_address:
+        return None
+    return cfg.infra.num_cpus or os.cpu_count() or 1, local_gpus()
+
+
+def local_gpus() -> int:
+    """The NVIDIA GPUs Ray would see here (CUDA_VISIBLE_DEVICES, else the driver's list), without CUDA."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    gpus = "/proc/driver/nvidia/gpus"
+    return len(os.listdir(gpus)) if os.path.isdir(gpus) else 0
+
+
+def with_rl_layout(cfg: PipelineConfig) -> PipelineConfig:
+    """`rl.engine: auto` resolved for the local cluster (on a named cluster the RL stage resolves it)."""
+    size = local_cluster(cfg)
+    return cfg if size is None else resolve_layout(cfg, *size)
 
 
 def check_inputs(cfg: PipelineConfig) -> None:
@@ -48,10 +72,12 @@ def check_local_resources(cfg: PipelineConfig) -> None:
             from stages.common import lora
 
             lora.require_qlora(f"{section}.lora")
-    have = cfg.infra.num_cpus or os.cpu_count() or 1
+    have, gpus = local_cluster(cfg)
     need = cfg.infra.num_workers * cfg.infra.cpus_per_worker
     if need > have:
         raise PipelineError(
             f"infra.num_workers={cfg.infra.num_workers} x infra.cpus_per_worker={cfg.infra.cpus_per_worker} needs "
             f"{need} CPUs; the local Ray cluster has {have} (infra.num_cpus)"
         )
+    if not dag.pinned_away(dag.BY_NAME["rl"], cfg):
+        check_fits(with_rl_layout(cfg), have, gpus, "the local Ray cluster (infra.num_cpus)")

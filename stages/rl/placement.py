@@ -9,6 +9,7 @@ use all of its bundle's cores.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import ray
@@ -21,6 +22,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from configs.errors import PipelineError
 from configs.schema import PipelineConfig
+from stages.rl.layout import check_fits, group_sizes, hosts, pools
 from stages.common.ray_workers import thread_env
 
 
@@ -41,37 +43,6 @@ class Slot:
             "scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=self.bundle),
             **thread_env(self.threads),
         }
-
-
-def hosts(cfg: PipelineConfig) -> dict[str, str]:
-    """The groups with no actors of their own, and the group whose actors do their work (hybrid: the
-    policy ranks sample themselves and hold the reference)."""
-    return {"engine": "actor", "ref": "actor"} if cfg.rl.engine == "hybrid" else {}
-
-
-def group_sizes(cfg: PipelineConfig, needs_critic: bool) -> dict[str, int]:
-    rl = cfg.rl
-    sizes = {"actor": rl.actor.num_workers, "engine": rl.num_engines, "reward": rl.reward_num_workers}
-    if rl.needs_reference:
-        sizes["ref"] = rl.ref_num_workers
-    if needs_critic:
-        sizes["critic"] = rl.critic.num_workers
-    hosted = hosts(cfg)
-    return {group: n for group, n in sizes.items() if group not in hosted}
-
-
-def pools(cfg: PipelineConfig, groups: list[str]) -> list[list[str]]:
-    """The sets of groups that share bundles, from the colocate_* options."""
-    rl = cfg.rl
-    if rl.colocate_all:
-        return [groups]
-    together = []
-    if rl.colocate_actor_ref:
-        together.append([g for g in ("actor", "ref") if g in groups])
-    if rl.colocate_critic_reward:
-        together.append([g for g in ("critic", "reward") if g in groups])
-    placed = {g for pool in together for g in pool}
-    return [p for p in together if p] + [[g] for g in groups if g not in placed]
 
 
 def waves(pools: list[list[str]], groups: list[str], hosts: dict[str, str] | None = None) -> list[list[str]]:
@@ -98,38 +69,44 @@ def waves(pools: list[list[str]], groups: list[str], hosts: dict[str, str] | Non
 
 
 class Placement:
-    """Reserves the bundles for every pool and hands out one Slot per actor."""
+    """Reserves the bundles for every pool and hands out one Slot per actor. While another stage holds the
+    cluster's resources the reservation waits its turn (the cluster can fit it, or `check_fits` said so)."""
 
-    def __init__(self, cfg: PipelineConfig, needs_critic: bool, timeout_s: float = 120.0):
+    WAIT_NOTE_S = 30.0  # how often a waiting stage says what it waits for
+
+    def __init__(self, cfg: PipelineConfig, needs_critic: bool, stop: Callable[[], bool] = lambda: False):
         infra = cfg.infra
         self.sizes = group_sizes(cfg, needs_critic)
         self.hosts = hosts(cfg)
         self.pools = pools(cfg, list(self.sizes))
         cpus, gpus = infra.cpus_per_worker, infra.gpus_per_worker
-        need_cpu = sum(max(self.sizes[g] for g in pool) for pool in self.pools) * cpus
-        need_gpu = sum(max(self.sizes[g] for g in pool) for pool in self.pools) * gpus
         have = ray.cluster_resources()
-        if need_cpu > have.get("CPU", 0) or need_gpu > have.get("GPU", 0):
-            raise PipelineError(
-                f"stage rl needs {need_cpu:g} CPU / {need_gpu:g} GPU for its actor groups {self.pools} "
-                f"(infra.cpus_per_worker={cpus:g}), but the Ray cluster has {have.get('CPU', 0):g} CPU / "
-                f"{have.get('GPU', 0):g} GPU; set rl.colocate_all: true or use fewer workers"
-            )
+        check_fits(cfg, have.get("CPU", 0), have.get("GPU", 0), "the Ray cluster")
         self.groups: list[PlacementGroup] = []
         self.slots: dict[str, list[Slot]] = {}
         for pool in self.pools:
             n = max(self.sizes[g] for g in pool)
             bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
             pg = placement_group([bundle] * n, strategy="PACK")
-            ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
-            if not ready:
-                remove_placement_group(pg)
-                raise PipelineError(f"stage rl: the Ray cluster did not grant {n} bundle(s) of {bundle} within {timeout_s:g}s")
-            self.groups.append(pg)
+            self.groups.append(pg)  # released with the others if the wait is stopped
+            self._wait_for(pg, n, bundle, stop)
             share = len(pool)
             for g in pool:
                 self.slots[g] = [Slot(pg, i, cpus / share, gpus / share, max(1, int(cpus))) for i in range(self.sizes[g])]
 
+    def _wait_for(self, pg: PlacementGroup, n: int, bundle: dict, stop: Callable[[], bool]) -> None:
+        waited, ready = 0.0, False
+        while not ready:
+            if stop():
+                self.release()
+                raise PipelineError("stage rl: stopped while waiting for the Ray cluster's resources")
+            ready = bool(ray.wait([pg.ready()], timeout=1.0)[0])
+            waited += 1.0
+            if not ready and waited % self.WAIT_NOTE_S == 0:
+                print(f"[rl] waiting {waited:.0f}s for {n} bundle(s) of {bundle}: another stage holds the cluster's "
+                      f"resources", flush=True)
+
     def release(self) -> None:
-        for pg in self.groups:
+        groups, self.groups = self.groups, []
+        for pg in groups:
             remove_placement_group(pg)

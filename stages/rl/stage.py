@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
@@ -51,6 +51,7 @@ from stages.rl.losses import (
     approx_kl,
     masked_mean,
 )
+from stages.rl.layout import resolve_layout
 from stages.rl.placement import Placement, waves
 
 MAX_FILL_ROUNDS = 4  # dynamic filtering: extra rollouts tried before the batch is topped up with filtered groups
@@ -196,6 +197,9 @@ def sync_weights(actors: Actors) -> None:
 
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+    have = ray.cluster_resources()
+    # the flow resolves `rl.engine: auto` for a local cluster; on a named cluster it is resolved here
+    ctx = replace(ctx, config=resolve_layout(ctx.config, have.get("CPU", 0), have.get("GPU", 0)))
     cfg, rl = ctx.config, ctx.config.rl
     set_seed(cfg.seed)
     estimator = ESTIMATORS[rl.advantage_estimator]

@@ -353,3 +353,42 @@ def test_qlora_without_adapters_is_refused():
     with pytest.raises(ConfigError, match="sft.lora.*load_in_4bit.*rank > 0"):
         load_config(None, ["sft.lora.load_in_4bit=true"])
     assert load_config(None, ["rm.lora.rank=8", "rm.lora.load_in_4bit=true"]).rm.lora.load_in_4bit
+
+
+def test_a_config_states_only_what_differs_from_its_base(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("base: tiny\nsft:\n  max_steps: 7\nrl:\n  actor:\n    lr: 3.0e-5\n")
+    cfg, tiny = load_config(str(mine)), load_config("tiny")
+    assert (cfg.sft.max_steps, cfg.rl.actor.lr) == (7, 3.0e-5)
+    assert cfg.sft.lr == tiny.sft.lr and cfg.rl.engine == tiny.rl.engine == "hybrid"  # siblings kept
+    assert cfg.model_dump(exclude={"sft", "rl"}) == tiny.model_dump(exclude={"sft", "rl"})
+
+
+def test_a_base_can_be_a_file_beside_the_config_and_a_chain_of_bases(tmp_path):
+    (tmp_path / "team.yaml").write_text("base: tiny\nseed: 7\n")
+    (tmp_path / "mine.yaml").write_text("base: team.yaml\ndpo:\n  beta: 0.5\n")
+    cfg = load_config(str(tmp_path / "mine.yaml"))
+    assert (cfg.seed, cfg.dpo.beta, cfg.dpo.lr) == (7, 0.5, load_config("tiny").dpo.lr)
+
+
+def test_base_errors_name_the_file(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"a.yaml: base: leads back to itself .*b.yaml -> .*a.yaml"):
+        load_config(str(tmp_path / "a.yaml"))
+    (tmp_path / "c.yaml").write_text("base: tiny\nsft:\n  learning_rate: 1\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: unknown key 'sft.learning_rate'"):
+        load_config(str(tmp_path / "c.yaml"))
+    (tmp_path / "d.yaml").write_text("base: huge\n")
+    with pytest.raises(ConfigError, match=r"huge: no such preset"):
+        load_config(str(tmp_path / "d.yaml"))
+
+
+def test_without_a_base_the_defaults_are_for_pretrained_models(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model:\n  name_or_path: Qwen/Qwen2.5-0.5B-Instruct\n")
+    cfg = load_config(str(mine))
+    # OpenRLHF's example scripts' learning rates; the tiny preset states its own
+    assert (cfg.sft.lr, cfg.rm.lr, cfg.prm.lr, cfg.dpo.lr) == (5e-6, 9e-6, 1e-6, 5e-7)
+    assert (cfg.rl.actor.lr, cfg.rl.critic.lr) == (5e-7, 9e-6)
+    assert load_config("tiny").dpo.lr == 5e-5

@@ -108,7 +108,7 @@ def test_sft_config_keys_values():
     assert subset["infra.zero_stage"] == 2
     assert subset["infra.precision"] == "fp32"
     assert subset["infra.num_workers"] == 1
-    assert subset["sft"]["lr"] == 0.001
+    assert subset["sft"]["lr"] == 5e-6
 
 
 @pytest.mark.parametrize("spec", STAGES, ids=lambda s: s.name)

@@ -81,7 +81,7 @@ def re_hex(text: str) -> bool:
 # --- config_subset -------------------------------------------------------------------------
 
 SFT_DEFAULTS = {
-    "lr": 0.001,
+    "lr": 5e-6,
     "min_lr_ratio": 0.1,
     "warmup_ratio": 0.05,
     "weight_decay": 0.0,
@@ -163,7 +163,7 @@ def test_flatten_flat_and_prefix():
 def test_flatten_of_a_config_has_dotted_schema_keys():
     flat = flatten(PipelineConfig().model_dump(mode="json"))
     assert flat["seed"] == 42
-    assert flat["sft.lr"] == 0.001
+    assert flat["sft.lr"] == 5e-6
     assert flat["model.tiny.vocab_size"] == 96
     assert flat["data.synthetic.max_operand"] == 20
     assert flat["eval.answer_pattern"] == r"Answer:\s*(-?\d+)"

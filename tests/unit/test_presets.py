@@ -9,7 +9,7 @@ import pytest
 from configs import load_config
 from configs.loader import PRESET_DIR
 from stages.preflight import check_inputs
-from stages.rl.placement import group_sizes, pools
+from stages.rl.layout import bundles_needed, group_sizes, pools
 
 PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 GPU_PRESETS = {"qwen2.5-0.5b-gsm8k": 1, "llama3-8b-node": 8, "llama3-8b-cluster": 32}
@@ -30,9 +30,7 @@ def test_preset_loads_and_passes_preflight(name):
 @pytest.mark.parametrize("name, gpus", GPU_PRESETS.items())
 def test_rl_layout_needs_the_gpus_the_preset_says(name, gpus):
     cfg = load_config(name)
-    sizes = group_sizes(cfg, needs_critic=cfg.rl.advantage_estimator == "gae")
-    bundles = sum(max(sizes[g] for g in pool) for pool in pools(cfg, list(sizes)))
-    assert bundles * cfg.infra.gpus_per_worker == gpus
+    assert bundles_needed(cfg, cfg.rl.needs_critic)[1] == gpus
     assert cfg.infra.num_workers * cfg.infra.gpus_per_worker <= gpus  # the training stages fit too
 
 

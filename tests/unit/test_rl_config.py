@@ -5,7 +5,8 @@ import pytest
 from configs import ConfigError, load_config
 from configs.schema import InfraConfig, PipelineConfig, TrainingConfig
 from stages.common.deepspeed_engine import engine_config
-from stages.rl.placement import Slot, group_sizes, pools, waves
+from stages.rl.layout import group_sizes, pools
+from stages.rl.placement import Slot, waves
 
 
 @pytest.mark.parametrize("estimator", ["reinforce_baseline", "rloo", "group_norm", "dr_grpo"])

@@ -1,0 +1,41 @@
+"""RL's actor groups queue for a cluster another stage holds (as DPO did while RL waited), instead of
+failing on a timer; a stop request ends the wait and frees what was reserved."""
+
+import threading
+import time
+
+import pytest
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+
+from configs import PipelineError, load_config
+from stages.rl.placement import Placement
+
+
+@pytest.fixture
+def held_cluster(ray_cluster):
+    """Another stage's workers holding both CPUs of the module's 2-CPU cluster."""
+    holder = placement_group([{"CPU": 2}])
+    ray.get(holder.ready(), timeout=60)
+    yield holder
+    remove_placement_group(holder)
+
+
+def test_rl_waits_for_the_cpus_another_stage_holds_and_starts_when_they_free(held_cluster):
+    cfg = load_config(None)  # hybrid, every group colocated: one bundle of 2 CPUs
+    threading.Timer(3.0, remove_placement_group, args=(held_cluster,)).start()
+    started = time.monotonic()
+    placement = Placement(cfg, needs_critic=False)
+    try:
+        assert time.monotonic() - started >= 2.5
+        assert set(placement.slots) == {"actor", "reward"}
+    finally:
+        placement.release()
+
+
+def test_a_stop_request_ends_the_wait_and_frees_the_reservation(held_cluster):
+    stop_at = time.monotonic() + 2.0
+    with pytest.raises(PipelineError, match="stopped while waiting"):
+        Placement(load_config(None), needs_critic=False, stop=lambda: time.monotonic() > stop_at)
+    pending = [pg for pg in ray.util.placement_group_table().values() if pg["state"] in ("PENDING", "CREATED")]
+    assert len(pending) == 1  # only the holder's
