@@ -75,8 +75,26 @@ def sft_row(tokenizer, prompt: str | list[dict], response: str | None, cfg: Data
     return {"texts": [render_prompt(tokenizer, prompt, cfg), response + tokenizer.eos_token], "train": [False, True]}
 
 
-def prm_response(steps: list[str]) -> str:
-    return "".join(f"{step}{tiny_model.STEP}\n" for step in steps)
+def prm_response(steps: list[str], placeholder: str) -> str:
+    return "".join(f"{step}{placeholder}\n" for step in steps)
+
+
+def with_placeholder_token(cfg: PipelineConfig, tokenizer, base_dir: Path):
+    """PRM data ends each step with `prm.placeholder_token`, where the PRM reads its reward: a tokenizer
+    that splits it gets it as a special token, and the base model's embeddings grow to match (saved in
+    full to `base_dir`, replacing a pointer to the original checkpoint)."""
+    token = cfg.prm.placeholder_token
+    if len(tokenizer(token, add_special_tokens=False)["input_ids"]) == 1:
+        return tokenizer
+    source = cfg.model.name_or_path or base_dir
+    model = checkpoint.load_causal_lm(source, cfg.model)
+    tokenizer.add_special_tokens({"extra_special_tokens": [token]}, replace_extra_special_tokens=False)
+    model.resize_token_embeddings(len(tokenizer))
+    (base_dir / checkpoint_paths.POINTER_FILE).unlink(missing_ok=True)
+    checkpoint.save(model, tokenizer, base_dir)
+    print(f"[data_prep] prm.placeholder_token {token!r} added to the tokenizer ({len(tokenizer)} tokens) and the "
+          f"embeddings resized; base_model is a full copy", flush=True)
+    return tokenizer
 
 
 # --- validation ----------------------------------------------------------------------------------
@@ -132,7 +150,7 @@ def synthetic_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, li
 
     def prm(rows):
         return [
-            {"prompt": render_prompt(tokenizer, r["prompt"], None), "response": prm_response(r["steps"]),
+            {"prompt": render_prompt(tokenizer, r["prompt"], None), "response": prm_response(r["steps"], cfg.prm.placeholder_token),
              "labels": r["labels"]}
             for r in rows
         ]
@@ -262,6 +280,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
             checkpoint.save(model, tokenizer, base_dir)
             print(f"[data_prep] built tokenizer ({len(tokenizer)} tokens) and model "
                   f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params)", flush=True)
+        tokenizer = with_placeholder_token(cfg, tokenizer, base_dir)  # synthetic data has PRM rows
         datasets_by_name = synthetic_datasets(cfg, tokenizer)
     else:
         if not cfg.model.name_or_path:

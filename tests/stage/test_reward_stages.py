@@ -109,3 +109,26 @@ def test_rm_with_lora_trains_and_saves_only_an_adapter_that_peft_loads(prepared,
         acc = sum(reward(r["prompt"] + r["chosen"]) > reward(r["prompt"] + r["rejected"]) for r in rows) / len(rows)
     # the reloaded adapter scores the eval pairs exactly as the stage's final eval did
     assert acc == pytest.approx(result.metrics["eval_acc"])
+
+
+def test_a_placeholder_the_tokenizer_lacks_is_added_by_data_prep_and_the_prm_trains_on_it(tmp_path):
+    """A real checkpoint's tokenizer splits `<|step|>`-style placeholders: data prep adds it as one
+    special token and resizes the embeddings, so the PRM stage runs on `model.name_or_path`."""
+    from stages import data_prep
+    from stages.common import checkpoint
+    from tests.tiny_checkpoint import save_tiny_checkpoint
+
+    local = save_tiny_checkpoint(["Compute 1+2\n1+2=3\nAnswer: 3"] * 4, tmp_path / "model")
+    token = "<|reward_here|>"
+    assert len(checkpoint.load_tokenizer(local)(token, add_special_tokens=False)["input_ids"]) > 1
+    cfg = load_config(None, [*SHORT, f"model.name_or_path={local}", f"prm.placeholder_token={token}",
+                             "data.synthetic.num_train=80", "prm.max_steps=2", "prm.eval_every=2"])
+    prepared = data_prep.run(make_ctx("data_prep", cfg, tmp_path / "prep"), {}).outputs
+    tokenizer = checkpoint.load_tokenizer(prepared["base_model"])
+    assert len(tokenizer(token, add_special_tokens=False)["input_ids"]) == 1
+    model = checkpoint.load_causal_lm(prepared["base_model"], cfg.model)
+    assert model.get_input_embeddings().weight.shape[0] == len(tokenizer)
+    assert token in read_split(prepared["prm_data"], "train")[0]["response"]
+    result = prm.run(make_ctx("prm", cfg, tmp_path / "prm"),
+                     {"sft_model": prepared["base_model"], "prm_data": prepared["prm_data"]})
+    assert json.loads((result.outputs["prm"] / "config.json").read_text())["prm_placeholder_token"] == token
