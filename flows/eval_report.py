@@ -59,7 +59,7 @@ def publish(client: MlflowClient, eval_run_id: str, inputs: dict[str, str], metr
             ref = ArtifactRef.parse(identity)
             scored.append((ref.name, ref.run_id, metrics[key]))
     moved = registry.promote_champions(client, scored, EVAL_METRIC, eval_run_id)
-    models = per_model(metrics)
+    models = per_model(metrics, inputs)
     if models:
         client.log_figure(eval_run_id, accuracy_figure(models), "plots/accuracy_by_model.png")
     if "rl_model" in inputs:

@@ -102,8 +102,7 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
     client.log_text(parent_id, markdown(rows), "summary.md")
     failed = [o for o in outcomes.values() if o.status == "failed"]
     client.set_terminated(parent_id, RunStatus.to_string(RunStatus.FAILED if failed else RunStatus.FINISHED))
-    eval_metrics = outcomes["eval"].metrics if "eval" in outcomes else None
-    print_summary(rows, parent_id, setup.ui_command(), time.monotonic() - started, eval_metrics)
+    print_summary(rows, parent_id, setup.ui_command(), time.monotonic() - started, evaluated)
     if failed:
         raise stage_failure(failed[0])
     return rows

@@ -47,6 +47,9 @@ class StageOutcome:
         return (name, self.metrics[name]) if name in self.metrics else None
 
 
+HASH_CACHE = "file_hashes.json"  # in the state folder
+
+
 class NothingToDo(Exception):
     """An input is an optional output its producer did not make (e.g. no PRM data): skip the stage."""
 
@@ -70,13 +73,16 @@ def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome], cfg: 
     return {name: available[name] for name in wanted}
 
 
-def stage_fingerprint(spec: dag.StageSpec, cfg: PipelineConfig, inputs: dict[str, store.ArtifactRef]) -> str:
+def stage_fingerprint(spec: dag.StageSpec, cfg: PipelineConfig, inputs: dict[str, store.ArtifactRef],
+                      state_dir: Path | None = None) -> str:
+    """`state_dir` keeps the local files' hashes between runs (`file_hashes.json`); None hashes them anew."""
     identities = {name: ref.identity for name, ref in inputs.items()}
-    # files the config names (datasets, a local model) count by content, not only by path
+    # files the config names (datasets, a local model, a reward file) count by content, wherever they lie
     sources = fp.config_subset(cfg, spec.wanted_config(spec.local_sources, cfg))
-    identities.update(fp.local_sources(sources, Path(configs.__file__).parent))
+    hash_cache = state_dir / HASH_CACHE if state_dir is not None else None
+    identities.update(fp.local_sources(sources, Path(configs.__file__).parent, hash_cache))
     return fp.fingerprint(spec.name, fp.config_subset(cfg, spec.wanted_config(spec.config_keys, cfg)), identities,
-                          fp.code_version(spec.code))
+                          fp.code_version(spec.module))
 
 
 def execute_stage(
@@ -102,7 +108,7 @@ def execute_stage(
         except NothingToDo as reason:
             print(f"[{spec.name}] skipped: {reason}", flush=True)
             return StageOutcome(spec.name, "skipped", time.monotonic() - started)
-        fingerprint = stage_fingerprint(spec, cfg, inputs)
+        fingerprint = stage_fingerprint(spec, cfg, inputs, setup.state_dir)
 
         def reuse() -> StageOutcome | None:
             cached = None if force else store.find_cached(client, experiment_id, spec.name, fingerprint)

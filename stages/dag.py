@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class StageSpec:
     name: str
-    entrypoint: str  # "module:function" taking (StageContext, inputs) and returning StageResult
+    # "module:function" taking (StageContext, inputs) and returning StageResult; the project modules it
+    # imports, transitively, are the stage's code version (artifacts.code_graph). The harness that calls
+    # it (stages.common.ray_workers) decides where a stage runs, not what it computes, and is not counted.
+    entrypoint: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     config_keys: tuple[str, ...]  # dotted config paths that determine the result (fingerprinted)
-    code: tuple[str, ...]  # modules or packages whose source is the stage's code version
     key_metric: str
     distributed: bool = False  # a DeepSpeed stage: runs on infra.num_workers workers
     register: tuple[str, ...] = ()  # outputs registered as MLflow models
@@ -37,9 +39,12 @@ class StageSpec:
         """`keys` (config_keys or local_sources) less those `config_when` rules out for `cfg`."""
         return tuple(key for key in keys if key not in self.config_when or self.config_when[key](cfg))
 
+    @property
+    def module(self) -> str:
+        return self.entrypoint.partition(":")[0]
+
     def load(self):
-        module, func = self.entrypoint.split(":")
-        return getattr(importlib.import_module(module), func)
+        return getattr(importlib.import_module(self.module), self.entrypoint.partition(":")[2])
 
 
 def uses_own_rm(cfg) -> bool:
@@ -75,7 +80,6 @@ def trains_adapters(cfg) -> bool:
 
 LORA_SECTIONS = ("sft", "rm", "prm", "dpo", "rl.actor", "rl.critic")  # config sections with a `lora` key
 ADAPTER_SECTIONS = LORA_SECTIONS[:-1]  # those whose stage output is then an adapter (the critic stays inside RL)
-COMMON_CODE = ("stages.contract", "stages.common")
 TRAINING_INFRA = ("infra.zero_stage", "infra.precision", "infra.num_workers")
 
 STAGES: tuple[StageSpec, ...] = (
@@ -87,7 +91,6 @@ STAGES: tuple[StageSpec, ...] = (
         optional_outputs=("pref_data", "prm_data"),
         config_keys=("seed", "model", "data", "prm.placeholder_token"),
         local_sources=("model.name_or_path", "data.sft.paths", "data.preference.paths", "data.prompts.paths"),
-        code=(*COMMON_CODE, "stages.data_prep", "stages.data_files", "stages.synthetic_task", "stages.tiny_model"),
         key_metric="sft_data_train_rows",
     ),
     StageSpec(
@@ -96,7 +99,6 @@ STAGES: tuple[StageSpec, ...] = (
         inputs=("base_model", "sft_data"),
         outputs=("sft_model",),
         config_keys=("seed", "model.attn_implementation", "sft", *TRAINING_INFRA),
-        code=(*COMMON_CODE, "stages.sft"),
         key_metric="eval_loss",
         distributed=True,
         register=("sft_model",),
@@ -107,7 +109,6 @@ STAGES: tuple[StageSpec, ...] = (
         inputs=("sft_model", "pref_data"),
         outputs=("reward_model",),
         config_keys=("seed", "model.attn_implementation", "rm", *TRAINING_INFRA),
-        code=(*COMMON_CODE, "stages.reward_model"),
         key_metric="eval_acc",
         distributed=True,
         register=("reward_model",),
@@ -118,7 +119,6 @@ STAGES: tuple[StageSpec, ...] = (
         inputs=("sft_model", "prm_data"),
         outputs=("prm",),
         config_keys=("seed", "model.attn_implementation", "prm", *TRAINING_INFRA),
-        code=(*COMMON_CODE, "stages.prm"),
         key_metric="eval_step_acc",
         distributed=True,
         register=("prm",),
@@ -132,7 +132,6 @@ STAGES: tuple[StageSpec, ...] = (
         config_keys=("seed", "model.attn_implementation", "rl", "reward", "prm.step_separator", "eval",
                      "infra.zero_stage", "infra.precision"),
         local_sources=REWARD_SOURCES,
-        code=(*COMMON_CODE, "stages.rl", "stages.rewards"),
         key_metric="eval_accuracy",
         driver=True,
         register=("rl_model",),
@@ -147,7 +146,6 @@ STAGES: tuple[StageSpec, ...] = (
         config_keys=("seed", "model.attn_implementation", "dpo", *TRAINING_INFRA, "reward", "prm.step_separator"),
         local_sources=REWARD_SOURCES,
         config_when=dict.fromkeys(("reward", "prm.step_separator", *REWARD_SOURCES), iterative_dpo),
-        code=(*COMMON_CODE, "stages.dpo", "stages.rewards"),
         key_metric="eval_reward_acc",
         distributed=True,
         register=("dpo_model",),
@@ -159,7 +157,6 @@ STAGES: tuple[StageSpec, ...] = (
         optional_inputs=("sft_model", "reward_model", "prm", "dpo_model", "rl_model"),
         outputs=("merged_models",),
         config_keys=("seed", *(f"{section}.lora" for section in ADAPTER_SECTIONS)),
-        code=(*COMMON_CODE, "stages.lora_merge", "stages.reward_model"),
         key_metric="max_logit_diff",
         run_when=trains_adapters,
         takes_adapters=True,
@@ -172,7 +169,6 @@ STAGES: tuple[StageSpec, ...] = (
         optional_inputs=("dpo_model",),
         outputs=("eval_report",),
         config_keys=("seed", "model.attn_implementation", "eval"),
-        code=(*COMMON_CODE, "stages.evaluate"),
         key_metric="accuracy",
     ),
 )

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
+import modulefinder
+import shutil
+from pathlib import Path
 
 import pytest
 
-from artifacts.fingerprint import config_subset
+import stages
+from artifacts import code_graph
+from artifacts.fingerprint import code_version, config_subset
 from configs.schema import PipelineConfig
 from stages import dag
 from stages.dag import BY_NAME, STAGES, check_order, producer, upstream
@@ -111,10 +115,60 @@ def test_sft_config_keys_values():
     assert subset["sft"]["lr"] == 5e-6
 
 
+# --- code versions: a stage's code is what its entrypoint imports -------------------------
+
+ROOT = Path(stages.__file__).parent.parent
+
+
 @pytest.mark.parametrize("spec", STAGES, ids=lambda s: s.name)
-def test_code_modules_exist(spec):
-    for name in spec.code:
-        assert importlib.util.find_spec(name) is not None, name
+def test_a_stage_code_is_the_project_modules_its_entrypoint_imports(spec):
+    """Read by the standard library's modulefinder (bytecode, nested functions included) as a second opinion."""
+    finder = modulefinder.ModuleFinder(path=[str(ROOT)])  # only the checkout: libraries are not followed
+    finder.import_hook(spec.module)
+    expected = {name for name in finder.modules if name.split(".")[0] in code_graph.PROJECT_PACKAGES}
+    assert set(code_graph.module_closure(spec.module)) == expected
+
+
+def test_eval_code_covers_what_it_reads_data_and_names_results_with():
+    assert {"stages.evaluate", "stages.data_prep", "stages.eval_results"} <= set(code_graph.module_closure("stages.evaluate"))
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A copy of the project's packages, as in a second checkout of the same commit."""
+    for package in code_graph.PROJECT_PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def versions(search=None) -> dict[str, str]:
+    return {spec.name: code_version(spec.module, search=search) for spec in STAGES}
+
+
+def test_code_versions_are_the_same_in_another_checkout(checkout):
+    here = versions()
+    assert versions([checkout]) == here and len(set(here.values())) == len(STAGES)
+
+
+EDITS = {
+    "stages.dpo.losses": {"dpo"},
+    "stages.eval_results": {"eval"},
+    "stages.reward_model": {"rm", "lora_merge"},  # lora_merge saves merged reward models with it
+    "stages.rewards.remote": {"rl", "dpo"},  # the reward sources iterative DPO scores with too
+    "stages.data_prep": set(BY_NAME),  # read_split: every stage reads its data with it
+    "stages.common.generation": {"rl", "dpo", "eval"},
+    "stages.preflight": set(),  # the flow's checks: no stage imports them
+    "flows.summary": set(),
+}
+
+
+@pytest.mark.parametrize("module", EDITS)
+def test_editing_a_module_changes_the_code_version_of_the_stages_that_import_it(checkout, module):
+    before = versions([checkout])
+    with open(checkout / (module.replace(".", "/") + ".py"), "a") as f:
+        f.write("# edited\n")
+    after = versions([checkout])
+    assert {name for name in before if after[name] != before[name]} == EDITS[module]
 
 
 def test_distributed_and_metrics():

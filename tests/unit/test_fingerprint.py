@@ -1,14 +1,19 @@
-"""artifacts/fingerprint.py: config subsets, flattening, code versions and stage fingerprints."""
+"""artifacts/fingerprint.py: config subsets, flattening, code versions (artifacts/code_graph.py), local
+sources by content (artifacts/file_hashes.py) and stage fingerprints."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
+import os
 import sys
+import time
 import uuid
 
 import pytest
 
+from artifacts import code_graph, file_hashes
 from artifacts import fingerprint as fp
 from artifacts.fingerprint import code_version, config_subset, fingerprint, flatten
 from configs.loader import load_config
@@ -170,102 +175,133 @@ def test_flatten_of_a_config_has_dotted_schema_keys():
     assert not any(isinstance(v, dict) for v in flat.values())
 
 
-# --- code_version --------------------------------------------------------------------------
+# --- code_version: the modules a module imports, transitively ------------------------------
+
+FAKE_TREE = {
+    "__init__.py": "",
+    "entry.py": (
+        "import json\n"
+        "from os import path\n"
+        "from PKG import helper  # a submodule, from its package\n"
+        "from .sub import deep  # relative\n"
+        "import PKG.sub.plain as plain  # dotted: runs PKG.sub too\n"
+        "\n"
+        "def late():\n"
+        "    from PKG.lazy import THING  # inside a function, as stages import torch-heavy parts\n"
+        "    import importlib\n"
+        "    return importlib.import_module('PKG.dynamic')\n"
+    ),
+    "helper.py": "from . import shared\n",
+    "shared.py": "S = 1\n",
+    "lazy.py": "THING = 1\n",
+    "dynamic.py": "D = 1\n",
+    "unrelated.py": "import PKG.shared\n",
+    "sub/__init__.py": "",
+    "sub/deep.py": "from ..shared import S\n",
+    "sub/plain.py": "P = 1\n",
+    "sub/untouched.py": "U = 1\n",
+    "notes.txt": "not code\n",
+}
+IMPORTED = {"": "__init__.py", ".entry": "entry.py", ".helper": "helper.py", ".shared": "shared.py", ".lazy": "lazy.py",
+            ".dynamic": "dynamic.py", ".sub": "sub/__init__.py", ".sub.deep": "sub/deep.py", ".sub.plain": "sub/plain.py"}
+NOT_IMPORTED = ("unrelated.py", "sub/untouched.py", "notes.txt")
+
+
+def write_tree(root, name):
+    for rel, text in FAKE_TREE.items():
+        (root / name / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / name / rel).write_text(text.replace("PKG", name))
 
 
 @pytest.fixture
-def temp_package(tmp_path, monkeypatch):
-    """A fresh package `fp_pkg_<random>` with a module and a subpackage, importable from tmp_path."""
+def fake_package(tmp_path, monkeypatch):
+    """A package `fp_pkg_<random>` under tmp_path/a, on sys.path, never imported."""
     name = f"fp_pkg_{uuid.uuid4().hex[:8]}"
-    root = tmp_path / name
-    (root / "sub").mkdir(parents=True)
-    (root / "__init__.py").write_text("")
-    (root / "mod.py").write_text("X = 1\n")
-    (root / "other.py").write_text("Y = 2\n")
-    (root / "sub" / "__init__.py").write_text("")
-    (root / "sub" / "deep.py").write_text("Z = 3\n")
-    (root / "notes.txt").write_text("not code\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name, root
-    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-        del sys.modules[mod]
+    write_tree(tmp_path / "a", name)
+    monkeypatch.syspath_prepend(str(tmp_path / "a"))
+    importlib.invalidate_caches()
+    return name, tmp_path / "a" / name
 
 
-def test_code_version_is_stable_and_short(temp_package):
-    name, _ = temp_package
-    v = code_version((name,))
-    assert v == code_version((name,))
-    assert len(v) == 16 and re_hex(v)
+def test_module_closure_follows_every_kind_of_import(fake_package):
+    name, root = fake_package
+    found = code_graph.module_closure(f"{name}.entry", (name,))
+    assert list(found) == sorted(name + suffix for suffix in IMPORTED)
+    assert found == {name + suffix: root / rel for suffix, rel in IMPORTED.items()}
+    assert name not in sys.modules  # read, not imported
 
 
-def test_code_version_of_module_exact(temp_package):
-    name, root = temp_package
-    expected = hashlib.sha256(f"{name}.mod:mod.py".encode() + b"X = 1\n").hexdigest()[:16]
-    assert code_version((f"{name}.mod",)) == expected
+@pytest.mark.parametrize("suffix", IMPORTED)
+def test_editing_an_imported_module_changes_the_code_version(fake_package, suffix):
+    name, root = fake_package
+    before = code_version(f"{name}.entry", (name,))
+    with open(root / IMPORTED[suffix], "a") as f:
+        f.write("# edited\n")
+    assert code_version(f"{name}.entry", (name,)) != before
 
 
-def test_code_version_changes_when_a_file_moves_between_subpackages(temp_package):
-    name, root = temp_package
-    (root / "a").mkdir()
-    (root / "a" / "x.py").write_text("W = 1\n")
-    before = code_version((name,))
-    (root / "b").mkdir()
-    (root / "a" / "x.py").rename(root / "b" / "x.py")
-    assert code_version((name,)) != before
+@pytest.mark.parametrize("rel", NOT_IMPORTED)
+def test_editing_a_module_not_imported_keeps_the_code_version(fake_package, rel):
+    name, root = fake_package
+    before = code_version(f"{name}.entry", (name,))
+    with open(root / rel, "a") as f:
+        f.write("# edited\n")
+    (root / "added.py").write_text("A = 1\n")
+    assert code_version(f"{name}.entry", (name,)) == before
 
 
-def test_code_version_changes_when_package_file_changes(temp_package):
-    name, root = temp_package
-    before = code_version((name,))
-    (root / "mod.py").write_text("X = 2\n")
-    after = code_version((name,))
-    assert after != before
-    (root / "mod.py").write_text("X = 1\n")
-    assert code_version((name,)) == before
+def test_a_new_import_brings_its_module_into_the_code_version(fake_package):
+    name, root = fake_package
+    before = code_version(f"{name}.entry", (name,))
+    with open(root / "entry.py", "a") as f:
+        f.write(f"from {name} import unrelated\n")
+    assert f"{name}.unrelated" in code_graph.module_closure(f"{name}.entry", (name,))
+    edited = code_version(f"{name}.entry", (name,))
+    (root / "unrelated.py").write_text("import json\n")
+    assert len({before, edited, code_version(f"{name}.entry", (name,))}) == 3
 
 
-def test_code_version_covers_subpackages_and_new_files(temp_package):
-    name, root = temp_package
-    before = code_version((name,))
-    (root / "sub" / "deep.py").write_text("Z = 4\n")
-    changed = code_version((name,))
-    assert changed != before
-    (root / "added.py").write_text("")
-    assert code_version((name,)) != changed
+def test_the_code_version_is_the_same_from_another_checkout(fake_package, tmp_path):
+    name, root = fake_package
+    write_tree(tmp_path / "b", name)
+    here = code_version(f"{name}.entry", (name,))
+    assert code_version(f"{name}.entry", (name,), search=[tmp_path / "b"]) == here
+    (tmp_path / "b" / name / "lazy.py").write_text("THING = 2\n")
+    assert code_version(f"{name}.entry", (name,), search=[tmp_path / "b"]) != here
 
 
-def test_code_version_ignores_non_python_files(temp_package):
-    name, root = temp_package
-    before = code_version((name,))
-    (root / "notes.txt").write_text("edited\n")
-    assert code_version((name,)) == before
+def test_code_version_exact_value(fake_package):
+    name, root = fake_package
+    source = b"S = 1\n"
+    expected = hashlib.sha256(f"{name}:0:".encode() + f"{name}.shared:{len(source)}:".encode() + source)
+    assert code_version(f"{name}.shared", (name,)) == expected.hexdigest()[:16]
 
 
-def test_code_version_of_a_module_only_sees_that_module(temp_package):
-    name, root = temp_package
-    before = code_version((f"{name}.mod",))
-    (root / "other.py").write_text("Y = 3\n")
-    assert code_version((f"{name}.mod",)) == before
-    (root / "mod.py").write_text("X = 5\n")
-    assert code_version((f"{name}.mod",)) != before
+def test_code_version_of_a_missing_module_raises(fake_package):
+    name, _ = fake_package
+    with pytest.raises(ValueError, match=f"cannot find module {name}.nope"):
+        code_version(f"{name}.nope", (name,))
+    with pytest.raises(ValueError, match="cannot find module json"):
+        code_version("json")  # not a project module
 
 
-def test_code_version_depends_on_module_list(temp_package):
-    name, _ = temp_package
-    a = code_version((f"{name}.mod",))
-    b = code_version((f"{name}.other",))
-    ab = code_version((f"{name}.mod", f"{name}.other"))
-    assert len({a, b, ab}) == 3
+# --- local_sources: by content, named by config key ---------------------------------------
 
 
-def test_code_version_missing_module_raises():
-    with pytest.raises(ValueError, match="cannot find module"):
-        code_version((f"no_such_module_{uuid.uuid4().hex[:8]}",))
-
-
-def test_code_version_of_project_packages():
-    v = code_version(("stages.contract", "stages.common"))
-    assert len(v) == 16 and v == code_version(("stages.contract", "stages.common"))
+def test_local_sources_name_the_key_and_hash_the_content(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("row\n")
+    (tmp_path / "model" / "sub").mkdir(parents=True)
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "model" / "sub" / "w.bin").write_bytes(b"\0\1")
+    found = fp.local_sources({"data.sft.paths": ["openai/gsm8k", str(data)], "model.name_or_path": str(tmp_path / "model"),
+                              "reward.func_path": str(data), "reward.prm_path": None})
+    assert found == {
+        "source:data.sft.paths[1]": f"4:{hashlib.sha256(b'row' + bytes([10])).hexdigest()}",
+        "source:model.name_or_path/config.json": f"2:{hashlib.sha256(b'{}').hexdigest()}",
+        "source:model.name_or_path/sub/w.bin": f"2:{hashlib.sha256(bytes([0, 1])).hexdigest()}",
+        "source:reward.func_path": f"4:{hashlib.sha256(b'row' + bytes([10])).hexdigest()}",
+    }
 
 
 def test_local_sources_fall_back_to_a_folder_for_relative_paths(tmp_path, monkeypatch):
@@ -274,4 +310,69 @@ def test_local_sources_fall_back_to_a_folder_for_relative_paths(tmp_path, monkey
     (tmp_path / "pkg" / "rewards" / "r.py").write_text("x = 1\n")
     assert fp.local_sources({"reward.func_path": "rewards/r.py"}) == {}
     found = fp.local_sources({"reward.func_path": "rewards/r.py"}, fallback_dir=tmp_path / "pkg")
-    assert list(found) == [f"source:{(tmp_path / 'pkg' / 'rewards' / 'r.py').resolve()}"]
+    assert list(found) == ["source:reward.func_path"]
+
+
+def test_a_copy_of_the_same_files_elsewhere_has_the_same_sources(tmp_path):
+    """Two checkouts: the reward file resolves under each one's configs/, with its own path and mtime."""
+    for checkout, mtime in (("a", 10**18), ("b", 2 * 10**18)):
+        (tmp_path / checkout / "rewards").mkdir(parents=True)
+        (tmp_path / checkout / "rewards" / "r.py").write_text("x = 1\n")
+        os.utime(tmp_path / checkout / "rewards" / "r.py", ns=(mtime, mtime))
+    a = fp.local_sources({"reward.func_path": "rewards/r.py"}, tmp_path / "a", tmp_path / "hashes.json")
+    assert a == fp.local_sources({"reward.func_path": "rewards/r.py"}, tmp_path / "b", tmp_path / "hashes.json")
+    (tmp_path / "b" / "rewards" / "r.py").write_text("x = 2\n")
+    assert fp.local_sources({"reward.func_path": "rewards/r.py"}, tmp_path / "b", tmp_path / "hashes.json") != a
+
+
+def test_a_touched_file_is_not_new_data(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("row\n")
+    before = fp.local_sources({"k": str(data)}, hash_cache=tmp_path / "hashes.json")
+    os.utime(data, ns=(10**18, 10**18))
+    assert fp.local_sources({"k": str(data)}, hash_cache=tmp_path / "hashes.json") == before
+
+
+def test_an_edit_with_the_same_size_and_a_restored_mtime_is_new_data(tmp_path, monkeypatch):
+    monkeypatch.setattr(file_hashes, "RACY_S", 0.0)  # keep the hash of a file written just now
+    data = tmp_path / "d.jsonl"
+    data.write_text("row 1\n")
+    stat = data.stat()
+    cache = tmp_path / "hashes.json"
+    before = fp.local_sources({"k": str(data)}, hash_cache=cache)
+    assert str(data.resolve()) in json.loads(cache.read_text())  # kept: this is the cached path
+    time.sleep(0.05)  # past the file system's clock tick, so that the edit's ctime differs
+    data.write_text("row 2\n")
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert data.stat().st_size == stat.st_size and data.stat().st_mtime_ns == stat.st_mtime_ns
+    assert fp.local_sources({"k": str(data)}, hash_cache=cache) != before
+
+
+def test_a_kept_hash_is_served_while_the_file_is_as_it_was(tmp_path, monkeypatch):
+    monkeypatch.setattr(file_hashes, "RACY_S", 0.0)
+    data = tmp_path / "big.bin"
+    data.write_bytes(b"weights")
+    cache = tmp_path / "hashes.json"
+    hashes = file_hashes.FileHashes(cache)
+    assert hashes.digest(data) == f"7:{hashlib.sha256(b'weights').hexdigest()}"
+    hashes.save()
+    monkeypatch.setattr(file_hashes, "sha256", lambda path: pytest.fail(f"{path} read again"))
+    assert file_hashes.FileHashes(cache).digest(data) == f"7:{hashlib.sha256(b'weights').hexdigest()}"
+
+
+def test_a_file_changed_within_the_clock_tick_is_not_kept(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("row\n")  # ctime now: an edit in the same tick could leave every stamp as it is
+    hashes = file_hashes.FileHashes(tmp_path / "hashes.json")
+    hashes.digest(data)
+    hashes.save()
+    assert hashes.known == {} and not (tmp_path / "hashes.json").exists()
+
+
+def test_an_unreadable_hash_cache_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setattr(file_hashes, "RACY_S", 0.0)
+    (tmp_path / "hashes.json").write_text("{not json")
+    data = tmp_path / "d.jsonl"
+    data.write_text("row\n")
+    assert fp.local_sources({"k": str(data)}, hash_cache=tmp_path / "hashes.json")["source:k"].startswith("4:")
+    assert str(data.resolve()) in json.loads((tmp_path / "hashes.json").read_text())

@@ -1,4 +1,4 @@
-"""The registry's `champion` alias, the eval run's plots, and the lineage column of the summary."""
+"""The registry's `champion` alias, the eval run's plots, and the summary's lineage column and held-out table."""
 
 from pathlib import Path
 
@@ -6,10 +6,11 @@ import pytest
 from mlflow.entities import Metric
 
 from artifacts import registry
+from artifacts import store
 from artifacts.store import ArtifactRef
 from flows import eval_report
 from flows.stage_task import StageOutcome
-from flows.summary import lineage, markdown, summary_rows
+from flows.summary import lineage, markdown, model_table, summary_rows
 from tests.unit.conftest import stage_run
 
 
@@ -63,6 +64,17 @@ def test_accuracy_figure_has_a_bar_per_model_and_metric():
     heights = sorted(round(p.get_height(), 3) for p in ax.patches)
     assert heights == [0.0, 0.1, 0.6, 0.8]  # base has no sampled accuracy: a zero bar keeps the groups aligned
     assert [t.get_text() for t in ax.get_xticklabels()] == ["base", "sft"]
+
+
+def test_the_held_out_table_has_a_row_per_evaluated_model_only():
+    """A cached eval's metrics are its run's: the flow's `time/compute_s` is there too, and is no model."""
+    metrics = {"accuracy": 0.9, "base/accuracy": 0.1, "sft/accuracy": 0.8, "sft/sampled_accuracy": 0.6,
+               store.METRIC_COMPUTE_S: 12.5, "sft_accuracy": 0.8}
+    inputs = {"base_model": "runs:/d1/base_model", "sft_model": "runs:/s1/sft_model", "eval_data": "runs:/d1/eval_data"}
+    table = model_table(StageOutcome("eval", "cached", 0.1, "e1", metrics=metrics, inputs=inputs))
+    assert [c.header for c in table.columns] == ["model", "accuracy", "sampled_accuracy"]
+    assert [list(c.cells) for c in table.columns] == [["base", "sft"], ["0.1", "0.8"], ["-", "0.6"]]
+    assert model_table(StageOutcome("eval", "cached", 0.1, "e1", metrics={store.METRIC_COMPUTE_S: 1.0}, inputs=inputs)) is None
 
 
 @pytest.mark.parametrize("pinned", [False, True])
