@@ -87,7 +87,7 @@ STAGES: tuple[StageSpec, ...] = (
         optional_outputs=("pref_data", "prm_data"),
         config_keys=("seed", "model", "data"),
         local_sources=("model.name_or_path", "data.sft.paths", "data.preference.paths", "data.prompts.paths"),
-        code=(*COMMON_CODE, "stages.data_prep", "stages.data_files", "stages.synthetic_task", "stages.tiny_model"),
+        code=(*COMMON_CODE, "stages.data_prep", "stages.data_files", "stages.data_values", "stages.synthetic_task", "stages.tiny_model"),
         key_metric="sft_data_train_rows",
     ),
     StageSpec(

@@ -138,23 +138,34 @@ def test_missing_column_names_column_and_config_field(tmp_path):
         load([path])
     msg = str(err.value)
     assert "\n" not in msg
-    assert msg.startswith(f"{path}: missing column 'output' (set by data.sft.output_key)")
-    assert "columns are: input, answer" in msg
+    assert msg == (f"{path}: missing column 'output' (set by data.sft.output_key); columns are: input, answer; "
+                   "set data.sft.output_key to the one that holds it")
 
 
 def test_renamed_keys_are_read(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "a", "extra": 1}])
     train, ev = load([path], columns={"input_key": "question", "output_key": "answer"}, eval_ratio=0.0)
-    assert train.to_list() == [{"question": "q", "answer": "a"}]  # only the needed columns are kept
+    # only the needed columns are kept, and where each row came from
+    assert train.to_list() == [{"question": "q", "answer": "a", "__source__": 0, "__row__": 0}]
     assert len(ev) == 0
 
 
-def test_empty_file_is_a_data_error(tmp_path):
-    path = tmp_path / "empty.jsonl"
-    path.write_text("")
+@pytest.mark.parametrize("name,text", [("e.jsonl", ""), ("blank.jsonl", "  \n\n"), ("e.csv", ""), ("e.parquet", "")])
+def test_empty_file_is_a_data_error_naming_the_paths_key(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
     with pytest.raises(DataError) as err:
         load([path])
-    assert str(err.value) == f"{path}: file is empty"
+    assert str(err.value) == f"{path}: file is empty; add rows or remove it from data.sft.paths"
+
+
+@pytest.mark.parametrize("name,text", [("a.json", "[]"), ("h.csv", "input,output\n")])
+def test_a_file_without_rows_is_a_data_error(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(DataError) as err:
+        load([path], section="preference")
+    assert str(err.value) == f"{path}: no rows; add rows or remove it from data.preference.paths"
 
 
 def test_sources_with_columns_but_no_rows_are_data_errors(tmp_path):
@@ -162,7 +173,7 @@ def test_sources_with_columns_but_no_rows_are_data_errors(tmp_path):
     datasets.Dataset.from_dict({"input": [], "output": []}).to_parquet(str(path))
     with pytest.raises(DataError) as err:  # HF `datasets` itself refuses a file without rows
         load([path])
-    assert str(err.value) == f'{path}: cannot load dataset (Instruction "train" corresponds to no data!)'
+    assert str(err.value) == f"{path}: no rows; add rows or remove it from data.sft.paths"
     saved = tmp_path / "saved"
     datasets.Dataset.from_dict({"input": [], "output": []}).save_to_disk(str(saved))
     with pytest.raises(DataError) as err:
@@ -171,8 +182,8 @@ def test_sources_with_columns_but_no_rows_are_data_errors(tmp_path):
 
 
 def test_unreadable_file_is_a_one_line_data_error(tmp_path):
-    path = tmp_path / "bad.json"
-    path.write_text("{not json")
+    path = tmp_path / "bad.parquet"
+    path.write_text("not parquet")
     with pytest.raises(DataError) as err:
         load([path])
     assert str(err.value).startswith(f"{path}: cannot load dataset (")
@@ -208,6 +219,9 @@ def test_eval_split_from_a_folder_of_split_files(tmp_path):
     train, ev = load([folder], eval_split="test", eval_ratio=0.25)  # eval_split wins over eval_ratio
     assert list(train["input"]) == ["q0", "q1", "q2", "q3", "q4"]
     assert list(ev["input"]) == ["t0", "t1"]
+    with pytest.raises(DataError) as err:
+        load([folder], eval_split="validation")
+    assert str(err.value) == f"{folder}: no split 'validation'; splits are: train, test"
 
 
 def test_eval_split_from_a_saved_dataset_dict(tmp_path):
@@ -217,8 +231,9 @@ def test_eval_split_from_a_saved_dataset_dict(tmp_path):
         test=datasets.Dataset.from_list([{"input": "u", "output": "v"}]),
     ).save_to_disk(str(saved))
     train, ev = load([saved], eval_split="test")
-    assert train.to_list() == [{"input": "x", "output": "y"}] * 3
-    assert ev.to_list() == [{"input": "u", "output": "v"}]
+    assert train.remove_columns(list(data_files.ORIGIN_COLUMNS)).to_list() == [{"input": "x", "output": "y"}] * 3
+    assert ev.to_list() == [{"input": "u", "output": "v", "__source__": 1, "__row__": 0}]  # source 1: the eval split
+    assert data_files.locate(DatasetConfig(paths=[str(saved)], eval_split="test"), ev[0]) == f"{saved} (split 'test') row 1"
     with pytest.raises(DataError, match=r"no split 'validation'; splits are: train, test"):
         load([saved], eval_split="validation")
 
@@ -235,8 +250,10 @@ def test_eval_split_missing_a_column_names_split_and_field(tmp_path):
 
 def test_eval_split_on_a_single_file_is_an_error_not_the_train_rows(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", qa_rows(4))
-    with pytest.raises(DataError, match=r"cannot load dataset \(Unknown split \"test\""):
+    with pytest.raises(DataError) as err:
         load([path], eval_split="test")
+    assert str(err.value) == (f"{path}: a single file is one split, 'train', not 'test'; "
+                              "use eval_ratio instead of eval_split, or a folder with a test file")
 
 
 def test_two_sources_mixed_with_probs_use_every_row_and_are_seeded(tmp_path):
@@ -374,17 +391,18 @@ def test_empty_output_is_a_data_error_naming_the_row(tok, model_dir, tmp_path, e
     cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.5})
     with pytest.raises(DataError) as err:
         data_prep.file_datasets(cfg, tok)
-    assert str(err.value) == "sft_data/train row 2: empty 'output' (set by data.sft.output_key)"
+    assert str(err.value) == (f"{sft} line 3: 'output' (data.sft.output_key) is missing or empty; "
+                              "give it a value or remove the row")
 
 
 def test_empty_prompt_and_label_are_data_errors_naming_the_row(tok, model_dir, tmp_path):
     sft = write_jsonl(tmp_path / "sft.jsonl", qa_rows(2))
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}, {"input": "", "label": "2"}])
     cfg = files_config(model_dir, _sft_cfg(sft), _sft_cfg(prompts))
-    with pytest.raises(DataError, match=r"^prompts/train row 1: empty 'input' \(set by data\.prompts\.input_key\)$"):
+    with pytest.raises(DataError, match=rf"^{prompts} line 2: 'input' \(data\.prompts\.input_key\) is missing or empty;"):
         data_prep.file_datasets(cfg, tok)
-    write_jsonl(prompts, [{"input": "q", "label": None}])
-    with pytest.raises(DataError, match=r"^prompts/train row 0: empty 'label' \(set by data\.prompts\.label_key\)$"):
+    prompts.write_text('{"input": "q", "label": "1"}\n{"input": "q"}\n')  # a key missing from one line
+    with pytest.raises(DataError, match=rf"^{prompts} line 2: 'label' \(data\.prompts\.label_key\) is missing or empty;"):
         data_prep.file_datasets(cfg, tok)
 
 
@@ -469,8 +487,9 @@ def test_run_rejects_an_over_long_row_naming_dataset_and_row(model_dir, tmp_path
     sft = write_jsonl(tmp_path / "sft.jsonl", rows)
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
     cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.5}, max_len=32)
-    with pytest.raises(DataError, match=r"^sft_data/train row 3: \d+ tokens, longer than data\.max_len=32$"):
+    with pytest.raises(DataError, match=rf"^{sft} line 4: \d+ tokens, longer than data\.max_len=32$"):
         run_stage(cfg, tmp_path)
+    assert not (tmp_path / "out" / "sft_data").exists()
 
 
 def test_run_needs_eval_prompts(model_dir, tmp_path):
@@ -507,5 +526,5 @@ def test_a_bad_multiturn_row_is_named(tok, model_dir, tmp_path):
     sft = write_jsonl(tmp_path / "sft.jsonl", [{"messages": conv}, {"messages": []}])
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
     cfg = files_config(model_dir, _sft_cfg(sft, input_key="messages", multiturn=True), _sft_cfg(prompts))
-    with pytest.raises(DataError, match=r"^sft_data/train row 1: empty 'messages' \(set by data\.sft\.input_key\)$"):
+    with pytest.raises(DataError, match=rf"^{sft} line 2: 'messages' \(data\.sft\.input_key\) is missing or empty;"):
         data_prep.file_datasets(cfg, tok)
