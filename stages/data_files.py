@@ -12,7 +12,8 @@ import codecs
 import csv
 import io
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import datasets
@@ -72,8 +73,9 @@ def load_source(path: str, split: str, subset: str | None = None, paths_key: str
     if _is_saved(local):
         return _load_saved(path, local, split)
     found = local_files(path, split, subset)
-    if found is None:
-        return _load(path, path, split=split, **({"name": subset} if subset else {}))
+    if found is None:  # a hub name, or a folder HF `datasets` reads by itself
+        name = str(local) if local.is_dir() else path
+        return _load(name, path, split=split, **({"name": subset} if subset else {}))
     builder, files = found
     for file in files:
         if builder in TEXT_BUILDERS:
@@ -82,8 +84,9 @@ def load_source(path: str, split: str, subset: str | None = None, paths_key: str
             raise _empty(file, paths_key)
     strings = _csv_strings(files[0]) if builder == "csv" else None
     try:  # the files of a split, in order, are its rows ("train" is what data_files become)
-        return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
-                                     **({"features": strings} if strings else {}))
+        with _quiet():
+            return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
+                                         **({"features": strings} if strings else {}))
     except Exception as exc:  # datasets raises many types (ValueError, ArrowInvalid, DatasetGenerationError, ...)
         malformed = next(filter(None, map(json_problem, files)), None) if builder == "json" else None
         if malformed:
@@ -152,9 +155,22 @@ def _load_saved(path: str, local: Path, split: str) -> Dataset:
 
 def _load(builder: str, shown: str, **kwargs) -> Dataset:
     try:
-        return datasets.load_dataset(builder, **kwargs)
+        with _quiet():
+            return datasets.load_dataset(builder, **kwargs)
     except Exception as exc:  # datasets raises many types (FileNotFound, ConnectionError, ValueError, ...)
         raise DataError(f"{shown}: cannot load dataset ({_reason(exc)})") from exc
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """HF `datasets` logs the error of a file it cannot parse before raising it: the DataError made
+    of it is the one line the user sees."""
+    level = datasets.utils.logging.get_verbosity()
+    datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets.utils.logging.set_verbosity(level)
 
 
 def _reason(exc: BaseException) -> str:
@@ -360,6 +376,15 @@ def load_mixed(cfg: DatasetConfig, section: str, columns: dict[str, str], seed: 
         return _mix(trains, cfg.probs, seed), datasets.concatenate_datasets(evals)
     except ValueError as exc:  # e.g. a column that is text in one source and a number in another
         raise DataError(f"data.{section}: cannot mix {', '.join(cfg.paths)} ({str(exc).splitlines()[0]})") from exc
+
+
+def require_eval(section: str, cfg: DatasetConfig, train: Dataset, ev: Dataset) -> None:
+    """Every dataset has eval rows (later stages evaluate on them); the error says which key to set."""
+    if len(ev) == 0:
+        raise DataError(
+            f"data.{section}: no rows held out for eval (eval_ratio={cfg.eval_ratio} of {len(train)} rows); set "
+            f"data.{section}.eval_ratio above 0 or data.{section}.eval_split (holding rows out needs at least 2)"
+        )
 
 
 def _mix(parts: list[Dataset], probs: list[float] | None, seed: int) -> Dataset:

@@ -201,6 +201,7 @@ def file_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, list[di
 
     def rendered(section: str, ds_cfg: DatasetConfig, name: str, make) -> dict[str, list[dict]]:
         train, ev = data_files.load_mixed(ds_cfg, section, data_files.file_columns(section, ds_cfg), cfg.seed)
+        data_files.require_eval(section, ds_cfg, train, ev)
         return {split: _checked_rows(ds, ds_cfg, make, tokenizer, data.max_len, TEXT_FIELDS[name])
                 for split, ds in (("train", train), ("eval", ev))}
 
@@ -221,8 +222,6 @@ def file_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, list[di
         )
         out["prompts"] = {"train": prompts["train"]}
         out["eval_data"] = {"eval": prompts["eval"]}
-        if not out["eval_data"]["eval"]:
-            raise DataError("data.prompts: no eval rows (set eval_split or a positive eval_ratio)")
     return out
 
 
@@ -269,6 +268,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     for name, splits_of in datasets_by_name.items():
         for split, rows in splits_of.items():
             check_rows(f"{name}/{split}", rows, tokenizer, max_len, TEXT_FIELDS[name])
+    for name, splits_of in datasets_by_name.items():  # written once every dataset is checked
+        for split, rows in splits_of.items():
             write_split(ctx.output_dir / name, split, rows)
             metrics[f"{name}_{split}_rows"] = float(len(rows))
         outputs[name] = ctx.output_dir / name
