@@ -232,7 +232,10 @@ def json_problem(file: Path) -> str | None:
     else:
         rows = document if isinstance(document, list) else [document]
         bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
-        return None if bad is None else f"{file} row {bad + 1}: {data_values.describe(rows[bad])}, not a JSON object; each row must be one object of named fields"
+        if bad is None:
+            return None
+        return (f"{file} row {bad + 1}: {data_values.describe(rows[bad])}, not a JSON object; "
+                "each row must be one object of named fields")
     for number, line in enumerate(text.split("\n"), 1):  # JSON strings may hold other line breaks
         if not line.strip():
             continue
@@ -241,7 +244,8 @@ def json_problem(file: Path) -> str | None:
         except json.JSONDecodeError as exc:
             return f"{file} line {number}: not valid JSON ({exc.msg} at column {exc.colno}); fix or remove that line"
         if not isinstance(row, dict):
-            return f"{file} line {number}: {data_values.describe(row)}, not a JSON object; each line must be one object of named fields"
+            return (f"{file} line {number}: {data_values.describe(row)}, not a JSON object; "
+                    "each line must be one object of named fields")
     return None
 
 
@@ -382,7 +386,8 @@ def require_eval(section: str, cfg: DatasetConfig, train: Dataset, ev: Dataset) 
     """Every dataset has eval rows (later stages evaluate on them); the error says which key to set."""
     if len(ev) == 0:
         raise DataError(
-            f"data.{section}: no rows held out for eval (eval_ratio={cfg.eval_ratio} of {len(train)} rows); set "
+            f"data.{section}: no rows held out for eval (eval_ratio={cfg.eval_ratio} of {len(train)} "
+            f"row{'' if len(train) == 1 else 's'}); set "
             f"data.{section}.eval_ratio above 0 or data.{section}.eval_split (holding rows out needs at least 2)"
         )
 

@@ -688,7 +688,7 @@ def test_every_dataset_needs_eval_rows_before_any_work(model_dir, tmp_path):
         assert str(err.value) == message
     one_row = write_jsonl(tmp_path / "one.jsonl", qa_rows(1))  # the default eval_ratio holds out nothing of one row
     cfg = files_config(model_dir, {"paths": [str(one_row)]}, {"paths": [str(prompts)], "eval_ratio": 0.5})
-    with pytest.raises(DataError, match=r"^data\.sft: no rows held out for eval \(eval_ratio=0\.05 of 1 rows\)"):
+    with pytest.raises(DataError, match=r"^data\.sft: no rows held out for eval \(eval_ratio=0\.05 of 1 row\)"):
         preflight.check_inputs(cfg)
 
 
