@@ -1,17 +1,36 @@
 """Real datasets through HF `datasets`: hub names, local json/jsonl/parquet/csv files, `json@DIR`
-folders; key mapping, `max_samples`, train/eval split and mixing with probabilities."""
+folders and dataset folders; key mapping, `max_samples`, train/eval split and mixing with probabilities.
+
+A data error names the file the user wrote and the line in it (JSON Lines, CSV) or the row (parquet,
+a JSON array; a hub or saved dataset's split): values are checked per source before any split or
+mix, and each row carries its origin (`ORIGIN_COLUMNS`) through both for the checks made later.
+"""
 
 from __future__ import annotations
 
+import codecs
+import csv
+import io
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import datasets
+import numpy as np
 from datasets import Dataset
 
-from configs.errors import DataError
+from configs.errors import DataError, first_line
 from configs.schema import DatasetConfig
+from stages import data_values
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+TEXT_BUILDERS = ("json", "csv")  # read as text: must be UTF-8
+SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")  # a folder written by `save_to_disk`
+SOURCE_COLUMN, ROW_COLUMN = "__source__", "__row__"  # index into `sources(cfg)`; 0-based row of that source
+ORIGIN_COLUMNS = (SOURCE_COLUMN, ROW_COLUMN)
+CHECK_BATCH = 1000  # rows decoded at a time by `check_values`
+READ_CHUNK = 1 << 24  # bytes decoded at a time by `check_text`
 
 
 def file_columns(section: str, cfg: DatasetConfig) -> dict[str, str]:
@@ -26,83 +45,330 @@ def file_columns(section: str, cfg: DatasetConfig) -> dict[str, str]:
     return {"input_key": cfg.input_key, "label_key": cfg.label_key}
 
 
+def optional_columns(section: str, cfg: DatasetConfig) -> dict[str, str]:
+    """Config field -> column read where a source has it: conversation-style chosen/rejected carry
+    their prompt, so preference data may lack the prompt column."""
+    return {"input_key": cfg.input_key} if section == "preference" else {}
+
+
 def is_local(path: str) -> bool:
     """A source read from this machine (a file, a `json@` folder), not a hub dataset name."""
     return path.startswith("json@") or Path(path).expanduser().exists() or Path(path).suffix in FILE_BUILDERS
 
 
-def load_source(path: str, split: str, subset: str | None = None) -> Dataset:
-    """One source as a `Dataset` (`subset`: a hub dataset's config name); a missing file or an
-    unreachable hub name is a one-line DataError."""
+def sources(cfg: DatasetConfig) -> list[tuple[str, str]]:
+    """(path, split) of every source a row can come from; `SOURCE_COLUMN` indexes this list."""
+    eval_sources = [(path, cfg.eval_split) for path in cfg.paths] if cfg.eval_split is not None else []
+    return [(path, cfg.split) for path in cfg.paths] + eval_sources
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+def load_source(path: str, split: str, subset: str | None = None, paths_key: str = "paths") -> Dataset:
+    """One source as a `Dataset` (`subset`: a hub dataset's config name); a missing, empty, non-UTF-8
+    or malformed file or an unreachable hub name is a one-line DataError (`paths_key`: the config key
+    that lists the source, for what to do)."""
+    local = Path(path).expanduser()
+    if _is_saved(local):
+        return _load_saved(path, local, split)
+    found = local_files(path, split, subset)
+    if found is None:  # a hub name, or a folder HF `datasets` reads by itself
+        name = str(local) if local.is_dir() else path
+        return _load(name, path, split=split, **({"name": subset} if subset else {}))
+    builder, files = found
+    for file in files:
+        if builder in TEXT_BUILDERS:
+            check_text(file, paths_key)
+        elif file.stat().st_size == 0:
+            raise _empty(file, paths_key)
+    strings = _csv_strings(files[0]) if builder == "csv" else None
+    try:  # the files of a split, in order, are its rows ("train" is what data_files become)
+        with _quiet():
+            return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
+                                         **({"features": strings} if strings else {}))
+    except Exception as exc:  # datasets raises many types (ValueError, ArrowInvalid, DatasetGenerationError, ...)
+        malformed = next(filter(None, map(json_problem, files)), None) if builder == "json" else None
+        if malformed:
+            raise DataError(malformed) from exc
+        reason = _reason(exc)
+        if "corresponds to no data" in reason:
+            raise DataError(f"{path}: no rows; add rows or remove it from {paths_key}") from exc
+        raise DataError(f"{path}: cannot load dataset ({reason})") from exc
+
+
+def local_files(path: str, split: str, subset: str | None = None) -> tuple[str, list[Path]] | None:
+    """The builder and the files, in row order, of a local source's split: a json/jsonl/parquet/csv
+    file (one split, "train"), a `json@DIR` folder (its .json/.jsonl files, one split) or a folder of
+    data files (splits by file name, as HF `datasets` finds them); None for a hub name, a folder saved
+    with `save_to_disk` or one of another format."""
     if path.startswith("json@"):
         folder = Path(path.removeprefix("json@")).expanduser()
-        files = sorted(str(p) for p in folder.glob("*.json*")) if folder.is_dir() else []
+        files = sorted(folder.glob("*.json*")) if folder.is_dir() else []
         if not files:
             raise DataError(f"{path}: no .json/.jsonl files in {folder}")
-        return _load("json", path, data_files=files, split=split)  # files are split "train"
+        _require_train(path, split, "a json@ folder")
+        return "json", files
     local = Path(path).expanduser()
     if local.suffix in FILE_BUILDERS:
         if not local.is_file():
             raise DataError(f"{path}: no such file")
-        if local.stat().st_size == 0:
-            raise DataError(f"{path}: file is empty")
-        return _load(FILE_BUILDERS[local.suffix], path, data_files=str(local), split=split)
-    if local.is_dir():
-        if any((local / f).is_file() for f in ("dataset_info.json", "state.json", "dataset_dict.json")):
-            try:
-                loaded = datasets.load_from_disk(str(local))
-            except Exception as exc:
-                raise DataError(f"{path}: cannot load dataset saved with save_to_disk ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0]})") from exc
-            if not isinstance(loaded, datasets.DatasetDict):
-                if split != "train":  # one saved Dataset is one split; reusing it would leak train rows into eval
-                    raise DataError(f"{path}: a saved Dataset has only the 'train' split, not {split!r}")
-                return loaded
-            if split not in loaded:
-                raise DataError(f"{path}: no split {split!r}; splits are: {', '.join(loaded)}")
-            return loaded[split]
-        return _load(str(local), path, split=split)
-    return _load(path, path, split=split, **({"name": subset} if subset else {}))
+        _require_train(path, split, "a single file")
+        return FILE_BUILDERS[local.suffix], [local]
+    if not local.is_dir() or _is_saved(local):
+        return None
+    try:
+        builder = datasets.load_dataset_builder(str(local), **({"name": subset} if subset else {}))
+    except Exception as exc:
+        raise DataError(f"{path}: cannot load dataset ({_reason(exc)})") from exc
+    if builder.name not in FILE_BUILDERS.values():
+        return None
+    splits = {str(name): files for name, files in (builder.config.data_files or {}).items()}
+    if split not in splits:
+        raise DataError(f"{path}: no split {split!r}; splits are: {', '.join(splits)}")
+    return builder.name, [Path(f) for f in splits[split]]
+
+
+def _require_train(path: str, split: str, what: str) -> None:
+    if split != "train":
+        raise DataError(f"{path}: {what} is one split, 'train', not {split!r}; use eval_ratio instead of "
+                        f"eval_split, or a folder with a {split} file")
+
+
+def _is_saved(local: Path) -> bool:
+    return local.is_dir() and any((local / marker).is_file() for marker in SAVED_MARKERS)
+
+
+def _load_saved(path: str, local: Path, split: str) -> Dataset:
+    try:
+        loaded = datasets.load_from_disk(str(local))
+    except Exception as exc:
+        raise DataError(f"{path}: cannot load dataset saved with save_to_disk ({type(exc).__name__}: {first_line(exc)})") from exc
+    if not isinstance(loaded, datasets.DatasetDict):
+        if split != "train":  # one saved Dataset is one split; reusing it would leak train rows into eval
+            raise DataError(f"{path}: a saved Dataset has only the 'train' split, not {split!r}")
+        return loaded
+    if split not in loaded:
+        raise DataError(f"{path}: no split {split!r}; splits are: {', '.join(loaded)}")
+    return loaded[split]
 
 
 def _load(builder: str, shown: str, **kwargs) -> Dataset:
     try:
-        return datasets.load_dataset(builder, **kwargs)
+        with _quiet():
+            return datasets.load_dataset(builder, **kwargs)
     except Exception as exc:  # datasets raises many types (FileNotFound, ConnectionError, ValueError, ...)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DataError(f"{shown}: cannot load dataset ({first})") from exc
+        raise DataError(f"{shown}: cannot load dataset ({_reason(exc)})") from exc
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """HF `datasets` logs the error of a file it cannot parse before raising it: the DataError made
+    of it is the one line the user sees."""
+    level = datasets.utils.logging.get_verbosity()
+    datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets.utils.logging.set_verbosity(level)
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of what went wrong: for "An error occurred while generating the dataset", its cause."""
+    if isinstance(exc, datasets.exceptions.DatasetGenerationError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return first_line(exc)
+
+
+def _csv_strings(file: Path) -> datasets.Features | None:
+    """Every column of a CSV file as text: CSV has no types, and a guessed one changes what the user
+    wrote (a label `1.50` read as the number 1.5)."""
+    with open(file, encoding="utf-8-sig", newline="") as f:
+        header = next(csv.reader(f), [])
+    if not header or not all(header) or len(set(header)) != len(header):
+        return None  # pandas renames blank and repeated names: leave those to it
+    return datasets.Features({name: datasets.Value("string") for name in header})
+
+
+# --- checking a file's text ----------------------------------------------------------------------
+
+
+def check_text(file: Path, paths_key: str = "paths") -> None:
+    """A text data file is UTF-8 and not blank; the error names the line and byte offset of the first
+    byte that is not UTF-8. Decoded in chunks, in C: cheap next to loading the file."""
+    base, newlines, blank, pending = 0, 0, True, b""
+    with open(file, "rb") as f:
+        while True:
+            chunk = f.read(READ_CHUNK)
+            data = pending + chunk
+            try:
+                text, used = codecs.utf_8_decode(data, "strict", not chunk)
+            except UnicodeDecodeError as exc:
+                line = newlines + data.count(b"\n", 0, exc.start) + 1
+                raise DataError(f"{file} line {line}: byte 0x{data[exc.start]:02x} at offset {base + exc.start} is not "
+                                f"UTF-8 text; re-encode the file as UTF-8 (e.g. iconv -f <its encoding> -t UTF-8)") from None
+            newlines += data.count(b"\n", 0, used)
+            blank = blank and not text.strip()
+            base, pending = base + used, data[used:]
+            if not chunk:
+                break
+    if blank:
+        raise _empty(file, paths_key)
+
+
+def _empty(file: Path, paths_key: str) -> DataError:
+    return DataError(f"{file}: file is empty; add rows or remove it from {paths_key}")
+
+
+def json_problem(file: Path) -> str | None:
+    """The first line of a .json/.jsonl file that is not valid JSON or not an object of named fields
+    (HF `datasets` tells only a byte position, or nothing); None when every row is one."""
+    text = file.read_text(encoding="utf-8-sig")
+    try:  # one JSON document: an array of rows, or one row
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg != "Extra data":  # "Extra data": a first line that is whole, so JSON Lines
+            return f"{file} line {exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno}); fix the JSON there"
+    else:
+        rows = document if isinstance(document, list) else [document]
+        bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+        if bad is None:
+            return None
+        return (f"{file} row {bad + 1}: {data_values.describe(rows[bad])}, not a JSON object; "
+                "each row must be one object of named fields")
+    for number, line in enumerate(text.split("\n"), 1):  # JSON strings may hold other line breaks
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            return f"{file} line {number}: not valid JSON ({exc.msg} at column {exc.colno}); fix or remove that line"
+        if not isinstance(row, dict):
+            return (f"{file} line {number}: {data_values.describe(row)}, not a JSON object; "
+                    "each line must be one object of named fields")
+    return None
+
+
+# --- where a row came from -----------------------------------------------------------------------
+
+
+def where(path: str, split: str, subset: str | None, row: int) -> str:
+    """Row `row` (0-based) of a source's split as the user finds it: `FILE line N` (JSON Lines, CSV),
+    `FILE row N` (parquet, a JSON array) or, for a hub or saved dataset, `NAME (split 'S') row N`.
+    Only called for an error, so the files are read again here rather than tracked while loading."""
+    found = None if _is_saved(Path(path).expanduser()) else local_files(path, split, subset)
+    if found is not None:
+        builder, files = found
+        left = row
+        for file in files:
+            unit, numbers = _row_numbers(file, builder)
+            if left < len(numbers):
+                return f"{file} {unit} {numbers[left]}"
+            left -= len(numbers)
+    return f"{path} (split {split!r}) row {row + 1}"
+
+
+def locate(cfg: DatasetConfig, row: dict) -> str:
+    """`where` for a row of `load_mixed`'s datasets, from its origin columns."""
+    path, split = sources(cfg)[row[SOURCE_COLUMN]]
+    return where(path, split, cfg.subset, row[ROW_COLUMN])
+
+
+def _row_numbers(file: Path, builder: str) -> tuple[str, Sequence[int]]:
+    """("line", the line each row starts on) or ("row", 1..n), as HF `datasets` reads the file."""
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        return "row", range(1, pq.ParquetFile(file).metadata.num_rows + 1)
+    text = file.read_text(encoding="utf-8-sig")
+    if builder == "csv":  # a quoted field may span lines; blank lines hold no row
+        reader = csv.reader(io.StringIO(text, newline=""))
+        next(reader, None)  # the header
+        starts, end = [], reader.line_num
+        for record in reader:
+            if record:
+                starts.append(end + 1)
+            end = reader.line_num
+        return "line", starts
+    if text.lstrip().startswith("["):
+        return "row", range(1, len(json.loads(text)) + 1)
+    return "line", [number for number, line in enumerate(text.split("\n"), 1) if line.strip()]
+
+
+def with_origin(ds: Dataset, source: int) -> Dataset:
+    ds = ds.add_column(SOURCE_COLUMN, np.full(len(ds), source, dtype=np.int32))
+    return ds.add_column(ROW_COLUMN, np.arange(len(ds), dtype=np.int64))
+
+
+# --- checking values -----------------------------------------------------------------------------
 
 
 def require_columns(ds: Dataset, source: str, needed: dict[str, str]) -> None:
     """`needed` maps a config field (e.g. `data.sft.input_key`) to the column it names."""
     for field, column in needed.items():
         if column not in ds.column_names:
-            raise DataError(f"{source}: missing column {column!r} (set by {field}); columns are: {', '.join(ds.column_names)}")
+            raise DataError(f"{source}: missing column {column!r} (set by {field}); columns are: "
+                            f"{', '.join(ds.column_names)}; set {field} to the one that holds it")
 
 
-def load_mixed(
-    cfg: DatasetConfig, section: str, columns: dict[str, str], seed: int, optional: list[str] = ()
-) -> tuple[Dataset, Dataset]:
+def check_values(ds: Dataset, section: str, cfg: DatasetConfig, fields: dict[str, str], located: Callable[[int], str]) -> None:
+    """Every value of the columns `fields` (config field -> column) holds what its field reads (see
+    `data_values`); the error names the row `located(i)` and the column, its key and what to do."""
+    kinds = data_values.value_kinds(section, cfg)
+    required = file_columns(section, cfg)
+    for start in range(0, len(ds), CHECK_BATCH):
+        try:
+            batch = ds[start : start + CHECK_BATCH]
+        except UnicodeDecodeError:  # a parquet or saved dataset's text column holding other bytes
+            bad = next(i for i in range(start, min(start + CHECK_BATCH, len(ds))) if not _decodes(ds, i))
+            raise DataError(f"{located(bad)}: text that is not UTF-8; re-encode the data as UTF-8") from None
+        for field, column in fields.items():
+            for k, value in enumerate(batch[column]):
+                problem = data_values.problem(value, kinds[field], required=field in required)
+                if problem:
+                    raise DataError(f"{located(start + k)}: {column!r} (data.{section}.{field}) {problem}")
+
+
+def _decodes(ds: Dataset, i: int) -> bool:
+    try:
+        ds[i]
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+# --- the train and eval splits of a dataset config -----------------------------------------------
+
+
+def load_mixed(cfg: DatasetConfig, section: str, columns: dict[str, str], seed: int) -> tuple[Dataset, Dataset]:
     """Train and eval splits of every source, reduced to `columns` (config field -> column, required)
-    and the `optional` columns a source has, then mixed.
+    and the `optional_columns` a source has, their values checked, then mixed. Each row also holds
+    `ORIGIN_COLUMNS`, for `locate`.
 
     Mixing follows `probs` with `interleave_datasets` (until every source is exhausted), as OpenRLHF's
     `--dataset_probs` does; without `probs` the sources are concatenated.
     """
     trains, evals = [], []
-    for path in cfg.paths:
-        ds = load_source(path, cfg.split, cfg.subset)
-        needed = {f"data.{section}.{field}": col for field, col in columns.items()}
+    needed = {f"data.{section}.{field}": col for field, col in columns.items()}
+    paths_key = f"data.{section}.paths"
+    for index, path in enumerate(cfg.paths):
+        ds = load_source(path, cfg.split, cfg.subset, paths_key)
         require_columns(ds, path, needed)
-        keep = list(dict.fromkeys([*columns.values(), *(c for c in optional if c in ds.column_names)]))
-        ds = ds.select_columns(keep)
+        fields = {**columns, **{f: c for f, c in optional_columns(section, cfg).items() if c in ds.column_names}}
+        ds = ds.select_columns(list(dict.fromkeys(fields.values())))
         if len(ds) == 0:
-            raise DataError(f"{path}: dataset is empty (split {cfg.split!r})")
+            raise DataError(f"{path}: dataset is empty (split {cfg.split!r}); add rows or remove it from {paths_key}")
         if cfg.max_samples is not None:
             ds = ds.select(range(min(cfg.max_samples, len(ds))))
+        check_values(ds, section, cfg, fields, lambda i, path=path: where(path, cfg.split, cfg.subset, i))
+        ds = with_origin(ds, index)
         if cfg.eval_split is not None:
-            ev = load_source(path, cfg.eval_split, cfg.subset)
+            ev = load_source(path, cfg.eval_split, cfg.subset, paths_key)
             require_columns(ev, f"{path} (split {cfg.eval_split!r})", needed)
-            ev = ev.select_columns([c for c in ds.column_names if c in ev.column_names])
+            ev_fields = {f: c for f, c in fields.items() if c in ev.column_names}
+            ev = ev.select_columns(list(dict.fromkeys(ev_fields.values())))
+            check_values(ev, section, cfg, ev_fields, lambda i, path=path: where(path, cfg.eval_split, cfg.subset, i))
+            ev = with_origin(ev, len(cfg.paths) + index)
         elif cfg.eval_ratio > 0 and len(ds) > 1:
             parts = ds.train_test_split(test_size=cfg.eval_ratio, seed=seed)
             ds, ev = parts["train"], parts["test"]
@@ -114,6 +380,16 @@ def load_mixed(
         return _mix(trains, cfg.probs, seed), datasets.concatenate_datasets(evals)
     except ValueError as exc:  # e.g. a column that is text in one source and a number in another
         raise DataError(f"data.{section}: cannot mix {', '.join(cfg.paths)} ({str(exc).splitlines()[0]})") from exc
+
+
+def require_eval(section: str, cfg: DatasetConfig, train: Dataset, ev: Dataset) -> None:
+    """Every dataset has eval rows (later stages evaluate on them); the error says which key to set."""
+    if len(ev) == 0:
+        raise DataError(
+            f"data.{section}: no rows held out for eval (eval_ratio={cfg.eval_ratio} of {len(train)} "
+            f"row{'' if len(train) == 1 else 's'}); set "
+            f"data.{section}.eval_ratio above 0 or data.{section}.eval_split (holding rows out needs at least 2)"
+        )
 
 
 def _mix(parts: list[Dataset], probs: list[float] | None, seed: int) -> Dataset:

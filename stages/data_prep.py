@@ -100,8 +100,15 @@ def with_placeholder_token(cfg: PipelineConfig, tokenizer, base_dir: Path):
 # --- validation ----------------------------------------------------------------------------------
 
 
-def check_rows(name: str, rows: list[dict], tokenizer, max_len: int, text_fields: tuple[str, ...]) -> None:
-    """Every row non-empty and within `data.max_len` tokens; the error names the dataset and row."""
+def n_tokens(tokenizer, row: dict, text_fields: tuple[str, ...]) -> int:
+    if "texts" in row:
+        return len(encode_segments(tokenizer, row["texts"], row["train"])[0])
+    return sum(len(tokenizer(row[f], add_special_tokens=False)["input_ids"]) for f in text_fields)
+
+
+def check_rows(name: str, rows: list[dict], tokenizer, max_len: int | None, text_fields: tuple[str, ...]) -> None:
+    """Every row non-empty and (unless `max_len` is None) within `data.max_len` tokens; the error
+    names the dataset and row."""
     if not rows:
         raise DataError(f"{name}: dataset is empty")
     for i, row in enumerate(rows):
@@ -109,12 +116,8 @@ def check_rows(name: str, rows: list[dict], tokenizer, max_len: int, text_fields
             value = row[field]
             if value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
                 raise DataError(f"{name} row {i}: empty {field!r}")
-        if "texts" in row:
-            n_tokens = len(encode_segments(tokenizer, row["texts"], row["train"])[0])
-        else:
-            n_tokens = sum(len(tokenizer(row[f], add_special_tokens=False)["input_ids"]) for f in text_fields)
-        if n_tokens > max_len:
-            raise DataError(f"{name} row {i}: {n_tokens} tokens, longer than data.max_len={max_len}")
+        if max_len is not None and (n := n_tokens(tokenizer, row, text_fields)) > max_len:
+            raise DataError(f"{name} row {i}: {n} tokens, longer than data.max_len={max_len}")
 
 
 def write_split(out_dir: Path, split: str, rows: list[dict]) -> None:
@@ -179,6 +182,8 @@ def reference_answer(label, cfg: DatasetConfig) -> str:
 
 def _pref_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
     chosen, rejected = row[cfg.chosen_key], row[cfg.rejected_key]
+    if isinstance(chosen, list) != isinstance(rejected, list):
+        raise DataError(f"{cfg.chosen_key!r} and {cfg.rejected_key!r} must both be text or both be conversations")
     if isinstance(chosen, list):  # whole conversations: the prompt is all but the last turn
         prompt, chosen, rejected = chosen[:-1], chosen[-1]["content"], rejected[-1]["content"]
     else:
@@ -191,62 +196,50 @@ def _pref_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
     }
 
 
-def _checked_rows(name: str, ds, section: str, columns: dict[str, str], make) -> list[dict]:
-    """`make(row)` for every row whose `columns` (config field -> column) are non-empty; a bad row is
-    a DataError naming the dataset, the row and the column. Rendered rows always hold template text,
-    so an empty prompt or response must be caught here, before rendering."""
+def _checked_rows(ds, cfg: DatasetConfig, make, tokenizer, max_len: int, text_fields: tuple[str, ...]) -> list[dict]:
+    """`make(row)` for every row, each within `data.max_len` tokens; an error names the file and line
+    the row came from (its values were checked when its file was read)."""
     out = []
-    for i, row in enumerate(ds):
-        for field, column in columns.items():
-            value = row[column]
-            if value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
-                raise DataError(f"{name} row {i}: empty {column!r} (set by data.{section}.{field})")
+    for row in ds:
         try:
-            out.append(make(row))
+            made = make(row)
+            if (n := n_tokens(tokenizer, made, text_fields)) > max_len:
+                raise DataError(f"{n} tokens, longer than data.max_len={max_len}")
         except DataError as exc:
-            raise DataError(f"{name} row {i}: {exc}") from exc
+            raise DataError(f"{data_files.locate(cfg, row)}: {exc}") from exc
+        out.append(made)
     return out
 
 
 def file_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, list[dict]]]:
+    """Every dataset a `data.source: files` config names, rendered; rows are checked here, where
+    their file and line are known."""
     out: dict[str, dict[str, list[dict]]] = {}
     data = cfg.data
+
+    def rendered(section: str, ds_cfg: DatasetConfig, name: str, make) -> dict[str, list[dict]]:
+        train, ev = data_files.load_mixed(ds_cfg, section, data_files.file_columns(section, ds_cfg), cfg.seed)
+        data_files.require_eval(section, ds_cfg, train, ev)
+        return {split: _checked_rows(ds, ds_cfg, make, tokenizer, data.max_len, TEXT_FIELDS[name])
+                for split, ds in (("train", train), ("eval", ev))}
+
     if data.sft is not None:
         s = data.sft
-        columns = data_files.file_columns("sft", s)
-        train, ev = data_files.load_mixed(s, "sft", columns, cfg.seed)
-
-        def sft(name, ds):
-            return _checked_rows(
-                name, ds, "sft", columns,
-                lambda r: sft_row(tokenizer, r[s.input_key], None if s.multiturn else r[s.output_key], s),
-            )
-
-        out["sft_data"] = {"train": sft("sft_data/train", train), "eval": sft("sft_data/eval", ev)}
+        out["sft_data"] = rendered(
+            "sft", s, "sft_data",
+            lambda r: sft_row(tokenizer, r[s.input_key], None if s.multiturn else r[s.output_key], s),
+        )
     if data.preference is not None:
         p = data.preference
-        columns = data_files.file_columns("preference", p)
-        # the prompt column is optional: conversation-style chosen/rejected carry their prompt
-        train, ev = data_files.load_mixed(p, "preference", columns, cfg.seed, optional=[p.input_key])
-        out["pref_data"] = {
-            split: _checked_rows(f"pref_data/{split}", ds, "preference", columns, lambda r: _pref_row(tokenizer, r, p))
-            for split, ds in (("train", train), ("eval", ev))
-        }
+        out["pref_data"] = rendered("preference", p, "pref_data", lambda r: _pref_row(tokenizer, r, p))
     if data.prompts is not None:
         q = data.prompts
-        columns = data_files.file_columns("prompts", q)
-        train, ev = data_files.load_mixed(q, "prompts", columns, cfg.seed)
-
-        def prompts(name, ds):
-            return _checked_rows(
-                name, ds, "prompts", columns,
-                lambda r: {"prompt": render_prompt(tokenizer, r[q.input_key], q), "label": reference_answer(r[q.label_key], q)},
-            )
-
-        out["prompts"] = {"train": prompts("prompts/train", train)}
-        out["eval_data"] = {"eval": prompts("eval_data/eval", ev)}
-        if not out["eval_data"]["eval"]:
-            raise DataError("data.prompts: no eval rows (set eval_split or a positive eval_ratio)")
+        prompts = rendered(
+            "prompts", q, "prompts",
+            lambda r: {"prompt": render_prompt(tokenizer, r[q.input_key], q), "label": reference_answer(r[q.label_key], q)},
+        )
+        out["prompts"] = {"train": prompts["train"]}
+        out["eval_data"] = {"eval": prompts["eval"]}
     return out
 
 
@@ -289,9 +282,13 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
 
     outputs: dict[str, Path] = {"base_model": base_dir}
     metrics: dict[str, float] = {}
+    # rows read from files were measured where their file and line are known
+    max_len = cfg.data.max_len if cfg.data.source == "synthetic" else None
     for name, splits_of in datasets_by_name.items():
         for split, rows in splits_of.items():
-            check_rows(f"{name}/{split}", rows, tokenizer, cfg.data.max_len, TEXT_FIELDS[name])
+            check_rows(f"{name}/{split}", rows, tokenizer, max_len, TEXT_FIELDS[name])
+    for name, splits_of in datasets_by_name.items():  # written once every dataset is checked
+        for split, rows in splits_of.items():
             write_split(ctx.output_dir / name, split, rows)
             metrics[f"{name}_{split}_rows"] = float(len(rows))
         outputs[name] = ctx.output_dir / name

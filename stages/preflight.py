@@ -55,7 +55,8 @@ def check_inputs(cfg: PipelineConfig) -> None:
         ds_cfg: DatasetConfig | None = getattr(cfg.data, section)
         if ds_cfg is None or not all(data_files.is_local(p) for p in ds_cfg.paths):
             continue
-        data_files.load_mixed(ds_cfg, section, data_files.file_columns(section, ds_cfg), cfg.seed)
+        train, ev = data_files.load_mixed(ds_cfg, section, data_files.file_columns(section, ds_cfg), cfg.seed)
+        data_files.require_eval(section, ds_cfg, train, ev)
 
 
 def check_local_resources(cfg: PipelineConfig) -> None:

@@ -105,6 +105,16 @@ def test_empty_dataset(cli, workdir, local_checkpoint):
     assert_no_work_started(workdir)
 
 
+def test_dataset_file_that_is_not_utf8(cli, workdir, local_checkpoint):
+    sft = workdir / "sft.jsonl"
+    sft.write_bytes('{"question": "Compute 1+2", "answer": "3"}\n{"question": "Caf\xe9?", "answer": "4"}\n'.encode("latin-1"))
+    prompts = workdir / "prompts.jsonl"
+    prompts.write_text('{"question": "Compute 1+2", "label": "3"}\n' * 3)
+    cfg = files_config(workdir, local_checkpoint, sft, prompts)
+    assert_one_line_error(cli("run", "--config", str(cfg)), f"{sft} line 2:", "byte 0xe9", "re-encode the file as UTF-8")
+    assert_no_work_started(workdir)
+
+
 def test_more_training_workers_than_local_cpus(cli, workdir):
     assert_one_line_error(cli("run", "infra.num_workers=4", "infra.num_cpus=2"),
                           "infra.num_workers=4", "needs 8 CPUs", "has 2")

@@ -79,6 +79,6 @@ def test_the_gsm8k_preset_on_a_local_model_and_local_files(tmp_path):
     assert len(prompts) == 16 and all(p["label"] in answers for p in prompts)
     assert {"pref_data", "prm_data"}.isdisjoint(out)  # no preference data: rm, prm and dpo are skipped
 
-    data.write_text(data.read_text().replace("#### 7", "seven"))
-    with pytest.raises(DataError, match=r"prompts/\w+ row \d+: 'answer' '.*seven' has no match for data.prompts.label_pattern"):
+    data.write_text(data.read_text().replace("#### 7", "seven"))  # row 5: the file's line 6
+    with pytest.raises(DataError, match=rf"^{data} line 6: 'answer' '.*seven' has no match for data.prompts.label_pattern"):
         data_prep.run(make_ctx("data_prep", cfg, tmp_path / "again"), {})

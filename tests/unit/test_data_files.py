@@ -138,23 +138,34 @@ def test_missing_column_names_column_and_config_field(tmp_path):
         load([path])
     msg = str(err.value)
     assert "\n" not in msg
-    assert msg.startswith(f"{path}: missing column 'output' (set by data.sft.output_key)")
-    assert "columns are: input, answer" in msg
+    assert msg == (f"{path}: missing column 'output' (set by data.sft.output_key); columns are: input, answer; "
+                   "set data.sft.output_key to the one that holds it")
 
 
 def test_renamed_keys_are_read(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "a", "extra": 1}])
     train, ev = load([path], columns={"input_key": "question", "output_key": "answer"}, eval_ratio=0.0)
-    assert train.to_list() == [{"question": "q", "answer": "a"}]  # only the needed columns are kept
+    # only the needed columns are kept, and where each row came from
+    assert train.to_list() == [{"question": "q", "answer": "a", "__source__": 0, "__row__": 0}]
     assert len(ev) == 0
 
 
-def test_empty_file_is_a_data_error(tmp_path):
-    path = tmp_path / "empty.jsonl"
-    path.write_text("")
+@pytest.mark.parametrize("name,text", [("e.jsonl", ""), ("blank.jsonl", "  \n\n"), ("e.csv", ""), ("e.parquet", "")])
+def test_empty_file_is_a_data_error_naming_the_paths_key(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
     with pytest.raises(DataError) as err:
         load([path])
-    assert str(err.value) == f"{path}: file is empty"
+    assert str(err.value) == f"{path}: file is empty; add rows or remove it from data.sft.paths"
+
+
+@pytest.mark.parametrize("name,text", [("a.json", "[]"), ("h.csv", "input,output\n")])
+def test_a_file_without_rows_is_a_data_error(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(DataError) as err:
+        load([path], section="preference")
+    assert str(err.value) == f"{path}: no rows; add rows or remove it from data.preference.paths"
 
 
 def test_sources_with_columns_but_no_rows_are_data_errors(tmp_path):
@@ -162,7 +173,7 @@ def test_sources_with_columns_but_no_rows_are_data_errors(tmp_path):
     datasets.Dataset.from_dict({"input": [], "output": []}).to_parquet(str(path))
     with pytest.raises(DataError) as err:  # HF `datasets` itself refuses a file without rows
         load([path])
-    assert str(err.value) == f'{path}: cannot load dataset (Instruction "train" corresponds to no data!)'
+    assert str(err.value) == f"{path}: no rows; add rows or remove it from data.sft.paths"
     saved = tmp_path / "saved"
     datasets.Dataset.from_dict({"input": [], "output": []}).save_to_disk(str(saved))
     with pytest.raises(DataError) as err:
@@ -171,8 +182,8 @@ def test_sources_with_columns_but_no_rows_are_data_errors(tmp_path):
 
 
 def test_unreadable_file_is_a_one_line_data_error(tmp_path):
-    path = tmp_path / "bad.json"
-    path.write_text("{not json")
+    path = tmp_path / "bad.parquet"
+    path.write_text("not parquet")
     with pytest.raises(DataError) as err:
         load([path])
     assert str(err.value).startswith(f"{path}: cannot load dataset (")
@@ -208,6 +219,9 @@ def test_eval_split_from_a_folder_of_split_files(tmp_path):
     train, ev = load([folder], eval_split="test", eval_ratio=0.25)  # eval_split wins over eval_ratio
     assert list(train["input"]) == ["q0", "q1", "q2", "q3", "q4"]
     assert list(ev["input"]) == ["t0", "t1"]
+    with pytest.raises(DataError) as err:
+        load([folder], eval_split="validation")
+    assert str(err.value) == f"{folder}: no split 'validation'; splits are: train, test"
 
 
 def test_eval_split_from_a_saved_dataset_dict(tmp_path):
@@ -217,8 +231,9 @@ def test_eval_split_from_a_saved_dataset_dict(tmp_path):
         test=datasets.Dataset.from_list([{"input": "u", "output": "v"}]),
     ).save_to_disk(str(saved))
     train, ev = load([saved], eval_split="test")
-    assert train.to_list() == [{"input": "x", "output": "y"}] * 3
-    assert ev.to_list() == [{"input": "u", "output": "v"}]
+    assert train.remove_columns(list(data_files.ORIGIN_COLUMNS)).to_list() == [{"input": "x", "output": "y"}] * 3
+    assert ev.to_list() == [{"input": "u", "output": "v", "__source__": 1, "__row__": 0}]  # source 1: the eval split
+    assert data_files.locate(DatasetConfig(paths=[str(saved)], eval_split="test"), ev[0]) == f"{saved} (split 'test') row 1"
     with pytest.raises(DataError, match=r"no split 'validation'; splits are: train, test"):
         load([saved], eval_split="validation")
 
@@ -235,8 +250,10 @@ def test_eval_split_missing_a_column_names_split_and_field(tmp_path):
 
 def test_eval_split_on_a_single_file_is_an_error_not_the_train_rows(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", qa_rows(4))
-    with pytest.raises(DataError, match=r"cannot load dataset \(Unknown split \"test\""):
+    with pytest.raises(DataError) as err:
         load([path], eval_split="test")
+    assert str(err.value) == (f"{path}: a single file is one split, 'train', not 'test'; "
+                              "use eval_ratio instead of eval_split, or a folder with a test file")
 
 
 def test_two_sources_mixed_with_probs_use_every_row_and_are_seeded(tmp_path):
@@ -267,6 +284,190 @@ def test_sources_with_clashing_column_types_are_a_data_error(tmp_path):
     b = write_jsonl(tmp_path / "b.jsonl", [{"input": "q", "label": 2}])
     with pytest.raises(DataError, match=r"^data\.prompts: cannot mix .*a\.jsonl, .*b\.jsonl \("):
         load([a, b], section="prompts", columns={"input_key": "input", "label_key": "label"}, eval_ratio=0.0)
+
+
+# --- bad input: one line naming the file, the line or row in it, the key and what to do ----------
+
+
+def load_section(path: Path, section: str, **kw):
+    cfg = DatasetConfig(paths=[str(path)], eval_ratio=0.0, **kw)
+    return data_files.load_mixed(cfg, section, data_files.file_columns(section, cfg), seed=0)
+
+
+def write_lines(path: Path, *lines: str) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize(
+    "section,kw,lines,message",
+    [
+        ("sft", {}, ['{"input": "q", "output": "a"}', '{"input": 42, "output": "a"}'],
+         "line 2: 'input' (data.sft.input_key) must be a string or a list of {role, content} messages, not the number 42"),
+        # every value a number: HF `datasets` makes the column int64, still not text
+        ("sft", {}, ['{"input": "q", "output": 1}', '{"input": "r", "output": 2}'],
+         "line 1: 'output' (data.sft.output_key) must be a string, not the number 1"),
+        ("preference", {}, ['{"chosen": "good", "rejected": "bad"}', '{"chosen": 3, "rejected": "bad"}'],
+         "line 2: 'chosen' (data.preference.chosen_key) must be a string, or a list of {role, content} messages "
+         "ending with the assistant's reply, not the number 3"),
+        ("preference", {"margin_key": "m"}, ['{"chosen": "good", "rejected": "bad", "m": "high"}'],
+         "line 1: 'm' (data.preference.margin_key) must be a number, not the string 'high'"),
+        ("preference", {"input_key": "prompt"}, ['{"prompt": {"text": "q"}, "chosen": "good", "rejected": "bad"}'],
+         "line 1: 'prompt' (data.preference.input_key) must be a string or a list of {role, content} messages, not an object"),
+        ("prompts", {}, ['{"input": "q", "label": true}'],
+         "line 1: 'label' (data.prompts.label_key) must be a string or a number, not the boolean true"),
+    ],
+)
+def test_a_value_of_the_wrong_type_names_file_line_key_and_type(tmp_path, section, kw, lines, message):
+    path = write_lines(tmp_path / "d.jsonl", *lines)
+    with pytest.raises(DataError) as err:
+        load_section(path, section, **kw)
+    assert str(err.value) == f"{path} {message}"
+
+
+def test_csv_values_are_read_as_written(tmp_path):
+    """CSV has no types: a number-like answer is text, and a label keeps its digits."""
+    path = tmp_path / "d.csv"
+    path.write_text('input,output,label\nq,42,1.50\n"two\nlines",7,007\n')
+    train, _ = load_section(path, "prompts")
+    assert list(train["label"]) == ["1.50", "007"]
+    train, _ = load_section(path, "sft")
+    assert list(train["output"]) == ["42", "7"]
+
+
+def test_a_csv_row_with_extra_fields_names_the_file_and_line(tmp_path, capfd):
+    path = tmp_path / "d.csv"
+    path.write_text("input,output\nq,a\nr,b,c\n")
+    with pytest.raises(DataError) as err:
+        load([path])
+    assert str(err.value) == f"{path}: cannot load dataset (Error tokenizing data. C error: Expected 2 fields in line 3, saw 3)"
+    assert "Failed to" not in capfd.readouterr().err
+
+
+def test_bytes_that_are_not_utf8_name_file_line_and_offset(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes('{"input": "q", "output": "a"}\n\n{"input": "caf\xe9", "output": "a"}\n'.encode("latin-1"))
+    with pytest.raises(DataError) as err:
+        load([path])
+    assert str(err.value) == (f"{path} line 3: byte 0xe9 at offset 45 is not UTF-8 text; "
+                              "re-encode the file as UTF-8 (e.g. iconv -f <its encoding> -t UTF-8)")
+    path = tmp_path / "d.csv"
+    path.write_bytes("input,output\ncaf\xe9,a\n".encode("latin-1"))
+    with pytest.raises(DataError, match=rf"^{path} line 2: byte 0xe9 at offset 16 is not UTF-8 text; re-encode"):
+        load([path])
+
+
+def test_parquet_text_that_is_not_utf8_names_the_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "d.parquet"  # parquet checks nothing: bytes declared as text are stored as they are
+    text = pa.array([b"q", b"caf\xe9"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"input": text, "output": ["a", "b"]}), path)
+    with pytest.raises(DataError) as err:
+        load([path])
+    assert str(err.value) == f"{path} row 2: text that is not UTF-8; re-encode the data as UTF-8"
+
+
+@pytest.mark.parametrize(
+    "name,text,message",
+    [
+        ("d.jsonl", '{"input": "q", "output": "a"}\n\n{"input": "r" "output": "a"}\n',
+         "line 3: not valid JSON (Expecting ',' delimiter at column 15); fix or remove that line"),
+        ("d.jsonl", '{"input": "q", "output": "a"}\n"just text"\n',
+         "line 2: the string 'just text', not a JSON object; each line must be one object of named fields"),
+        ("d.json", '[\n  {"input": "q", "output": "a"},\n  {"input": "r", "output": "a"\n]\n',
+         "line 4: not valid JSON (Expecting ',' delimiter at column 1); fix the JSON there"),
+        ("d.json", '{"input": "q",\n "output" "a"}\n',
+         "line 2: not valid JSON (Expecting ':' delimiter at column 11); fix the JSON there"),
+    ],
+)
+def test_malformed_json_names_the_line(tmp_path, capfd, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(DataError) as err:
+        load([path])
+    assert str(err.value) == f"{path} {message}"
+    assert "Failed to" not in capfd.readouterr().err  # HF `datasets` logs the parse error it raises: not on the terminal
+
+
+def test_conversations_without_the_assistant_turn_they_need(tmp_path):
+    user, reply = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
+    path = write_jsonl(tmp_path / "sft.jsonl", [{"messages": [user, reply]}, {"messages": [user]}])
+    with pytest.raises(DataError) as err:
+        load_section(path, "sft", input_key="messages", multiturn=True)
+    assert str(err.value) == (f"{path} line 2: 'messages' (data.sft.input_key) has no assistant turn, so nothing "
+                              "to train on; add the assistant's reply or remove the row")
+
+    write_jsonl(path, [{"messages": [user, "hello"]}])
+    with pytest.raises(DataError, match=r"line 1: 'messages' \(data\.sft\.input_key\) message 2 must be "):
+        load_section(path, "sft", input_key="messages", multiturn=True)
+
+    pref = write_jsonl(tmp_path / "pref.jsonl", [{"chosen": [user, reply], "rejected": [user]}])
+    with pytest.raises(DataError) as err:
+        load_section(pref, "preference")
+    assert str(err.value) == (f"{pref} line 1: 'rejected' (data.preference.rejected_key) must end with the "
+                              "assistant's reply (the response), not a 'user' turn")
+
+
+def test_where_names_the_line_or_row_in_the_file_the_user_wrote(tmp_path):
+    jsonl = write_lines(tmp_path / "a.jsonl", '{"input": "a0"}', "", "  ", '{"input": "a1"}')
+    assert data_files.where(str(jsonl), "train", None, 1) == f"{jsonl} line 4"  # blank lines hold no row
+    table = tmp_path / "b.csv"
+    table.write_text('input,output\na,"one\ntwo"\n\nb,x\n')
+    assert [data_files.where(str(table), "train", None, i) for i in (0, 1)] == [f"{table} line 2", f"{table} line 5"]
+    array = tmp_path / "c.json"
+    array.write_text(json.dumps(qa_rows(3), indent=2))
+    assert data_files.where(str(array), "train", None, 2) == f"{array} row 3"
+    parquet = tmp_path / "d.parquet"
+    datasets.Dataset.from_list(qa_rows(2)).to_parquet(str(parquet))
+    assert data_files.where(str(parquet), "train", None, 1) == f"{parquet} row 2"
+    folder = tmp_path / "folder"
+    write_jsonl(folder / "x.jsonl", qa_rows(2))
+    write_jsonl(folder / "y.jsonl", qa_rows(2))
+    assert data_files.where(f"json@{folder}", "train", None, 3) == f"{folder / 'y.jsonl'} line 2"
+    splits = tmp_path / "splits"
+    write_jsonl(splits / "train.jsonl", qa_rows(2))
+    write_jsonl(splits / "test.jsonl", qa_rows(2))
+    assert data_files.where(str(splits), "test", None, 1) == f"{splits / 'test.jsonl'} line 2"
+    assert data_files.where("org/dataset", "train", None, 4) == "org/dataset (split 'train') row 5"
+
+
+def test_every_row_keeps_its_file_and_line_through_split_and_mix(tmp_path):
+    a = write_lines(tmp_path / "a.jsonl", *[json.dumps({"input": f"a{i}", "output": "x"}) + "\n" for i in range(5)])
+    b = tmp_path / "b.csv"
+    b.write_text("input,output\n" + "".join(f'b{i},"x\ny"\n' for i in range(4)))  # each row spans two lines
+    cfg = DatasetConfig(paths=[str(a), str(b)], probs=[1.0, 2.0], eval_ratio=0.3)
+    train, ev = data_files.load_mixed(cfg, "sft", data_files.file_columns("sft", cfg), seed=5)
+    expected = {f"a{i}": f"{a} line {2 * i + 1}" for i in range(5)} | {f"b{i}": f"{b} line {2 * i + 2}" for i in range(4)}
+    rows = train.to_list() + ev.to_list()
+    assert len(ev) > 0 and {r["input"] for r in rows} == set(expected)
+    assert all(data_files.locate(cfg, r) == expected[r["input"]] for r in rows)
+
+
+def test_an_error_found_after_the_shuffle_names_the_source_line(tok, model_dir, tmp_path):
+    sft = write_jsonl(tmp_path / "sft.jsonl", qa_rows(4))
+    prompts = tmp_path / "p.csv"
+    rows = [f"q{i},#### {i}" for i in range(9)]
+    rows[6] = "q6,no answer here"
+    prompts.write_text("input,label\n" + "\n\n".join(rows) + "\n")  # a blank line between rows
+    pattern = r"####\s*(\d+)"
+    cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.3, "label_pattern": pattern})
+    with pytest.raises(DataError) as err:
+        data_prep.file_datasets(cfg, tok)
+    assert str(err.value) == f"{prompts} line 14: 'label' 'no answer here' has no match for data.prompts.label_pattern {pattern!r}"
+
+
+def test_preference_pairs_mixing_text_and_conversation_are_named(tok, model_dir, tmp_path):
+    sft = write_jsonl(tmp_path / "sft.jsonl", qa_rows(2))
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
+    user, reply = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
+    pref = write_jsonl(tmp_path / "pref.jsonl", [{"chosen": "a", "rejected": "b"}, {"chosen": [user, reply], "rejected": "b"}])
+    cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.5},
+                       preference={"paths": [str(pref)], "eval_ratio": 0.5})
+    with pytest.raises(DataError) as err:
+        data_prep.file_datasets(cfg, tok)
+    assert str(err.value) == f"{pref} line 2: 'chosen' and 'rejected' must both be text or both be conversations"
 
 
 # --- rendering -----------------------------------------------------------------------------------
@@ -362,7 +563,7 @@ def test_check_rows_empty_dataset_and_empty_field(tok):
 
 
 def _sft_cfg(path, **kw):
-    return {"paths": [str(path)], "eval_ratio": 0.0, **kw}
+    return {"paths": [str(path)], "eval_ratio": 0.5, **kw}
 
 
 @pytest.mark.parametrize("empty", ["", "   ", None])
@@ -374,17 +575,18 @@ def test_empty_output_is_a_data_error_naming_the_row(tok, model_dir, tmp_path, e
     cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.5})
     with pytest.raises(DataError) as err:
         data_prep.file_datasets(cfg, tok)
-    assert str(err.value) == "sft_data/train row 2: empty 'output' (set by data.sft.output_key)"
+    assert str(err.value) == (f"{sft} line 3: 'output' (data.sft.output_key) is missing or empty; "
+                              "give it a value or remove the row")
 
 
 def test_empty_prompt_and_label_are_data_errors_naming_the_row(tok, model_dir, tmp_path):
     sft = write_jsonl(tmp_path / "sft.jsonl", qa_rows(2))
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}, {"input": "", "label": "2"}])
     cfg = files_config(model_dir, _sft_cfg(sft), _sft_cfg(prompts))
-    with pytest.raises(DataError, match=r"^prompts/train row 1: empty 'input' \(set by data\.prompts\.input_key\)$"):
+    with pytest.raises(DataError, match=rf"^{prompts} line 2: 'input' \(data\.prompts\.input_key\) is missing or empty;"):
         data_prep.file_datasets(cfg, tok)
-    write_jsonl(prompts, [{"input": "q", "label": None}])
-    with pytest.raises(DataError, match=r"^prompts/train row 0: empty 'label' \(set by data\.prompts\.label_key\)$"):
+    prompts.write_text('{"input": "q", "label": "1"}\n{"input": "q"}\n')  # a key missing from one line
+    with pytest.raises(DataError, match=rf"^{prompts} line 2: 'label' \(data\.prompts\.label_key\) is missing or empty;"):
         data_prep.file_datasets(cfg, tok)
 
 
@@ -395,25 +597,25 @@ def test_file_datasets_multiturn_and_preference_with_optional_prompt(tok, model_
         {"role": "user", "content": "bye"},
         {"role": "assistant", "content": "ok"},
     ]
-    sft = write_jsonl(tmp_path / "sft.jsonl", [{"messages": conv}])
+    # every row twice: one of each pair is held out for eval, and train and eval rows are alike
+    sft = write_jsonl(tmp_path / "sft.jsonl", [{"messages": conv}] * 2)
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": 5}, {"input": "r", "label": 6}])
-    pref_a = write_jsonl(tmp_path / "pa.jsonl", [{"prompt": "q", "chosen": "good", "rejected": "bad"}])
-    pref_b = write_jsonl(tmp_path / "pb.jsonl", [{"chosen": "yes", "rejected": "no"}])  # no prompt column
+    pref_a = write_jsonl(tmp_path / "pa.jsonl", [{"prompt": "q", "chosen": "good", "rejected": "bad"}] * 2)
+    pref_b = write_jsonl(tmp_path / "pb.jsonl", [{"chosen": "yes", "rejected": "no"}] * 2)  # no prompt column
     cfg = files_config(
         model_dir,
         _sft_cfg(sft, input_key="messages", multiturn=True),
         {"paths": [str(prompts)], "eval_ratio": 0.5},
-        preference={"paths": [str(pref_a), str(pref_b)], "input_key": "prompt", "eval_ratio": 0.0},
+        preference={"paths": [str(pref_a), str(pref_b)], "input_key": "prompt", "eval_ratio": 0.5},
     )
     out = data_prep.file_datasets(cfg, tok)
-    assert out["sft_data"]["train"] == [
+    assert out["sft_data"]["train"] == out["sft_data"]["eval"] == [
         {
             "texts": ["<|user|>\nhello\n<|assistant|>\n", "hi<|end|>\n", "<|user|>\nbye\n<|assistant|>\n", "ok<|end|>\n"],
             "train": [False, True, False, True],
         }
     ]
-    assert out["sft_data"]["eval"] == []
-    assert out["pref_data"]["train"] == [
+    assert out["pref_data"]["train"] == out["pref_data"]["eval"] == [
         {"prompt": "<|user|>\nq\n<|assistant|>\n", "chosen": "good" + EOS, "rejected": "bad" + EOS, "margin": 0.0},
         # a source without the prompt column gets None, rendered as an empty user turn
         {"prompt": "<|user|>\n\n<|assistant|>\n", "chosen": "yes" + EOS, "rejected": "no" + EOS, "margin": 0.0},
@@ -469,16 +671,25 @@ def test_run_rejects_an_over_long_row_naming_dataset_and_row(model_dir, tmp_path
     sft = write_jsonl(tmp_path / "sft.jsonl", rows)
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
     cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.5}, max_len=32)
-    with pytest.raises(DataError, match=r"^sft_data/train row 3: \d+ tokens, longer than data\.max_len=32$"):
+    with pytest.raises(DataError, match=rf"^{sft} line 4: \d+ tokens, longer than data\.max_len=32$"):
         run_stage(cfg, tmp_path)
+    assert not (tmp_path / "out" / "sft_data").exists()
 
 
-def test_run_needs_eval_prompts(model_dir, tmp_path):
+def test_every_dataset_needs_eval_rows_before_any_work(model_dir, tmp_path):
     sft = write_jsonl(tmp_path / "sft.jsonl", qa_rows(2))
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
-    cfg = files_config(model_dir, _sft_cfg(sft), _sft_cfg(prompts))
-    with pytest.raises(DataError, match=r"^data\.prompts: no eval rows"):
-        run_stage(cfg, tmp_path)
+    cfg = files_config(model_dir, _sft_cfg(sft), _sft_cfg(prompts, eval_ratio=0.0))
+    message = ("data.prompts: no rows held out for eval (eval_ratio=0.0 of 2 rows); set data.prompts.eval_ratio "
+               "above 0 or data.prompts.eval_split (holding rows out needs at least 2)")
+    for check in (preflight.check_inputs, lambda c: run_stage(c, tmp_path)):
+        with pytest.raises(DataError) as err:
+            check(cfg)
+        assert str(err.value) == message
+    one_row = write_jsonl(tmp_path / "one.jsonl", qa_rows(1))  # the default eval_ratio holds out nothing of one row
+    cfg = files_config(model_dir, {"paths": [str(one_row)]}, {"paths": [str(prompts)], "eval_ratio": 0.5})
+    with pytest.raises(DataError, match=r"^data\.sft: no rows held out for eval \(eval_ratio=0\.05 of 1 row\)"):
+        preflight.check_inputs(cfg)
 
 
 def test_preflight_catches_a_missing_column_before_run(model_dir, tmp_path):
@@ -507,5 +718,5 @@ def test_a_bad_multiturn_row_is_named(tok, model_dir, tmp_path):
     sft = write_jsonl(tmp_path / "sft.jsonl", [{"messages": conv}, {"messages": []}])
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
     cfg = files_config(model_dir, _sft_cfg(sft, input_key="messages", multiturn=True), _sft_cfg(prompts))
-    with pytest.raises(DataError, match=r"^sft_data/train row 1: empty 'messages' \(set by data\.sft\.input_key\)$"):
+    with pytest.raises(DataError, match=rf"^{sft} line 2: 'messages' \(data\.sft\.input_key\) is missing or empty;"):
         data_prep.file_datasets(cfg, tok)
