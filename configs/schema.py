@@ -66,6 +66,8 @@ class DatasetConfig(Section):
     split: str = "train"
     eval_split: str | None = Field(None, description="a split of the same source used for eval")
     eval_ratio: float = Field(0.05, ge=0.0, lt=1.0, description="held-out share when eval_split is unset")
+    eval_min_rows: int = Field(100, ge=0, description="with eval_ratio: hold out at least this many rows (shared by the "
+                                                      "paths; never more than a fifth of a source)")
     max_samples: int | None = Field(None, gt=0)
     input_key: str = "input"
     output_key: str = "output"

@@ -12,6 +12,7 @@ import codecs
 import csv
 import io
 import json
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -369,8 +370,8 @@ def load_mixed(cfg: DatasetConfig, section: str, columns: dict[str, str], seed: 
             ev = ev.select_columns(list(dict.fromkeys(ev_fields.values())))
             check_values(ev, section, cfg, ev_fields, lambda i, path=path: where(path, cfg.eval_split, cfg.subset, i))
             ev = with_origin(ev, len(cfg.paths) + index)
-        elif cfg.eval_ratio > 0 and len(ds) > 1:
-            parts = ds.train_test_split(test_size=cfg.eval_ratio, seed=seed)
+        elif held_out := held_out_rows(len(ds), cfg.eval_ratio, math.ceil(cfg.eval_min_rows / len(cfg.paths))):
+            parts = ds.train_test_split(test_size=held_out, seed=seed)
             ds, ev = parts["train"], parts["test"]
         else:
             ev = ds.select([])
@@ -380,6 +381,14 @@ def load_mixed(cfg: DatasetConfig, section: str, columns: dict[str, str], seed: 
         return _mix(trains, cfg.probs, seed), datasets.concatenate_datasets(evals)
     except ValueError as exc:  # e.g. a column that is text in one source and a number in another
         raise DataError(f"data.{section}: cannot mix {', '.join(cfg.paths)} ({str(exc).splitlines()[0]})") from exc
+
+
+def held_out_rows(n: int, ratio: float, min_rows: int) -> int:
+    """Rows of an `n`-row source held out for eval: `ratio` of them, at least `min_rows` (a ratio alone
+    leaves 10 of 200 prompts, too few to compare models), at most a fifth of the source, none with ratio 0."""
+    if ratio <= 0 or n < 2:
+        return 0
+    return max(1, min(max(math.ceil(ratio * n), min_rows), max(n // 5, math.ceil(ratio * n)), n - 1))
 
 
 def require_eval(section: str, cfg: DatasetConfig, train: Dataset, ev: Dataset) -> None:

@@ -720,3 +720,25 @@ def test_a_bad_multiturn_row_is_named(tok, model_dir, tmp_path):
     cfg = files_config(model_dir, _sft_cfg(sft, input_key="messages", multiturn=True), _sft_cfg(prompts))
     with pytest.raises(DataError, match=rf"^{sft} line 2: 'messages' \(data\.sft\.input_key\) is missing or empty;"):
         data_prep.file_datasets(cfg, tok)
+
+
+@pytest.mark.parametrize("n, ratio, min_rows, expected", [
+    (200, 0.05, 100, 40),    # the ratio alone: 10; at least 100, but at most a fifth of the source
+    (5000, 0.05, 100, 250),  # the ratio wins on a large source
+    (1000, 0.02, 100, 100),  # the minimum wins
+    (200, 0.5, 100, 100),    # an explicit large ratio is kept
+    (200, 0.0, 100, 0),      # no ratio: nothing held out
+    (1, 0.5, 100, 0),        # one row cannot be split
+    (3, 0.05, 100, 1),
+    (2, 0.9, 0, 1),          # a train row always remains
+])
+def test_held_out_rows(n, ratio, min_rows, expected):
+    assert data_files.held_out_rows(n, ratio, min_rows) == expected
+
+
+def test_the_minimum_held_out_count_is_shared_by_the_paths(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps(r) + "\n" for r in qa_rows(500, "a")))
+    b.write_text("".join(json.dumps(r) + "\n" for r in qa_rows(500, "b")))
+    train, ev = load([a, b], eval_ratio=0.02, eval_min_rows=100)
+    assert (len(train), len(ev)) == (900, 100)  # 50 from each; the ratio alone held out 20
