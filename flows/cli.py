@@ -183,6 +183,16 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_preview(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from configs import load_config
+    from flows.data_preview import preview
+
+    preview(load_config(args.config, args.overrides), args.n, Console())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf", description="Cached, re-runnable LLM post-training pipeline.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -227,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--base", default=None, metavar="PATH", help="base checkpoint (default: the one the adapter records)")
     merge.add_argument("--is-rm", action="store_true", help="a reward model (sequence classification); default: from the adapter")
     merge.set_defaults(func=cmd_merge)
+    data = sub.add_parser("data", help="look at the datasets before training").add_subparsers(dest="data_command", required=True)
+    data_preview = data.add_parser("preview", help="rows as the model sees them (chat template, tokens with loss marked) and length percentiles")
+    data_preview.add_argument("--config", default=None, help="preset name in configs/ or a YAML path (default: tiny)")
+    data_preview.add_argument("--n", type=int, default=3, help="rows shown per dataset split")
+    data_preview.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
+    data_preview.set_defaults(func=cmd_data_preview)
     return parser
 
 

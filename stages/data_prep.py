@@ -79,25 +79,24 @@ def prm_response(steps: list[str], placeholder: str) -> str:
     return "".join(f"{step}{placeholder}\n" for step in steps)
 
 
-def with_placeholder_token(cfg: PipelineConfig, tokenizer, base_dir: Path):
+def add_placeholder_token(tokenizer, token: str) -> bool:
     """PRM data ends each step with `prm.placeholder_token`, where the PRM reads its reward: a tokenizer
-    that splits it gets it as a special token, and the base model's embeddings grow to match (saved in
-    full to `base_dir`, replacing a pointer to the original checkpoint)."""
-    token = cfg.prm.placeholder_token
+    that splits it gets it as one special token. True when it was added (the embeddings must grow)."""
     if len(tokenizer(token, add_special_tokens=False)["input_ids"]) == 1:
-        return tokenizer
-    source = cfg.model.name_or_path or base_dir
-    model = checkpoint.load_causal_lm(source, cfg.model)
+        return False
     tokenizer.add_special_tokens({"extra_special_tokens": [token]}, replace_extra_special_tokens=False)
+    return True
+
+
+def resize_base_model(cfg: PipelineConfig, tokenizer, base_dir: Path) -> None:
+    """The base model with embeddings for every token of `tokenizer`, saved in full to `base_dir`
+    (replacing a pointer to the original checkpoint)."""
+    model = checkpoint.load_causal_lm(cfg.model.name_or_path or base_dir, cfg.model)
     model.resize_token_embeddings(len(tokenizer))
     (base_dir / checkpoint_paths.POINTER_FILE).unlink(missing_ok=True)
     checkpoint.save(model, tokenizer, base_dir)
-    print(f"[data_prep] prm.placeholder_token {token!r} added to the tokenizer ({len(tokenizer)} tokens) and the "
-          f"embeddings resized; base_model is a full copy", flush=True)
-    return tokenizer
-
-
-# --- validation ----------------------------------------------------------------------------------
+    print(f"[data_prep] prm.placeholder_token {cfg.prm.placeholder_token!r} added to the tokenizer "
+          f"({len(tokenizer)} tokens) and the embeddings resized; base_model is a full copy", flush=True)
 
 
 def n_tokens(tokenizer, row: dict, text_fields: tuple[str, ...]) -> int:
@@ -255,30 +254,41 @@ TEXT_FIELDS = {
 # --- the stage -----------------------------------------------------------------------------------
 
 
+def tokenizer_for(cfg: PipelineConfig):
+    """The tokenizer every dataset is rendered with: the checkpoint's, or the tiny model's, trained on
+    the synthetic task's text. With synthetic (PRM) data it holds `prm.placeholder_token`."""
+    if cfg.model.name_or_path:
+        checkpoint_paths.validate(cfg.model.name_or_path)
+        tokenizer = checkpoint.load_tokenizer(cfg.model.name_or_path)
+    elif cfg.data.source == "synthetic":
+        splits = synthetic_task.generate(cfg.data.synthetic, cfg.seed)
+        corpus = [r["prompt"] + "\n" + r["response"] for r in splits.sft_train]
+        tokenizer = tiny_model.train_tokenizer(corpus, cfg.model.tiny.vocab_size)
+    else:
+        raise DataError("data.source=files needs model.name_or_path (the tiny model only knows the synthetic task)")
+    return tokenizer
+
+
+def build_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, list[dict]]]:
+    """Every dataset's splits as the stages read them, rendered with `tokenizer`."""
+    return synthetic_datasets(cfg, tokenizer) if cfg.data.source == "synthetic" else file_datasets(cfg, tokenizer)
+
+
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     cfg = ctx.config
     set_seed(cfg.seed)
     base_dir = ctx.output_dir / "base_model"
-
+    tokenizer = tokenizer_for(cfg)
     if cfg.model.name_or_path:
-        checkpoint_paths.validate(cfg.model.name_or_path)
-        tokenizer = checkpoint.load_tokenizer(cfg.model.name_or_path)
         checkpoint_paths.write_pointer(base_dir, cfg.model.name_or_path)
-    if cfg.data.source == "synthetic":
-        if not cfg.model.name_or_path:
-            splits = synthetic_task.generate(cfg.data.synthetic, cfg.seed)
-            corpus = [r["prompt"] + "\n" + r["response"] for r in splits.sft_train]
-            tokenizer = tiny_model.train_tokenizer(corpus, cfg.model.tiny.vocab_size)
-            model = tiny_model.build_model(cfg.model.tiny, tokenizer, cfg.seed)
-            checkpoint.save(model, tokenizer, base_dir)
-            print(f"[data_prep] built tokenizer ({len(tokenizer)} tokens) and model "
-                  f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params)", flush=True)
-        tokenizer = with_placeholder_token(cfg, tokenizer, base_dir)  # synthetic data has PRM rows
-        datasets_by_name = synthetic_datasets(cfg, tokenizer)
     else:
-        if not cfg.model.name_or_path:
-            raise DataError("data.source=files needs model.name_or_path (the tiny model only knows the synthetic task)")
-        datasets_by_name = file_datasets(cfg, tokenizer)
+        model = tiny_model.build_model(cfg.model.tiny, tokenizer, cfg.seed)
+        checkpoint.save(model, tokenizer, base_dir)
+        print(f"[data_prep] built tokenizer ({len(tokenizer)} tokens) and model "
+              f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params)", flush=True)
+    if cfg.data.source == "synthetic" and add_placeholder_token(tokenizer, cfg.prm.placeholder_token):
+        resize_base_model(cfg, tokenizer, base_dir)  # synthetic data has PRM rows
+    datasets_by_name = build_datasets(cfg, tokenizer)
 
     outputs: dict[str, Path] = {"base_model": base_dir}
     metrics: dict[str, float] = {}
