@@ -13,13 +13,14 @@ from stages.rl.layout import bundles_needed, group_sizes, pools
 
 PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 GPU_PRESETS = {"qwen2.5-0.5b-gsm8k": 1, "llama3-8b-node": 8, "llama3-8b-cluster": 32}
+TEMPLATES = {"files-example"}  # a config to copy: its data paths are the user's
 
 
 def test_every_preset_is_listed():
-    assert set(GPU_PRESETS) | {"tiny"} == set(PRESETS)
+    assert set(GPU_PRESETS) | {"tiny"} | TEMPLATES == set(PRESETS)
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", sorted(set(PRESETS) - TEMPLATES))
 def test_preset_loads_and_passes_preflight(name):
     cfg = load_config(name)
     check_inputs(cfg)  # a hub id is accepted as one; hub datasets are read when the stage runs
@@ -62,3 +63,28 @@ def test_gsm8k_reward_reads_the_final_answer():
     out = gsm8k_reward()([f"Q: {r}" for r in responses], ["Q: "] * 5, labels)
     assert out["rewards"].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]  # the last number counts, not the first
     assert out["extra_logs"]["answered"].tolist() == [1.0, 1.0, 1.0, 1.0, 0.0]
+
+
+def test_the_files_template_runs_its_checks_once_its_files_exist(tmp_path, monkeypatch):
+    """What a user who copies configs/files-example.yaml has: the files it names, OpenRLHF-shaped."""
+    import json
+
+    from stages.preflight import check
+    from tests.tiny_checkpoint import save_tiny_checkpoint
+
+    model = save_tiny_checkpoint(["Name a colour.\nblue"] * 4, tmp_path / "model")
+    data = tmp_path / "data"
+    data.mkdir()
+    lines = lambda rows: "".join(json.dumps(r) + "\n" for r in rows)  # noqa: E731
+    (data / "sft.jsonl").write_text(lines({"question": f"Name colour {i}.", "response": "blue"} for i in range(30)))
+    (data / "preferences.jsonl").write_text(lines(
+        {"prompt": f"Name colour {i}.", "chosen": [{"role": "assistant", "content": "blue"}],
+         "rejected": [{"role": "assistant", "content": "7"}]} for i in range(30)))
+    (data / "prompts.jsonl").write_text(lines(
+        {"context_messages": [{"role": "user", "content": f"Name colour {i}."}], "answer": "blue"} for i in range(30)))
+    (tmp_path / "my_reward.py").write_text(
+        "def reward_func(queries, prompts, labels):\n    return [float(l in q) for q, l in zip(queries, labels)]\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("files-example", [f"model.name_or_path={model}", "infra.num_cpus=2"])
+    check(cfg)
+    assert cfg.rl.actor.lr == 5e-7 and cfg.reward.func_path == "my_reward.py"
