@@ -177,7 +177,8 @@ def trl(cfg, data: dict[str, Path], work: Path) -> dict:
         **common, steps_per_generation=per_rollout // rl.micro_train_batch_size, num_generations=rl.n_samples_per_prompt,
         max_completion_length=rl.generate_max_len, temperature=rl.temperature, top_p=1.0, top_k=0,
         beta=rl.init_kl_coef, num_iterations=rl.max_epochs, epsilon=rl.eps_clip_low, epsilon_high=rl.eps_clip_high,
-        scale_rewards="group", loss_type="bnpo",  # bnpo: the token mean of each micro-batch, as ours
+        # bnpo: the token mean of each micro-batch (ours: of each optimizer step); the same work either way
+        scale_rewards="group", loss_type="bnpo",
     )
     trainer = GRPOTrainer(model=trl_compare.load_model(cfg, {"base_model": data["policy"]}), reward_funcs=reward,
                           args=args, train_dataset=dataset,

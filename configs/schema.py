@@ -316,8 +316,8 @@ class RLConfig(Section):
     prompt_max_len: int = Field(64, gt=0)
     generate_max_len: int = Field(40, gt=0)
     # objective
-    gamma: float = Field(1.0, ge=0.0, le=1.0)
-    lambd: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount (gae, reinforce); the group estimators take 1 only")
+    lambd: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
     advantage_std_norm: bool = Field(True, description="divide whitened advantages by their std (gae, reinforce, reinforce_baseline)")
     init_kl_coef: float = Field(0.01, ge=0.0, description="0 with use_kl_loss off: no reference model")
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
@@ -327,11 +327,13 @@ class RLConfig(Section):
     eps_clip_low: float = Field(0.2, gt=0, lt=1)
     eps_clip_high: float = Field(0.2, gt=0)
     dual_clip: float | None = Field(None, gt=1.0)
-    value_clip: float | None = Field(0.2, gt=0)
+    value_clip: float | None = Field(0.5, gt=0)
     entropy_coef: float = Field(0.0, ge=0.0)
-    reward_clip: float = Field(10.0, gt=0, description="scores are clipped to [-reward_clip, reward_clip]")
+    reward_clip: float = Field(10.0, gt=0, description="scores, after a group estimator's baseline, are clipped to "
+                                                       "[-reward_clip, reward_clip]")
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] | None = Field(
-        None, description="empty: seq_mean_token_sum_norm for dr_grpo, token_mean otherwise")
+        None, description="the policy loss's mean over each optimizer step's tokens or sequences (the entropy and "
+                          "KL terms: always tokens); empty: seq_mean_token_sum_norm for dr_grpo, token_mean otherwise")
     dynamic_filtering: bool = Field(False, description="drop groups whose scores are all equal (DAPO)")
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong penalty over the last this many tokens; 0: off")
     overlong_penalty_factor: float = Field(1.0, ge=0.0)
@@ -352,6 +354,9 @@ class RLConfig(Section):
         grouped = self.advantage_estimator in ("reinforce_baseline", "rloo", "group_norm", "dr_grpo")
         if grouped and self.n_samples_per_prompt < 2:
             raise ValueError(f"advantage_estimator={self.advantage_estimator} compares samples of a prompt: n_samples_per_prompt must be > 1")
+        if grouped and self.gamma != 1.0:
+            raise ValueError(f"rl.gamma={self.gamma} with advantage_estimator={self.advantage_estimator}: a group estimator "
+                             "scores whole responses, undiscounted (gamma 1, as OpenRLHF); leave rl.gamma at 1 or use gae or reinforce")
         if self.dynamic_filtering and self.n_samples_per_prompt < 2:
             raise ValueError("dynamic_filtering needs n_samples_per_prompt > 1")
         rollout = self.rollout_batch_size * self.n_samples_per_prompt

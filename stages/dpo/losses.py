@@ -27,6 +27,12 @@ def sequence_logps(logps: torch.Tensor, mask: torch.Tensor, average: bool = Fals
     return total / mask.sum(-1).clamp(min=1) if average else total
 
 
+def chosen_nll(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The chosen responses' NLL: each response's mean over its tokens, then the mean over responses
+    (OpenRLHF's `nll_loss_coef` term), from per-response log-prob sums and token counts."""
+    return -(sums / counts.clamp(min=1)).mean()
+
+
 def dpo_loss(
     policy_chosen: torch.Tensor,
     policy_rejected: torch.Tensor,

@@ -30,6 +30,7 @@ from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 from stages.dpo.iterative import Rounds
 from stages.dpo.losses import (
+    chosen_nll,
     dpo_loss,
     kto_loss,
     kto_reference_point,
@@ -170,7 +171,7 @@ class PairObjective:
         return batch
 
     def pair_terms(self, model, batch: dict):
-        """Per pair: losses, chosen / rejected implicit rewards; also the chosen NLL per token."""
+        """Per pair: losses, chosen / rejected implicit rewards; also the chosen responses' NLL."""
         sums, counts = (shared_prompt_logps if self.shared_prompt else response_logps)(model, batch)
         policy, ref = sums, batch["ref"]
         if self.cfg.loss == "ipo":
@@ -179,8 +180,7 @@ class PairObjective:
         loss_type = "sigmoid" if self.cfg.loss == "kto" else self.cfg.loss  # KTO's eval reports DPO-style terms
         losses, chosen, rejected = dpo_loss(pc, pr, rc, rr, self.cfg.beta, loss_type, self.cfg.label_smoothing)
         chosen_sums, chosen_counts = sums.chunk(2)[0], counts.chunk(2)[0]
-        nll = -chosen_sums.sum() / chosen_counts.sum().clamp(min=1)  # per token, as in SFT
-        return losses, chosen, rejected, nll
+        return losses, chosen, rejected, chosen_nll(chosen_sums, chosen_counts)
 
     def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
         losses, chosen, rejected, nll = self.pair_terms(engine, batch)

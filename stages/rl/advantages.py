@@ -146,13 +146,20 @@ def compute_advantages(
     dense: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 0.95,
+    lam: float = 1.0,
     std_norm: bool = True,
+    reward_clip: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages, returns) for a batch: shape the scores, spread them over tokens with the KL
-    penalty, accumulate (GAE with a critic, discounted returns without), whiten where OpenRLHF does."""
+    """(advantages, returns) for a batch: shape the scores (a group estimator's baseline), clip them to
+    [-reward_clip, reward_clip], spread them over tokens with the KL penalty, accumulate (GAE with a
+    critic, discounted returns without), whiten where OpenRLHF does. A group estimator's returns are
+    undiscounted (gamma 1, as OpenRLHF forces)."""
     est = ESTIMATORS[estimator]
+    if est.grouped and gamma != 1.0:
+        raise ValueError(f"estimator {estimator} compares whole responses: gamma must be 1, got {gamma}")
     shaped = est.shape_scores(scores.float(), n_samples)
+    if reward_clip is not None:
+        shaped = shaped.clamp(-reward_clip, reward_clip)
     rewards = token_rewards(shaped, mask, kl, kl_coef, dense)
     if est.needs_critic:
         if values is None:

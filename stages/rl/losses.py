@@ -1,10 +1,17 @@
 """Pure loss functions of the RL stage (OpenRLHF's math), on `[batch, actions]` tensors.
 
 `mask` marks the response tokens (actions) that count: 1 up to and including EOS, 0 on padding.
+
+Losses over an optimizer step of several micro-batches (and ranks) take `units` (`step_units`): the
+step's count of what the aggregation averages over (tokens, or sequences) per micro-batch. A
+micro-batch's sum divided by it, averaged by DeepSpeed over the step's micro-batches and ranks, is
+the mean over the whole step (OpenRLHF's global token mean), however unevenly the tokens fall into
+micro-batches.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -21,36 +28,74 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
     return (values * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
 
-def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: LossAggregation, max_len: int | None = None) -> torch.Tensor:
+def loss_units(mask: torch.Tensor) -> torch.Tensor:
+    """[tokens, sequences] of a micro-batch: what the aggregations average over (a sequence counts
+    when it has a valid token)."""
+    mask = mask.float()
+    return torch.stack([mask.sum(), (mask.sum(-1) > 0).sum().float()])
+
+
+def step_units(
+    masks: list[torch.Tensor], ranks: int = 1, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> torch.Tensor:
+    """[tokens, sequences] per micro-batch of one optimizer step: the `loss_units` of this rank's
+    micro-batches (`masks`), summed over the `ranks` by `reduce` (an all-reduce), over their number."""
+    total = sum(loss_units(m) for m in masks)
+    if reduce is not None:
+        total = reduce(total)
+    return total / (len(masks) * ranks)
+
+
+def aggregate(
+    loss: torch.Tensor,
+    mask: torch.Tensor,
+    mode: LossAggregation,
+    max_len: int | None = None,
+    units: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Reduce a per-token loss to a scalar.
 
-    token_mean: every valid token of the batch weighs the same (OpenRLHF/DAPO token-level loss).
-    seq_mean_token_mean: mean per sequence, then over sequences (the original GRPO).
+    token_mean: every valid token weighs the same (OpenRLHF/DAPO token-level loss).
+    seq_mean_token_mean: mean per sequence, then over sequences (the original GRPO; OpenRLHF's
+    per-sample loss).
     seq_mean_token_sum_norm: per-sequence sum divided by a constant `max_len`, then the mean over
     sequences (Dr. GRPO: no length normalisation bias).
+
+    The sum is divided by this batch's count of tokens (token_mean) or sequences, or, with `units`
+    ([tokens, sequences] per micro-batch of the optimizer step, see the module note), by the step's.
     """
+    mask = mask.to(loss.dtype)
+    masked = loss * mask
     if mode == "token_mean":
-        return masked_mean(loss, mask)
-    if mode == "seq_mean_token_mean":
-        return masked_mean(loss, mask, dim=-1).mean()
-    if mode == "seq_mean_token_sum_norm":
+        total = masked.sum()
+    elif mode == "seq_mean_token_mean":
+        total = (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum()
+    elif mode == "seq_mean_token_sum_norm":
         if not max_len:
             raise ValueError("seq_mean_token_sum_norm needs max_len")
-        return ((loss * mask).sum(-1) / max_len).mean()
-    raise ValueError(f"unknown loss aggregation {mode!r}")
+        total = masked.sum() / max_len
+    else:
+        raise ValueError(f"unknown loss aggregation {mode!r}")
+    count = (loss_units(mask) if units is None else units)[0 if mode == "token_mean" else 1]
+    return total / torch.where(count > 0, count, 1.0)  # nothing to average: the sum is 0, and so is the loss
 
 
 def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
-    """Per-token estimate of KL(policy || reference) from the sampled tokens' log-probs (Schulman's k1/k2/k3)."""
+    """Per-token estimate of KL(policy || reference) from the sampled tokens' log-probs (Schulman's
+    k1/k2/k3), clamped to [-10, 10] as OpenRLHF's: beyond it the value is 10 (or -10) and the gradient 0."""
     log_ratio = log_probs.float() - ref_log_probs.float()
     if estimator == "k1":
-        return log_ratio
-    if estimator == "k2":
-        return log_ratio.pow(2) / 2
-    if estimator == "k3":
-        neg = (-log_ratio).clamp(-10, 10)  # the exponent would overflow on far-off tokens
-        return neg.exp() - 1 - neg
-    raise ValueError(f"unknown KL estimator {estimator!r}")
+        kl = log_ratio
+    elif estimator == "k2":
+        kl = log_ratio.pow(2) / 2
+    elif estimator == "k3":
+        # exp(-log_ratio) overflows float32 below a log-ratio of about -88 (inf, and a NaN gradient through
+        # the clamp); k3 already reaches the bound 10 below about -2.6, so this floor changes no value
+        log_ratio = log_ratio.clamp(min=-10)
+        kl = (-log_ratio).exp() - 1 + log_ratio
+    else:
+        raise ValueError(f"unknown KL estimator {estimator!r}")
+    return kl.clamp(-10, 10)
 
 
 def policy_loss(
@@ -65,13 +110,17 @@ def policy_loss(
     aggregation: LossAggregation = "token_mean",
     max_len: int | None = None,
     is_weights: torch.Tensor | None = None,
+    units: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO clipped surrogate with separate low/high epsilon (DAPO's clip-higher) and optional dual clip.
 
+    The log-ratio is clamped to [-20, 20] before `exp`, as OpenRLHF's: an unbounded ratio overflows
+    to inf from about 88 on, and inf x 0 on a masked position would make the loss NaN.
     `is_weights` (optional) multiplies the per-token loss: the truncated importance weights of the
-    trainer's old log-probs against the rollout engine's. Returns (loss, clip fraction).
+    trainer's old log-probs against the rollout engine's. `units`: see `aggregate`.
+    Returns (loss, clip fraction).
     """
-    ratio = (log_probs - old_log_probs).exp()
+    ratio = (log_probs - old_log_probs).clamp(-20, 20).exp()
     surr1 = ratio * advantages
     surr2 = ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * advantages
     clipped = torch.min(surr1, surr2)
@@ -84,7 +133,7 @@ def policy_loss(
     if is_weights is not None:
         loss = loss * is_weights
     clip_frac = masked_mean((surr2 < surr1).float(), mask)
-    return aggregate(loss, mask, aggregation, max_len), clip_frac
+    return aggregate(loss, mask, aggregation, max_len, units), clip_frac
 
 
 def value_loss(
@@ -92,14 +141,16 @@ def value_loss(
     old_values: torch.Tensor,
     returns: torch.Tensor,
     mask: torch.Tensor,
-    clip_eps: float | None = 0.2,
+    clip_eps: float | None = 0.5,
+    units: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """0.5 * masked mean of the squared error, pessimistic over the clipped and unclipped value."""
-    if clip_eps is None:
-        return 0.5 * masked_mean((values - returns).pow(2), mask)
-    clipped = old_values + (values - old_values).clamp(-clip_eps, clip_eps)
-    loss = torch.max((clipped - returns).pow(2), (values - returns).pow(2))
-    return 0.5 * masked_mean(loss, mask)
+    """0.5 * token mean of the squared error, pessimistic over the clipped and unclipped value
+    (`units`: see `aggregate`)."""
+    loss = (values - returns).pow(2)
+    if clip_eps is not None:
+        clipped = old_values + (values - old_values).clamp(-clip_eps, clip_eps)
+        loss = torch.max((clipped - returns).pow(2), loss)
+    return 0.5 * aggregate(loss, mask, "token_mean", units=units)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -372,7 +372,7 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     penalty = torch.zeros_like(scores)
     if rl.overlong_buffer_len:
         penalty = overlong_penalty(lengths, rl.generate_max_len, rl.overlong_buffer_len, rl.overlong_penalty_factor)
-    shaped, dense = (scores + penalty).clamp(-rl.reward_clip, rl.reward_clip), None
+    shaped, dense = scores + penalty, None  # clipped after the group baseline, as OpenRLHF's
     if scored.step_rewards is not None and not estimator.grouped:
         # process rewards go on the tokens that end each step; the sequence-level part is only the penalty
         separator = cfg.prm.step_separator
@@ -384,7 +384,7 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     advantages, returns = compute_advantages(
         rl.advantage_estimator, shaped, mask, n,
         kl=kl, kl_coef=0.0 if rl.use_kl_loss else kl_coef, dense=dense, values=got.get("values"),
-        gamma=rl.gamma, lam=rl.lambd, std_norm=rl.advantage_std_norm,
+        gamma=rl.gamma, lam=rl.lambd, std_norm=rl.advantage_std_norm, reward_clip=rl.reward_clip,
     )
     batch |= {"old_log_probs": old, "advantages": advantages, "returns": returns}
     if "ref" in got:

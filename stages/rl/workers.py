@@ -17,11 +17,12 @@ from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
 from stages.rl.experience import Sample, micro_batches, trim
 from stages.rl.losses import (
+    aggregate,
     approx_kl,
     entropy_from_logits,
     log_probs_from_logits,
-    masked_mean,
     policy_loss,
+    step_units,
     truncated_is_weights,
     value_loss,
 )
@@ -47,6 +48,27 @@ def token_log_probs(model, batch: dict[str, torch.Tensor], temperature: float, w
     if not with_entropy:
         return log_probs
     return log_probs, entropy_from_logits(logits if entropy_grad else logits.detach())
+
+
+def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    torch.distributed.all_reduce(t)
+    return t
+
+
+def train_steps(engine, micros: list[dict[str, torch.Tensor]], accum: int, world: int, loss_fn) -> dict[str, list[float]]:
+    """Optimizer steps of `accum` micro-batches each (DeepSpeed steps the optimizer on the last one);
+    `loss_fn(micro, units)` gets the step's `step_units`. Returns each metric's value per micro-batch."""
+    logs: dict[str, list[float]] = {}
+    for start in range(0, len(micros), accum):
+        group = micros[start : start + accum]
+        units = step_units([m["action_mask"] for m in group], world, sum_over_ranks if world > 1 else None)
+        for micro in group:
+            loss, metrics = loss_fn(micro, units)
+            engine.backward(loss)
+            engine.step()
+            for k, v in metrics.items():
+                logs.setdefault(k, []).append(v)
+    return logs
 
 
 def rank_mean(values: dict[str, float], world: int) -> dict[str, float]:
@@ -86,9 +108,9 @@ class TrainerWorker(Worker):
         self.cfg, self.rl, self.optim = cfg, cfg.rl, optim
         model = self.load_model(model_path)
         rl = cfg.rl
-        grad_accum = rl.train_batch_size // (rl.micro_train_batch_size * self.world)
+        self.grad_accum = rl.train_batch_size // (rl.micro_train_batch_size * self.world)
         train = TrainingConfig(**optim.model_dump(exclude={"num_workers"}),
-                               micro_batch_size=rl.micro_train_batch_size, grad_accum_steps=grad_accum)
+                               micro_batch_size=rl.micro_train_batch_size, grad_accum_steps=self.grad_accum)
         optimizer_steps = total_steps * rl.max_epochs * (rl.rollout_batch_size * rl.n_samples_per_prompt // rl.train_batch_size)
         self.engine = build_engine(model, cfg.infra, train, optimizer_steps)
 
@@ -96,21 +118,21 @@ class TrainerWorker(Worker):
         raise NotImplementedError
 
     def train(self, batch: dict[str, torch.Tensor], step: int) -> dict[str, float]:
-        """`max_epochs` passes over this rank's share of the rollout, in shuffled micro-batches."""
+        """`max_epochs` passes over this rank's share of the rollout, in shuffled micro-batches, each
+        loss a mean over its whole optimizer step (micro-batches on every rank), as OpenRLHF's."""
         self.engine.train()
         gen = torch.Generator().manual_seed(self.cfg.seed * 7919 + step)
         logs: dict[str, list[float]] = {}
         for _ in range(self.rl.max_epochs):
-            for micro in micro_batches(batch, self.rl.micro_train_batch_size, gen):
-                loss, metrics = self.loss(trim(micro))
-                self.engine.backward(loss)
-                self.engine.step()
-                for k, v in metrics.items():
-                    logs.setdefault(k, []).append(v)
+            micros = [trim(m) for m in micro_batches(batch, self.rl.micro_train_batch_size, gen)]
+            for k, v in train_steps(self.engine, micros, self.grad_accum, self.world, self.loss).items():
+                logs.setdefault(k, []).extend(v)
+        # a micro-batch's loss is its share of the step's: their mean over the micro-batches and ranks is
+        # the mean over every step's tokens (or sequences)
         means = {k: sum(v) / len(v) for k, v in logs.items()}
         return rank_mean(means, self.world) | {"lr": self.engine.get_lr()[0]}
 
-    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: dict[str, torch.Tensor], units: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
 
     def save(self, ckpt_dir: str, step: int, extra: dict | None = None, prune: bool = True) -> None:
@@ -165,28 +187,8 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         self.engine.eval()
         return sample(self.engine.module, self.tokenizer, self.rl, prompt_ids, seed, temperature, max_new_tokens, top_p)
 
-    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        rl, mask = self.rl, batch["action_mask"]
-        log_probs, entropy = token_log_probs(self.engine, batch, rl.temperature, with_entropy=True,
-                                             entropy_grad=bool(rl.entropy_coef))
-        is_weights = None
-        if rl.rollout_is_cap is not None:
-            is_weights = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], rl.rollout_is_cap)
-        loss, clip_frac = policy_loss(
-            log_probs, batch["old_log_probs"], batch["advantages"], mask,
-            clip_eps_low=rl.eps_clip_low, clip_eps_high=rl.eps_clip_high, dual_clip=rl.dual_clip,
-            aggregation=rl.aggregation, max_len=rl.generate_max_len, is_weights=is_weights,
-        )
-        metrics = {"policy_loss": loss.item(), "clip_frac": clip_frac.item()}
-        ent = masked_mean(entropy, mask)
-        metrics["entropy"] = ent.item()
-        if rl.entropy_coef:
-            loss = loss - rl.entropy_coef * ent
-        if rl.use_kl_loss and "ref_log_probs" in batch:
-            kl = masked_mean(approx_kl(log_probs, batch["ref_log_probs"], rl.kl_estimator), mask)
-            loss = loss + batch["kl_coef"][0] * kl
-            metrics["kl_loss"] = kl.item()
-        return loss, metrics
+    def loss(self, batch: dict[str, torch.Tensor], units: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        return actor_loss(self.engine, batch, self.rl, units)
 
     def export(self, out_dir: str) -> None:
         """The policy as an HF checkpoint, or its LoRA adapter (ZeRO-3 partitions gathered; every rank must call)."""
@@ -220,10 +222,36 @@ class CriticWorker(TrainerWorker):
         self.engine.eval()
         return per_micro_batch(self._values, batch, self.rl)
 
-    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: dict[str, torch.Tensor], units: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         values = self._values(batch)
-        loss = value_loss(values, batch["values"], batch["returns"], batch["action_mask"], self.rl.value_clip)
+        loss = value_loss(values, batch["values"], batch["returns"], batch["action_mask"], self.rl.value_clip, units)
         return loss, {"value_loss": loss.item()}
+
+
+def actor_loss(model, batch: dict[str, torch.Tensor], rl, units: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """The policy's loss on a micro-batch: the PPO surrogate aggregated as `rl.aggregation` says, minus
+    the entropy bonus, plus the KL term (GRPO); the latter two always token means, as OpenRLHF's. Each
+    is divided by the step's `units`, not the micro-batch's own count."""
+    mask = batch["action_mask"]
+    log_probs, entropy = token_log_probs(model, batch, rl.temperature, with_entropy=True, entropy_grad=bool(rl.entropy_coef))
+    is_weights = None
+    if rl.rollout_is_cap is not None:
+        is_weights = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], rl.rollout_is_cap)
+    loss, clip_frac = policy_loss(
+        log_probs, batch["old_log_probs"], batch["advantages"], mask,
+        clip_eps_low=rl.eps_clip_low, clip_eps_high=rl.eps_clip_high, dual_clip=rl.dual_clip,
+        aggregation=rl.aggregation, max_len=rl.generate_max_len, is_weights=is_weights, units=units,
+    )
+    metrics = {"policy_loss": loss.item(), "clip_frac": clip_frac.item()}
+    ent = aggregate(entropy, mask, "token_mean", units=units)
+    metrics["entropy"] = ent.item()
+    if rl.entropy_coef:
+        loss = loss - rl.entropy_coef * ent
+    if rl.use_kl_loss and "ref_log_probs" in batch:
+        kl = aggregate(approx_kl(log_probs, batch["ref_log_probs"], rl.kl_estimator), mask, "token_mean", units=units)
+        loss = loss + batch["kl_coef"][0] * kl
+        metrics["kl_loss"] = kl.item()
+    return loss, metrics
 
 
 def per_micro_batch(fn, batch: dict[str, torch.Tensor], rl) -> torch.Tensor:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from stages.dpo.losses import (
+    chosen_nll,
     dpo_loss,
     kto_loss,
     kto_reference_point,
@@ -78,3 +79,13 @@ def test_token_logps_gathers_the_labels():
     logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [math.log(3), 0.0, 0.0, 0.0]]])
     out = token_logps(logits, torch.tensor([[2, 0]]))
     assert out.tolist()[0] == pytest.approx([math.log(1 / 4), math.log(3 / 6)], abs=1e-6)
+
+
+def test_chosen_nll_is_the_mean_of_each_responses_token_mean():
+    # a 1-token response at -4 and a 3-token one summing to -3: (4 + 1) / 2, not the pooled 7 / 4
+    sums = torch.tensor([-4.0, -3.0], requires_grad=True)
+    nll = chosen_nll(sums, torch.tensor([1, 3]))
+    nll.backward()
+    assert nll.item() == pytest.approx(2.5)
+    assert sums.grad.tolist() == pytest.approx([-1 / 2, -1 / 6])
+    assert chosen_nll(torch.tensor([0.0]), torch.tensor([0])).item() == 0.0  # an empty response: 0, not NaN

@@ -120,3 +120,22 @@ def test_reinforce_with_kl_penalty_then_whitened():
 def test_gae_estimator_needs_values():
     with pytest.raises(ValueError, match="critic"):
         compute_advantages("gae", torch.tensor([1.0]), torch.ones(1, 2), 1)
+
+
+def test_reward_clip_applies_after_the_group_baseline():
+    # rloo of [30, 0, 0]: [30, -15, -15], then clipped to +-10 (clipping the raw scores first would give [10, -5, -5])
+    adv, _ = compute_advantages("rloo", torch.tensor([30.0, 0.0, 0.0]), torch.ones(3, 1), 3, reward_clip=10.0)
+    assert adv.flatten().tolist() == pytest.approx([10.0, -10.0, -10.0])
+    adv, _ = compute_advantages("dr_grpo", torch.tensor([-40.0, 0.0]), torch.ones(2, 1), 2, reward_clip=10.0)
+    assert adv.flatten().tolist() == pytest.approx([-10.0, 10.0])
+
+
+def test_reward_clip_without_a_group_clips_the_score():
+    _, ret = compute_advantages("reinforce", torch.tensor([30.0]), torch.ones(1, 2), 1, reward_clip=10.0)
+    assert ret.tolist()[0] == pytest.approx([10.0, 10.0])
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "reinforce_baseline", "group_norm", "dr_grpo"])
+def test_group_estimators_take_no_discount(estimator):
+    with pytest.raises(ValueError, match="gamma must be 1"):
+        compute_advantages(estimator, torch.tensor([1.0, 0.0]), torch.ones(2, 2), 2, gamma=0.9)

@@ -22,6 +22,18 @@ def test_single_sample_estimators_accept_one_sample(estimator):
     assert cfg.rl.n_samples_per_prompt == 1
 
 
+@pytest.mark.parametrize("estimator", ["reinforce_baseline", "rloo", "group_norm", "dr_grpo"])
+def test_group_estimators_refuse_a_discount(estimator):
+    with pytest.raises(ConfigError, match=f"override 'rl.gamma=0.9': rl: .*rl.gamma=0.9 with advantage_estimator={estimator}: "
+                                          "a group estimator scores whole responses, undiscounted"):
+        load_config(None, [f"rl.advantage_estimator={estimator}", "rl.gamma=0.9"])
+
+
+@pytest.mark.parametrize("estimator", ["gae", "reinforce"])
+def test_discount_applies_to_gae_and_reinforce(estimator):
+    assert load_config(None, [f"rl.advantage_estimator={estimator}", "rl.gamma=0.9"]).rl.gamma == 0.9
+
+
 def test_batch_sizes_must_divide():
     with pytest.raises(ConfigError, match=r"must be a multiple of train_batch_size"):
         load_config(None, ["rl.train_batch_size=48"])

@@ -12,8 +12,10 @@ from stages.rl.losses import (
     approx_kl,
     entropy_from_logits,
     log_probs_from_logits,
+    loss_units,
     masked_mean,
     policy_loss,
+    step_units,
     truncated_is_weights,
     value_loss,
 )
@@ -53,9 +55,47 @@ def test_kl_estimators(estimator, expected):
     assert approx_kl(log_probs, ref, estimator).tolist() == pytest.approx(expected, abs=1e-6)
 
 
-def test_k3_is_zero_at_equal_policies_and_finite_far_away():
+def test_k3_is_zero_at_equal_policies():
     assert approx_kl(torch.tensor([-2.0]), torch.tensor([-2.0]), "k3").item() == 0.0
-    assert torch.isfinite(approx_kl(torch.tensor([-100.0]), torch.tensor([0.0]), "k3")).all()
+
+
+# log-ratios from moderate to far beyond every bound (float32 exp overflows from about 88 on)
+EXTREME = [0.5, -0.5, 2.0, -2.0, 5.0, -5.0, 30.0, -30.0, 100.0, -100.0]
+
+
+def bounded_kl(r: float, estimator: str) -> tuple[float, float]:
+    """OpenRLHF's estimate clamped to [-10, 10], and its derivative in the log-ratio r (0 where clamped)."""
+    if estimator == "k1":
+        value, slope = r, 1.0
+    elif estimator == "k2":
+        value, slope = r * r / 2, r
+    else:
+        value, slope = math.exp(-r) - 1 + r, 1 - math.exp(-r)
+    return (max(-10.0, min(10.0, value)), slope if -10 < value < 10 else 0.0)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_estimators_equal_the_bounded_formula_and_its_gradient_at_extreme_log_ratios(estimator):
+    log_probs = torch.tensor(EXTREME, requires_grad=True)
+    ref = torch.zeros(len(EXTREME), requires_grad=True)
+    kl = approx_kl(log_probs, ref, estimator)
+    kl.sum().backward()
+    expected = [bounded_kl(r, estimator) for r in EXTREME]
+    torch.testing.assert_close(kl, torch.tensor([v for v, _ in expected]))
+    torch.testing.assert_close(log_probs.grad, torch.tensor([g for _, g in expected]))
+    torch.testing.assert_close(ref.grad, -log_probs.grad)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_loss_on_masked_extreme_tokens_is_finite_and_ignores_them(estimator):
+    # token 0 counts (log-ratio 0.5); the others are padding with log-ratios of +-100 and +-30
+    log_probs = torch.tensor([[0.5, 100.0, -100.0, 30.0, -30.0]], requires_grad=True)
+    mask = torch.tensor([[1, 0, 0, 0, 0]])
+    loss = aggregate(approx_kl(log_probs, torch.zeros(1, 5), estimator), mask, "token_mean")
+    loss.backward()
+    value, slope = bounded_kl(0.5, estimator)
+    torch.testing.assert_close(loss, torch.tensor(value))
+    torch.testing.assert_close(log_probs.grad, torch.tensor([[slope, 0.0, 0.0, 0.0, 0.0]]))
 
 
 # ratios 1.5, 0.5, 1.0 against old log-probs of 0; advantages 1, -1, 2
@@ -98,6 +138,57 @@ def test_importance_weights_scale_the_token_loss():
     assert loss.item() == pytest.approx((-0.6 + 0.8 - 2.0) / 3)
 
 
+def bounded_ppo(r: float, a: float, eps: float = 0.2, dual_clip: float | None = None) -> tuple[float, float]:
+    """OpenRLHF's PPO token loss with the log-ratio r clamped to [-20, 20] before exp, and its derivative
+    in the log-prob (0 where r or the ratio is clipped, or where the dual clip bounds the loss)."""
+    ratio = math.exp(max(-20.0, min(20.0, r)))
+    unclipped, clipped = ratio * a, max(1 - eps, min(1 + eps, ratio)) * a
+    objective = min(unclipped, clipped)
+    in_range = -20 < r < 20 and (unclipped <= clipped or 1 - eps < ratio < 1 + eps)
+    slope = a * ratio if in_range else 0.0
+    if dual_clip is not None and a < 0 and dual_clip * a > objective:
+        objective, slope = dual_clip * a, 0.0
+    return -objective, -slope
+
+
+def extreme_batch():
+    """Every EXTREME log-ratio with advantage +1 and -1, in two rows; the second row's last five
+    tokens are padding with log-ratios of +-100 and +-30 and large advantages."""
+    ratios = EXTREME + EXTREME
+    advantages = [1.0] * len(EXTREME) + [-1.0] * len(EXTREME)
+    pad_r, pad_a = [100.0, -100.0, 30.0, -30.0, 100.0], [-5.0, 5.0, -5.0, 5.0, 5.0]
+    log_probs = torch.tensor([ratios, EXTREME + pad_r + pad_r], requires_grad=True)
+    adv = torch.tensor([advantages, [1.0] * len(EXTREME) + pad_a + pad_a])
+    mask = torch.ones(2, 2 * len(EXTREME))
+    mask[1, len(EXTREME):] = 0
+    return log_probs, adv, mask
+
+
+@pytest.mark.parametrize("dual_clip", [None, 3.0])
+def test_policy_loss_equals_the_bounded_formula_and_its_gradient_at_extreme_log_ratios(dual_clip):
+    log_probs, adv, mask = extreme_batch()
+    loss, _ = policy_loss(log_probs, torch.zeros_like(log_probs), adv, mask, dual_clip=dual_clip)
+    loss.backward()
+    n = int(mask.sum())
+    terms = [[bounded_ppo(r, a, dual_clip=dual_clip) if m else (0.0, 0.0) for r, a, m in zip(*row)]
+             for row in zip(log_probs.tolist(), adv.tolist(), mask.tolist())]
+    expected_loss = sum(v for row in terms for v, _ in row) / n
+    torch.testing.assert_close(loss, torch.tensor(expected_loss))
+    torch.testing.assert_close(log_probs.grad, torch.tensor([[g / n for _, g in row] for row in terms]))
+    assert log_probs.grad[1, len(EXTREME):].eq(0).all()  # the padding's log-ratios of +-100 add nothing
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_policy_loss_is_finite_when_only_padding_is_extreme(mode):
+    log_probs = torch.tensor([[0.1, 100.0, 200.0], [-0.1, -100.0, 95.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, -1.0, -1.0], [-1.0, 1.0, -1.0]])
+    mask = torch.tensor([[1, 0, 0], [1, 0, 0]])
+    loss, _ = policy_loss(log_probs, torch.zeros(2, 3), adv, mask, aggregation=mode, max_len=4)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(log_probs.grad).all()
+    assert log_probs.grad[:, 1:].eq(0).all()
+
+
 def test_truncated_is_weights():
     old = torch.zeros(2)
     rollout = torch.log(torch.tensor([0.25, 2.0]))  # ratios 4 and 0.5
@@ -110,6 +201,51 @@ def test_policy_loss_seq_mean_aggregation():
     adv = torch.tensor([[1.0, 3.0, 9.0], [4.0, 9.0, 9.0]])
     loss, _ = policy_loss(log_probs, log_probs, adv, mask, aggregation="seq_mean_token_mean")
     assert loss.item() == pytest.approx(-(2.0 + 4.0) / 2)
+
+
+# two micro-batches of one optimizer step, 5 and 1 valid tokens; sequence lengths 3, 2 and 1
+MICRO_MASKS = [torch.tensor([[1, 1, 1], [1, 1, 0]]), torch.tensor([[1, 0, 0], [0, 0, 0]])]
+MICRO_ADV = [torch.tensor([[1.0, -2.0, 0.5], [3.0, 1.0, 9.0]]), torch.tensor([[-4.0, 9.0, 9.0], [9.0, 9.0, 9.0]])]
+MICRO_LOG_RATIOS = [torch.tensor([[0.1, -0.3, 0.05], [0.02, 0.4, 7.0]]), torch.tensor([[-0.1, 3.0, -3.0], [1.0, 1.0, 1.0]])]
+
+
+def test_loss_units_and_step_units():
+    assert loss_units(MICRO_MASKS[0]).tolist() == [5.0, 2.0]
+    assert loss_units(MICRO_MASKS[1]).tolist() == [1.0, 1.0]  # the empty row is no sequence
+    assert step_units(MICRO_MASKS).tolist() == [3.0, 1.5]
+    # two ranks: the all-reduce sums both ranks' counts (here the other rank saw the same)
+    assert step_units(MICRO_MASKS, ranks=2, reduce=lambda t: 2 * t).tolist() == [3.0, 1.5]
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_uneven_micro_batches_accumulate_to_the_mean_over_the_whole_step(mode):
+    """Each micro-batch divided by the step's units, then averaged as DeepSpeed averages the gradient
+    accumulation steps: the loss and gradient of one batch holding both micro-batches."""
+    units = step_units(MICRO_MASKS)
+    ratios = [r.clone().requires_grad_() for r in MICRO_LOG_RATIOS]
+    parts = [policy_loss(r, torch.zeros(2, 3), a, m, aggregation=mode, max_len=4, units=units)[0]
+             for r, a, m in zip(ratios, MICRO_ADV, MICRO_MASKS)]
+    accumulated = sum(parts) / len(parts)
+    accumulated.backward()
+
+    whole = torch.cat(MICRO_LOG_RATIOS).requires_grad_()
+    one, _ = policy_loss(whole, torch.zeros(4, 3), torch.cat(MICRO_ADV), torch.cat(MICRO_MASKS), aggregation=mode, max_len=4)
+    one.backward()
+    torch.testing.assert_close(accumulated, one)
+    torch.testing.assert_close(torch.cat([r.grad for r in ratios]), whole.grad)
+    # the mean of the micro-batches' own means is another number
+    local = sum(policy_loss(r, torch.zeros(2, 3), a, m, aggregation=mode, max_len=4)[0]
+                for r, a, m in zip(MICRO_LOG_RATIOS, MICRO_ADV, MICRO_MASKS)) / 2
+    assert abs(local.item() - one.item()) > 0.1
+
+
+def test_value_loss_over_uneven_micro_batches_is_the_step_token_mean():
+    values = [torch.tensor([[0.5, -0.1, 0.3], [1.0, 2.0, 0.0]]), torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])]
+    units = step_units(MICRO_MASKS)
+    accumulated = sum(value_loss(v, torch.zeros(2, 3), torch.ones(2, 3), m, units=units)
+                      for v, m in zip(values, MICRO_MASKS)) / 2
+    whole = value_loss(torch.cat(values), torch.zeros(4, 3), torch.ones(4, 3), torch.cat(MICRO_MASKS))
+    torch.testing.assert_close(accumulated, whole)
 
 
 def test_value_loss_clipped_and_unclipped():
