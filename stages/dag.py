@@ -7,6 +7,8 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from stages.eval_results import SCORE
+
 
 @dataclass(frozen=True)
 class StageSpec:
@@ -132,8 +134,8 @@ STAGES: tuple[StageSpec, ...] = (
         config_keys=("seed", "model.attn_implementation", "rl", "reward", "prm.step_separator", "eval",
                      "infra.zero_stage", "infra.precision"),
         local_sources=REWARD_SOURCES,
-        code=(*COMMON_CODE, "stages.rl", "stages.rewards"),
-        key_metric="eval_accuracy",
+        code=(*COMMON_CODE, "stages.rl", "stages.rewards", "stages.eval_metrics"),
+        key_metric="eval_reward",
         driver=True,
         register=("rl_model",),
     ),
@@ -168,12 +170,15 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="eval",
         entrypoint="stages.evaluate:run",
-        inputs=("base_model", "sft_model", "rl_model", "dpo_model", "sft_data", "eval_data"),
+        inputs=("base_model", "sft_model", "rl_model", "dpo_model", "sft_data", "eval_data", "reward_model", "prm"),
+        input_when={"reward_model": uses_own_rm, "prm": uses_own_prm},
         optional_inputs=("dpo_model",),
         outputs=("eval_report",),
-        config_keys=("seed", "model.attn_implementation", "eval"),
-        code=(*COMMON_CODE, "stages.evaluate"),
-        key_metric="accuracy",
+        # no prm.step_separator: a PRM scorer reads the separator it was trained with from its checkpoint
+        config_keys=("seed", "model.attn_implementation", "eval", "reward"),
+        local_sources=REWARD_SOURCES,
+        code=(*COMMON_CODE, "stages.evaluate", "stages.eval_metrics", "stages.eval_results", "stages.rewards"),
+        key_metric=SCORE,
     ),
 )
 

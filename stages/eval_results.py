@@ -3,14 +3,15 @@ metrics. The flow reads them back (champions, plots, the summary) without import
 
 from __future__ import annotations
 
-from pathlib import Path
-
 MODEL_SUFFIX = "_model"
+REWARD_INPUTS = ("reward_model", "prm")  # the pipeline's own RM / PRM when they are the reward: scorers, not models
+SCORE = "score"  # the stage's key metric: the last model's `eval.metric`, whichever metric the config picks
 
 
-def model_inputs(inputs: dict[str, Path]) -> dict[str, Path]:
-    """`{"base": path, "sft": path, ...}` in pipeline order."""
-    return {name.removesuffix(MODEL_SUFFIX): path for name, path in inputs.items() if name.endswith(MODEL_SUFFIX)}
+def model_inputs(inputs: dict) -> dict:
+    """`{"base": path, "sft": path, ...}` in pipeline order: the policies to evaluate."""
+    return {name.removesuffix(MODEL_SUFFIX): value for name, value in inputs.items()
+            if name.endswith(MODEL_SUFFIX) and name not in REWARD_INPUTS}
 
 
 def per_model(metrics: dict[str, float]) -> dict[str, dict[str, float]]:

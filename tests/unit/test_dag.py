@@ -58,7 +58,7 @@ def test_upstream():
     assert upstream(BY_NAME["sft"]) == ["data_prep"]
     assert upstream(BY_NAME["rl"]) == ["data_prep", "sft", "rm", "prm"]
     assert upstream(BY_NAME["dpo"]) == ["data_prep", "sft", "rm", "prm"]
-    assert upstream(BY_NAME["eval"]) == ["data_prep", "sft", "rl", "dpo"]
+    assert upstream(BY_NAME["eval"]) == ["data_prep", "sft", "rm", "prm", "rl", "dpo"]
     assert upstream(BY_NAME["lora_merge"]) == ["sft", "rm", "prm", "rl", "dpo"]
 
 
@@ -71,6 +71,18 @@ def test_rl_consumes_the_pipelines_reward_models_only_when_the_reward_config_ask
     assert rl.wanted_inputs(PipelineConfig.model_validate({"reward": {"source": "rm", "rm_paths": ["/x"]}})) == base
     assert rl.wanted_inputs(PipelineConfig.model_validate({"reward": {"source": "prm"}})) == (*base, "prm")
     assert BY_NAME["sft"].wanted_inputs(rm) == BY_NAME["sft"].inputs
+
+
+def test_eval_scores_with_the_pipelines_reward_models_only_when_the_reward_config_asks():
+    ev = BY_NAME["eval"]
+    base = ("base_model", "sft_model", "rl_model", "dpo_model", "sft_data", "eval_data")
+    assert ev.wanted_inputs(PipelineConfig()) == base  # reward.source: func
+    assert ev.wanted_inputs(PipelineConfig.model_validate({"reward": {"source": "rm"}})) == (*base, "reward_model")
+    assert ev.wanted_inputs(PipelineConfig.model_validate({"reward": {"source": "prm", "prm_path": "/x"}})) == base
+    # the reward's settings and files count in eval's fingerprint, as in RL's
+    assert "reward" in ev.config_keys and ev.local_sources == dag.REWARD_SOURCES
+    assert dag.needed_by({"eval"}, PipelineConfig.model_validate({"reward": {"source": "prm"}})) == \
+        {"data_prep", "sft", "prm", "rl", "dpo"}
 
 
 def test_dpo_consumes_prompts_and_rewards_and_fingerprints_the_reward_only_when_iterative():
@@ -125,9 +137,9 @@ def test_distributed_and_metrics():
     assert BY_NAME["rm"].key_metric == "eval_acc" and BY_NAME["prm"].key_metric == "eval_step_acc"
     assert BY_NAME["data_prep"].key_metric == "sft_data_train_rows"
     assert BY_NAME["sft"].key_metric == "eval_loss"
-    assert BY_NAME["eval"].key_metric == "accuracy"
+    assert BY_NAME["eval"].key_metric == "score"  # the last model's eval.metric
     assert [s.name for s in STAGES if s.driver] == ["rl"]
-    assert BY_NAME["rl"].register == ("rl_model",) and BY_NAME["rl"].key_metric == "eval_accuracy"
+    assert BY_NAME["rl"].register == ("rl_model",) and BY_NAME["rl"].key_metric == "eval_reward"
     assert BY_NAME["lora_merge"].register == ("merged_models",) and BY_NAME["lora_merge"].key_metric == "max_logit_diff"
 
 
