@@ -1,9 +1,12 @@
 import json
 
 import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
 
 from configs import ConfigError, load_config
 from stages import eval_results, evaluate
+from stages.rewards import RewardModelScorer
 from tests.stage.conftest import FAST, make_ctx
 
 # A free-form task's reward: the response's length in characters (not 0/1, no answer to check).
@@ -61,6 +64,28 @@ def test_eval_scores_a_free_form_task_with_its_reward_function(prepared, tmp_pat
     with pytest.raises(ConfigError, match=rf"^eval.metric=pass_at_k: the sampled rewards of reward.func_path={func} "
                                           "are not all 0 or 1"):
         evaluate.run(make_ctx("eval", pass_at_k, tmp_path / "p"), inputs)
+
+
+def test_eval_scores_with_the_pipelines_own_reward_model(prepared, tmp_path):
+    """reward.source=rm without rm_paths: the `reward_model` input scores the responses (and is no model
+    to evaluate); the samples' rewards are the RM's."""
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(prepared["base_model"])
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, num_labels=1, pad_token_id=tok.pad_token_id)
+    rm = tmp_path / "reward_model"
+    LlamaForSequenceClassification(config).save_pretrained(rm)
+    tok.save_pretrained(rm)
+    cfg = load_config(None, [*SMALL, "reward.source=rm", "eval.samples_per_prompt=1"])
+    inputs = {"sft_model": prepared["base_model"], "eval_data": prepared["eval_data"], "reward_model": rm}
+    result = evaluate.run(make_ctx("eval", cfg, tmp_path), inputs)
+    assert {key.partition("/")[0] for key in result.metrics if "/" in key} == {"sft"}
+    samples = [json.loads(line) for line in open(result.outputs["eval_report"] / "samples_sft.jsonl")]
+    expected = RewardModelScorer([rm]).score([s["prompt"] for s in samples], [s["response"] for s in samples],
+                                             [s["label"] for s in samples]).rewards
+    assert [s["reward"] for s in samples] == pytest.approx(expected.tolist(), abs=1e-6)
+    assert len({round(s["reward"], 6) for s in samples}) > 1  # a real score, not a constant
+    assert result.metrics["sft/reward"] == pytest.approx(float(expected.double().mean()), abs=1e-6)
 
 
 def test_model_inputs_keep_pipeline_order_and_leave_out_the_reward_models(tmp_path):
