@@ -7,6 +7,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from configs.schema import EvalConfig
 from stages.eval_results import SCORE
 
 
@@ -61,6 +62,8 @@ def iterative_dpo_with(uses: Callable) -> Callable:
 
 
 REWARD_SOURCES = ("reward.func_path", "reward.rm_paths", "reward.prm_path")  # local files the reward reads
+# what RL's periodic evals read: every eval key but the metric the champion is chosen by (RL reports them all)
+RL_EVAL_KEYS = tuple(f"eval.{key}" for key in EvalConfig.model_fields if key != "metric")
 
 
 def lora_of(cfg, section: str):
@@ -131,7 +134,7 @@ STAGES: tuple[StageSpec, ...] = (
         inputs=("sft_model", "prompts", "eval_data", "reward_model", "prm"),
         input_when={"reward_model": uses_own_rm, "prm": uses_own_prm},
         outputs=("rl_model",),
-        config_keys=("seed", "model.attn_implementation", "rl", "reward", "prm.step_separator", "eval",
+        config_keys=("seed", "model.attn_implementation", "rl", "reward", "prm.step_separator", *RL_EVAL_KEYS,
                      "infra.zero_stage", "infra.precision"),
         local_sources=REWARD_SOURCES,
         code=(*COMMON_CODE, "stages.rl", "stages.rewards", "stages.eval_metrics"),

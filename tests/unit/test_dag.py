@@ -85,6 +85,17 @@ def test_eval_scores_with_the_pipelines_reward_models_only_when_the_reward_confi
         {"data_prep", "sft", "prm", "rl", "dpo"}
 
 
+def test_the_champions_metric_reruns_eval_but_not_rl():
+    rl, ev = BY_NAME["rl"], BY_NAME["eval"]
+    base = PipelineConfig()
+    by_pass = PipelineConfig.model_validate({"eval": {"metric": "pass_at_k"}})
+    assert config_subset(by_pass, rl.config_keys) == config_subset(base, rl.config_keys)
+    assert config_subset(by_pass, ev.config_keys) != config_subset(base, ev.config_keys)
+    # what RL's periodic evals read does count
+    more = PipelineConfig.model_validate({"eval": {"samples_per_prompt": 8}})
+    assert config_subset(more, rl.config_keys) != config_subset(base, rl.config_keys)
+
+
 def test_dpo_consumes_prompts_and_rewards_and_fingerprints_the_reward_only_when_iterative():
     dpo = BY_NAME["dpo"]
     offline = PipelineConfig.model_validate({"reward": {"source": "rm"}})
