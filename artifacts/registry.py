@@ -1,6 +1,6 @@
 """The MLflow model registry side of the store: one registered model per stage output
 (`rlhf-sft`, `rlhf-reward`, ...), a new version per finished stage run, and the `champion` alias that
-the eval stage moves to a version when it beats the current champion on held-out accuracy.
+the eval stage moves to a version when it beats the current champion on `eval.metric` (held-out).
 
 `models:/<name>/latest` (MLflow's reserved name, not an alias) is always the newest version.
 """

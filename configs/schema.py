@@ -6,9 +6,9 @@ Every section forbids unknown keys, so a typo fails at load time instead of bein
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -390,13 +390,43 @@ class RLConfig(Section):
         return self.loss_aggregation or ("seq_mean_token_sum_norm" if self.advantage_estimator == "dr_grpo" else "token_mean")
 
 
+EvalMetric = Literal["reward", "sampled_reward", "pass_at_k", "accuracy", "sampled_accuracy"]
+UNRANKED_METRICS = {"perplexity": "lower is better", "response_length": "longer is not better"}
+
+
 class EvalConfig(Section):
+    """Every model scored on the held-out prompts by the `reward` section's source (the eval stage and
+    the RL stage's periodic evals)."""
+
     max_samples: int = Field(200, gt=0)
     batch_size: int = Field(64, gt=0)
     max_new_tokens: int = Field(48, gt=0)
-    sample_temperature: float = Field(1.0, gt=0, description="sampled accuracy: answers drawn at this temperature")
-    samples_per_prompt: int = Field(4, ge=0, description="sampled answers per prompt for sampled accuracy; 0: greedy only")
-    answer_pattern: str = Field(r"Answer:\s*(-?\d+)", description="regex whose first group is the final answer")
+    sample_temperature: float = Field(1.0, gt=0, description="sampled metrics: responses drawn at this temperature")
+    samples_per_prompt: int = Field(4, ge=0, description="responses drawn per prompt for sampled_reward, pass_at_k "
+                                                         "and sampled_accuracy; 0: greedy only")
+    answer_pattern: str | None = Field(None, description="regex whose first group is the final answer, checked against "
+                                                         "the label (accuracy, sampled_accuracy); empty: free-form task")
+    metric: EvalMetric = Field(
+        "reward", description="what results.md, the plots and the registry's champion go by; higher is better for "
+                              "each: reward (mean greedy reward), sampled_reward, pass_at_k (0/1 rewards only), "
+                              "accuracy, sampled_accuracy (with answer_pattern)")
+
+    @field_validator("metric", mode="before")
+    @classmethod
+    def _ranked(cls, value):
+        if value in UNRANKED_METRICS:
+            raise ValueError(f"{value} is reported but ranks no model ({UNRANKED_METRICS[value]}): pick one of "
+                             f"{', '.join(get_args(EvalMetric))}")
+        return value
+
+    @model_validator(mode="after")
+    def _metric_is_reported(self) -> EvalConfig:
+        if self.metric in ("accuracy", "sampled_accuracy") and self.answer_pattern is None:
+            raise ValueError(f"metric={self.metric} checks answers with answer_pattern, which is empty: set "
+                             "answer_pattern or use metric=reward")
+        if self.metric in ("sampled_reward", "pass_at_k", "sampled_accuracy") and not self.samples_per_prompt:
+            raise ValueError(f"metric={self.metric} needs sampled responses: samples_per_prompt must be > 0")
+        return self
 
 
 PIN = r"^(runs:/[0-9a-f]+/[\w.-]+|models:/[\w.-]+(@[\w-]+|/\d+|/latest))$"

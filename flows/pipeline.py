@@ -96,13 +96,14 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
         client.set_tag(parent_id, f"stage.{outcome.stage}", f"{outcome.status} {outcome.run_id or ''}".strip())
     evaluated = outcomes.get("eval")
     if evaluated is not None and evaluated.status == "ran":
-        for name, version in eval_report.publish(client, evaluated.run_id, evaluated.inputs, evaluated.metrics).items():
+        moved = eval_report.publish(client, evaluated.run_id, evaluated.inputs, evaluated.metrics, cfg.eval.metric)
+        for name, version in moved.items():
             print(f"[eval] {name} version {version} is the new champion: models:/{name}@{registry.CHAMPION}", flush=True)
     rows = summary_rows(outcomes)
     client.log_text(parent_id, markdown(rows), "summary.md")
     failed = [o for o in outcomes.values() if o.status == "failed"]
     client.set_terminated(parent_id, RunStatus.to_string(RunStatus.FAILED if failed else RunStatus.FINISHED))
-    print_summary(rows, parent_id, setup.ui_command(), time.monotonic() - started, evaluated)
+    print_summary(rows, parent_id, setup.ui_command(), time.monotonic() - started, evaluated, cfg.eval.metric)
     if failed:
         raise stage_failure(failed[0])
     return rows

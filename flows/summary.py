@@ -49,13 +49,13 @@ def markdown(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def model_table(evaluated: StageOutcome) -> Table | None:
-    """The eval stage's `model/metric` values as one row per model it evaluated."""
+def model_table(evaluated: StageOutcome, ranked_by: str | None = None) -> Table | None:
+    """The eval stage's `model/metric` values as one row per model it evaluated; `ranked_by` (`eval.metric`) first."""
     models = per_model(evaluated.metrics, evaluated.inputs)
     if not models:
         return None
-    columns = sorted({m for values in models.values() for m in values})
-    table = Table(title="held-out eval")
+    columns = sorted({m for values in models.values() for m in values}, key=lambda m: (m != ranked_by, m))
+    table = Table(title="held-out eval" + (f" (champion by {ranked_by})" if ranked_by in columns else ""))
     for column in ["model", *columns]:
         table.add_column(column)
     for model, values in models.items():
@@ -64,7 +64,7 @@ def model_table(evaluated: StageOutcome) -> Table | None:
 
 
 def print_summary(rows: list[dict[str, str]], parent_run_id: str, ui_command: str, total_s: float,
-                  evaluated: StageOutcome | None = None) -> None:
+                  evaluated: StageOutcome | None = None, ranked_by: str | None = None) -> None:
     table = Table(title=f"rlhf-pipeline run {parent_run_id} ({total_s:.1f}s)")
     for column in COLUMNS.values():
         table.add_column(column)
@@ -73,7 +73,7 @@ def print_summary(rows: list[dict[str, str]], parent_run_id: str, ui_command: st
         table.add_row(*(f"[{styles.get(r['status'], '')}]{r['status']}[/]" if key == "status" else r[key] for key in COLUMNS))
     console = Console(width=180)
     console.print(table)
-    evals = model_table(evaluated) if evaluated is not None else None
+    evals = model_table(evaluated, ranked_by) if evaluated is not None else None
     if evals is not None:
         console.print(evals)
     console.print(f"Compare runs in the MLflow UI:  {ui_command}")

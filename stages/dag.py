@@ -7,6 +7,9 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from configs.schema import EvalConfig
+from stages.eval_results import SCORE
+
 
 @dataclass(frozen=True)
 class StageSpec:
@@ -64,6 +67,8 @@ def iterative_dpo_with(uses: Callable) -> Callable:
 
 
 REWARD_SOURCES = ("reward.func_path", "reward.rm_paths", "reward.prm_path")  # local files the reward reads
+# what RL's periodic evals read: every eval key but the metric the champion is chosen by (RL reports them all)
+RL_EVAL_KEYS = tuple(f"eval.{key}" for key in EvalConfig.model_fields if key != "metric")
 
 
 def lora_of(cfg, section: str):
@@ -129,10 +134,10 @@ STAGES: tuple[StageSpec, ...] = (
         inputs=("sft_model", "prompts", "eval_data", "reward_model", "prm"),
         input_when={"reward_model": uses_own_rm, "prm": uses_own_prm},
         outputs=("rl_model",),
-        config_keys=("seed", "model.attn_implementation", "rl", "reward", "prm.step_separator", "eval",
+        config_keys=("seed", "model.attn_implementation", "rl", "reward", "prm.step_separator", *RL_EVAL_KEYS,
                      "infra.zero_stage", "infra.precision"),
         local_sources=REWARD_SOURCES,
-        key_metric="eval_accuracy",
+        key_metric="eval_reward",
         driver=True,
         register=("rl_model",),
     ),
@@ -165,11 +170,14 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="eval",
         entrypoint="stages.evaluate:run",
-        inputs=("base_model", "sft_model", "rl_model", "dpo_model", "sft_data", "eval_data"),
+        inputs=("base_model", "sft_model", "rl_model", "dpo_model", "sft_data", "eval_data", "reward_model", "prm"),
+        input_when={"reward_model": uses_own_rm, "prm": uses_own_prm},
         optional_inputs=("dpo_model",),
         outputs=("eval_report",),
-        config_keys=("seed", "model.attn_implementation", "eval"),
-        key_metric="accuracy",
+        # no prm.step_separator: a PRM scorer reads the separator it was trained with from its checkpoint
+        config_keys=("seed", "model.attn_implementation", "eval", "reward"),
+        local_sources=REWARD_SOURCES,
+        key_metric=SCORE,
     ),
 )
 

@@ -1,10 +1,13 @@
-"""Eval stage: every model it is given, on the held-out set.
+"""Eval stage: every model it is given, on the held-out set, scored by the `reward` section's source
+(a `reward_func` file, an RM, a PRM or a remote server).
 
-Per model: exact-match accuracy of greedy answers against the labels, sampled accuracy (the
-share of correct answers among `eval.samples_per_prompt` drawn at `eval.sample_temperature`, the
-policy as RL samples it), mean response length (tokens), and perplexity of the reference
-solutions (SFT eval split, response tokens only).
-Writes `eval_report/` with `results.json`, `results.md` and per-model generations.
+Per model (stages.eval_metrics, as the RL stage's periodic evals): the mean reward of the greedy
+responses; the mean reward of `eval.samples_per_prompt` responses drawn per prompt at
+`eval.sample_temperature` (the policy as RL samples it) and, where those rewards are 0/1, pass@k;
+the mean response length (tokens); where `eval.answer_pattern` is set, the exact-match accuracy of the
+greedy and the sampled answers against the labels; and the perplexity of the reference solutions (SFT
+eval split, response tokens only). Reads `reward_model` / `prm` when the reward is the pipeline's own.
+Writes `eval_report/` with `results.json`, `results.md` and per-model generations with their rewards.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 import torch
 from transformers import set_seed
 
+from configs.errors import ConfigError
 from stages.common import checkpoint
 from stages.common.answers import extract_answer, is_correct, matches
 from stages.common.generation import generate
@@ -23,7 +27,10 @@ from stages.common.progress import Progress
 from stages.common.tokenization import encode_segments, pad_batch
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
-from stages.eval_results import model_inputs
+from stages.eval_metrics import by_prompt, held_out_metrics
+from stages.eval_results import REWARD_INPUTS, SCORE, model_inputs
+from stages.rewards.base import RewardSource
+from stages.rewards.factory import build_scorer
 
 
 @torch.no_grad()
@@ -37,49 +44,65 @@ def perplexity(model, rows: list[tuple[list[int], list[int]]], batch_size: int, 
     return math.exp(total_loss / max(total_tokens, 1))
 
 
-def evaluate_model(model_dir: Path, cfg, prompts: list[dict], sft_eval: list[dict]) -> tuple[dict[str, float], list[dict]]:
-    e = cfg.eval
-    set_seed(cfg.seed)  # each model's sampled answers are drawn from the same seed
+def evaluate_model(model_dir: Path, cfg, prompts: list[dict], sft_eval: list[dict],
+                   scorer: RewardSource) -> tuple[dict[str, float], list[dict]]:
+    e, k = cfg.eval, cfg.eval.samples_per_prompt
+    set_seed(cfg.seed)  # each model's sampled responses are drawn from the same seed
     tokenizer = checkpoint.load_tokenizer(model_dir)
     model = checkpoint.load_causal_lm(model_dir, cfg.model)
     model.eval()
-    generated = generate(model, tokenizer, [p["prompt"] for p in prompts], batch_size=e.batch_size, max_new_tokens=e.max_new_tokens)
-    samples, correct = [], 0
-    for row, ids in zip(prompts, generated):
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        answer = extract_answer(text, e.answer_pattern)
-        ok = matches(answer, row["label"])
-        correct += ok
-        samples.append({"prompt": row["prompt"], "response": text, "answer": answer, "label": row["label"], "correct": ok})
+    texts, labels = [p["prompt"] for p in prompts], [p["label"] for p in prompts]
+    generated = generate(model, tokenizer, texts, batch_size=e.batch_size, max_new_tokens=e.max_new_tokens)
+    responses = [tokenizer.decode(ids, skip_special_tokens=True) for ids in generated]
+    rewards = scorer.score(texts, responses, labels).rewards.tolist()
+    drawn, sampled = [[] for _ in prompts], [[] for _ in prompts]  # [n][k] responses and their rewards
+    if k:
+        asked, asked_labels = [t for t in texts for _ in range(k)], [label for label in labels for _ in range(k)]
+        flat = [tokenizer.decode(ids, skip_special_tokens=True) for ids in
+                generate(model, tokenizer, asked, batch_size=e.batch_size, max_new_tokens=e.max_new_tokens,
+                         do_sample=True, temperature=e.sample_temperature)]
+        scores = scorer.score(asked, flat, asked_labels).rewards.tolist()
+        drawn, sampled = by_prompt(flat, len(prompts)), by_prompt(scores, len(prompts))
+    samples = [{"prompt": t, "response": r, "reward": v, "label": label}
+               for t, r, v, label in zip(texts, responses, rewards, labels)]
+    correct = sampled_correct = None
+    if e.answer_pattern is not None:
+        for s in samples:
+            s["answer"] = extract_answer(s["response"], e.answer_pattern)
+            s["correct"] = matches(s["answer"], s["label"])
+        correct = [s["correct"] for s in samples]
+        sampled_correct = [[is_correct(r, label, e.answer_pattern) for r in group] for group, label in zip(drawn, labels)]
     rows = [encode_segments(tokenizer, r["texts"], r["train"]) for r in sft_eval]
-    metrics = {
-        "accuracy": correct / len(prompts),
-        **({"sampled_accuracy": sampled_accuracy(model, tokenizer, prompts, e)} if e.samples_per_prompt else {}),
-        "response_length": sum(len(ids) for ids in generated) / len(generated),
-        "perplexity": perplexity(model, rows, e.batch_size, tokenizer.pad_token_id) if rows else float("nan"),
-    }
+    metrics = held_out_metrics(rewards, sampled, [len(ids) for ids in generated], correct, sampled_correct)
+    metrics["perplexity"] = perplexity(model, rows, e.batch_size, tokenizer.pad_token_id) if rows else float("nan")
     return metrics, samples
 
 
-def sampled_accuracy(model, tokenizer, prompts: list[dict], e) -> float:
-    k = e.samples_per_prompt
-    generated = generate(model, tokenizer, [p["prompt"] for p in prompts for _ in range(k)], batch_size=e.batch_size,
-                         max_new_tokens=e.max_new_tokens, do_sample=True, temperature=e.sample_temperature)
-    labels = [p["label"] for p in prompts for _ in range(k)]
-    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in generated]
-    return sum(is_correct(t, label, e.answer_pattern) for t, label in zip(texts, labels)) / len(texts)
-
-
-COLUMNS = (("accuracy", "accuracy", ".3f"), ("sampled_accuracy", "sampled accuracy", ".3f"),
+COLUMNS = (("reward", "reward", ".3f"), ("sampled_reward", "sampled reward", ".3f"), ("pass_at_k", "pass@k", ".3f"),
+           ("accuracy", "accuracy", ".3f"), ("sampled_accuracy", "sampled accuracy", ".3f"),
            ("response_length", "response length", ".1f"), ("perplexity", "perplexity", ".3f"))
 
 
-def markdown_table(results: dict[str, dict[str, float]]) -> str:
-    shown = [c for c in COLUMNS if any(c[0] in m for m in results.values())]
+def markdown_table(results: dict[str, dict[str, float]], ranked_by: str) -> str:
+    """One row per model; the `ranked_by` column (`eval.metric`, what the champion is chosen by) first, in bold."""
+    ordered = sorted(COLUMNS, key=lambda c: c[0] != ranked_by)
+    shown = [(key, f"**{title}**" if key == ranked_by else title, fmt) for key, title, fmt in ordered
+             if any(key in m for m in results.values())]
     lines = ["| model | " + " | ".join(title for _, title, _ in shown) + " |", "|---" * (len(shown) + 1) + "|"]
     for name, m in results.items():
         lines.append(f"| {name} | " + " | ".join(format(m[key], fmt) if key in m else "-" for key, _, fmt in shown) + " |")
     return "\n".join(lines) + "\n"
+
+
+def ranking_metric(cfg, metrics: dict[str, float]) -> float:
+    """The model's `eval.metric`; pass@k is missing only where the rewards are not 0/1 (the schema checks the rest)."""
+    metric = cfg.eval.metric
+    if metric not in metrics:
+        r = cfg.reward
+        source = f"reward.func_path={r.func_path}" if r.source == "func" else f"reward.source={r.source}"
+        raise ConfigError(f"eval.metric={metric}: the sampled rewards of {source} are not all 0 or 1, so there is "
+                          "no pass@k; set eval.metric to reward or sampled_reward")
+    return metrics[metric]
 
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
@@ -88,21 +111,23 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     prompts = read_split(inputs["eval_data"], "eval")[: cfg.eval.max_samples]
     sft_eval = read_split(inputs["sft_data"], "eval") if "sft_data" in inputs else []
     models = model_inputs(inputs)
+    own_rm, own_prm = (inputs.get(name) for name in REWARD_INPUTS)
+    scorer = build_scorer(cfg.reward, own_rm, own_prm)  # a bad reward config fails here, before any model loads
     out = ctx.output_dir / "eval_report"
     out.mkdir(parents=True)
     progress = Progress("eval", len(models), every_s=0)
     results: dict[str, dict[str, float]] = {}
     for i, (name, path) in enumerate(models.items()):
-        metrics, samples = evaluate_model(path, cfg, prompts, sft_eval)
+        metrics, samples = evaluate_model(path, cfg, prompts, sft_eval, scorer)
         results[name] = metrics
         with open(out / f"samples_{name}.jsonl", "w") as f:
             f.writelines(json.dumps(s) + "\n" for s in samples)
         ctx.log_metrics({f"{name}/{k}": v for k, v in metrics.items()}, 0)
-        progress.update(i + 1, **{f"{name}_accuracy": metrics["accuracy"]})
+        progress.update(i + 1, **{f"{name}_{cfg.eval.metric}": ranking_metric(cfg, metrics)})
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    table = markdown_table(results)
+    table = markdown_table(results, cfg.eval.metric)
     (out / "results.md").write_text(table)
-    print("[eval] held-out results\n" + table, flush=True)
+    print(f"[eval] held-out results (champion by eval.metric={cfg.eval.metric})\n" + table, flush=True)
     final = list(results)[-1]
     flat = {f"{name}/{k}": v for name, m in results.items() for k, v in m.items()}
-    return StageResult(outputs={"eval_report": out}, metrics={"accuracy": results[final]["accuracy"], **flat})
+    return StageResult(outputs={"eval_report": out}, metrics={SCORE: ranking_metric(cfg, results[final]), **flat})

@@ -30,6 +30,7 @@ from stages.common.progress import Progress
 from stages.common.trainer import SampleStream
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
+from stages.eval_metrics import by_prompt, held_out_metrics
 from stages.rewards.base import RewardBatch
 from stages.rl import rollout_engines, workers
 from stages.rl.advantages import (
@@ -158,33 +159,31 @@ def generate(engines: list, prompt_ids: list[list[int]], seed: int, temperature:
 
 
 def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str, float]:
-    """On the held-out prompts: greedy accuracy, mean reward and length; sampled accuracy (the eval
-    stage's definition: `eval.samples_per_prompt` answers at `eval.sample_temperature`)."""
-    e = cfg.eval
+    """On the held-out prompts, the eval stage's metrics (stages.eval_metrics): greedy and sampled reward
+    (`eval.samples_per_prompt` responses at `eval.sample_temperature`), pass@k, length, and the regex
+    accuracies where `eval.answer_pattern` is set."""
+    e, k = cfg.eval, cfg.eval.samples_per_prompt
 
-    def answers(temperature: float | None, k: int) -> tuple[list[Sample], list[str], list[Prompt]]:
+    def answers(temperature: float | None, k: int) -> tuple[list[Sample], list[str], list[Prompt], list[float]]:
         asked = [p for p in prompts for _ in range(k)]
         # in batches of eval.batch_size, as the eval stage generates: the held-out set x k can be far
         # larger than a rollout
         samples = [s for i in range(0, len(asked), e.batch_size)
                    for s in generate(actors.engines, [p.ids for p in asked[i : i + e.batch_size]], cfg.seed + i,
                                      temperature, e.max_new_tokens)]
-        return samples, [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples], asked
+        responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+        rewards = score(actors.reward, [p.text for p in asked], responses, [p.label for p in asked]).rewards.tolist()
+        return samples, responses, asked, rewards
 
-    def accuracy(responses: list[str], asked: list[Prompt]) -> float:
-        return sum(is_correct(r, p.label, e.answer_pattern) for r, p in zip(responses, asked)) / len(asked)
+    def correct(responses: list[str], asked: list[Prompt]) -> list[bool] | None:
+        return [is_correct(r, p.label, e.answer_pattern) for r, p in zip(responses, asked)] if e.answer_pattern else None
 
-    samples, responses, asked = answers(None, 1)
-    scored = score(actors.reward, [p.text for p in asked], responses, [p.label for p in asked])
-    metrics = {
-        "accuracy": accuracy(responses, asked),
-        "reward": float(scored.rewards.mean()),
-        "response_length": sum(len(s.response_ids) for s in samples) / len(samples),
-    }
-    if e.samples_per_prompt:
-        _, responses, asked = answers(e.sample_temperature, e.samples_per_prompt)
-        metrics["sampled_accuracy"] = accuracy(responses, asked)
-    return metrics
+    samples, responses, asked, rewards = answers(None, 1)
+    _, drawn, drawn_for, drawn_rewards = answers(e.sample_temperature, k) if k else ([], [], [], [])
+    drawn_correct = correct(drawn, drawn_for)
+    n = len(prompts)
+    return held_out_metrics(rewards, by_prompt(drawn_rewards, n), [len(s.response_ids) for s in samples],
+                            correct(responses, asked), None if drawn_correct is None else by_prompt(drawn_correct, n))
 
 
 def sync_weights(actors: Actors) -> None:
@@ -419,5 +418,7 @@ def save(actors: Actors, ckpt: dict[str, Path], step: int, extra: dict) -> None:
 
 def before_after(before: dict[str, float], after: dict[str, float]) -> str:
     lines = ["| metric | before | after |", "|---|---|---|"]
-    lines += [f"| {k} | {before[k]:.3f} | {after[k]:.3f} |" for k in before]
+    # pass@k is there only while every sampled reward is 0 or 1: it may be in one of the two
+    lines += [f"| {k} | " + " | ".join(f"{m[k]:.3f}" if k in m else "-" for m in (before, after)) + " |"
+              for k in dict.fromkeys([*before, *after])]
     return "\n".join(lines) + "\n"

@@ -63,6 +63,13 @@ def test_wrong_type(cli, workdir):
     assert_no_work_started(workdir)
 
 
+def test_eval_metric_that_ranks_no_model_or_is_not_reported(cli, workdir):
+    assert_one_line_error(cli("run", "eval.metric=perplexity"), "eval.metric", "lower is better", "pick one of reward")
+    assert_one_line_error(cli("run", "eval.metric=accuracy", "eval.answer_pattern=null"), "eval.answer_pattern=null",
+                          "metric=accuracy checks answers with answer_pattern, which is empty")
+    assert_no_work_started(workdir)
+
+
 def test_unknown_forced_stage(cli, workdir):
     assert_one_line_error(cli("run", "--force", "sftt"), "sftt", "unknown stage")
     assert_no_work_started(workdir)

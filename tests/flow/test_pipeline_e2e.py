@@ -152,8 +152,10 @@ def test_iterative_dpo_with_the_rule_reward_beats_sft_and_keeps_up_with_offline_
     assert m_on["dpo/sampled_accuracy"] >= m_off["sft/sampled_accuracy"] + 0.12  # +0.25, +0.20, +0.23 measured
     assert m_on["dpo/sampled_accuracy"] >= m_off["dpo/sampled_accuracy"] - 0.04
     assert m_on["dpo/accuracy"] >= m_off["dpo/accuracy"] - 0.02  # greedy: +0.05, +0.025, +0.005 measured
-    # eval moved `champion` to the iterative DPO model only if it beat the offline one on greedy accuracy
-    better = online if m_on["dpo/accuracy"] > m_off["dpo/accuracy"] else offline
+    # eval moved `champion` to the iterative DPO model only if it beat the offline one on eval.metric (the
+    # preset's: the greedy reward, which the rule reward makes the greedy accuracy)
+    assert m_on["dpo/reward"] == m_on["dpo/accuracy"] and m_off["dpo/reward"] == m_off["dpo/accuracy"]
+    better = online if m_on["dpo/reward"] > m_off["dpo/reward"] else offline
     assert mlflow_client(ws).get_model_version_by_alias("rlhf-dpo", "champion").run_id == better.info.run_id
     assert rounds[-1].value >= rounds[0].value + 0.15  # the policy's own samples get better round by round
 
@@ -183,7 +185,7 @@ def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path,
     assert client.get_model_version_by_alias("rlhf-sft", "champion").version == version.version
     eval_run = next(r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE)
     plots = {a.path for a in client.list_artifacts(eval_run.info.run_id, "plots")}
-    assert plots == {"plots/accuracy_by_model.png", "plots/rl_curves.png"}
+    assert plots == {"plots/eval_by_model.png", "plots/rl_curves.png"}
     first = next(p for p in parents if p.data.tags.get("stage.sft", "").startswith("ran"))
     summary = client.download_artifacts(first.info.run_id, "summary.md", str(tmp_path))
     assert re.search(r"^\| sft \| ran \| .* \| data_prep \|$", open(summary).read(), re.M)  # lineage: sft read data_prep's outputs

@@ -69,8 +69,10 @@ def test_grpo_logs_every_step_metric_and_evals(grpo):
     for _, m in steps:
         assert STEP_KEYS <= set(m), STEP_KEYS - set(m)
     assert [s for s, m in logged if "eval/accuracy" in m] == [0, 1, 2]
-    assert {"eval/sampled_accuracy", "eval/reward", "eval/response_length"} <= set(logged[-1][1])
-    assert {"eval_accuracy", "eval_accuracy_before", "eval_sampled_accuracy"} <= set(result.metrics)
+    # the eval stage's metrics (stages.eval_metrics): no pass@k, since the length reward is not 0/1
+    assert {"eval/sampled_accuracy", "eval/reward", "eval/sampled_reward", "eval/response_length"} <= set(logged[-1][1])
+    assert "eval/pass_at_k" not in logged[-1][1]
+    assert {"eval_reward", "eval_reward_before", "eval_accuracy", "eval_sampled_accuracy"} <= set(result.metrics)
 
 
 def test_grpo_trains_the_policy_and_syncs_the_engine(grpo, prepared):

@@ -34,9 +34,10 @@ def test_tiny_preset_loads_with_its_values():
     assert cfg.sft.eval_every == 100
     assert cfg.eval.batch_size == 100
     assert cfg.eval.max_new_tokens == 40
+    assert cfg.eval.answer_pattern == r"Answer:\s*(-?\d+)"  # checkable answers: accuracy beside the reward
     # keys the preset leaves out keep the schema defaults
     assert cfg.sft.min_lr_ratio == 0.1
-    assert cfg.eval.answer_pattern == r"Answer:\s*(-?\d+)"
+    assert cfg.eval.metric == "reward"
 
 
 def test_default_preset_is_tiny():
@@ -275,6 +276,35 @@ def test_missing_yaml_file_fails(tmp_path):
 
 
 # --- cross-field validators ----------------------------------------------------------------
+
+
+def test_eval_metric_defaults_to_reward_for_a_free_form_task(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model:\n  name_or_path: Qwen/Qwen2.5-0.5B-Instruct\n")
+    cfg = load_config(str(mine))
+    assert (cfg.eval.metric, cfg.eval.answer_pattern) == ("reward", None)
+    assert load_config("tiny", ["eval.metric=sampled_accuracy"]).eval.metric == "sampled_accuracy"
+
+
+@pytest.mark.parametrize("metric, why", [("perplexity", "lower is better"), ("response_length", "longer is not better")])
+def test_eval_metric_refuses_what_ranks_no_model(metric, why):
+    with pytest.raises(ConfigError) as exc:
+        load_config("tiny", [f"eval.metric={metric}"])
+    assert str(exc.value) == (f"override 'eval.metric={metric}': eval.metric: Value error, {metric} is reported but "
+                              f"ranks no model ({why}): pick one of reward, sampled_reward, pass_at_k, accuracy, "
+                              f"sampled_accuracy (got '{metric}')")
+
+
+def test_eval_metric_must_be_one_the_stage_reports():
+    with pytest.raises(ConfigError, match=r"eval.metric: Input should be 'reward', 'sampled_reward'"):
+        load_config("tiny", ["eval.metric=bleu"])
+    with pytest.raises(ConfigError, match=r"^override 'eval.answer_pattern=null': eval: Value error, metric=accuracy "
+                                          r"checks answers with answer_pattern, which is empty"):
+        load_config("tiny", ["eval.metric=accuracy", "eval.answer_pattern=null"])
+    for metric in ("sampled_reward", "pass_at_k", "sampled_accuracy"):
+        with pytest.raises(ConfigError, match=rf"metric={metric} needs sampled responses: samples_per_prompt must be > 0"):
+            load_config("tiny", [f"eval.metric={metric}", "eval.samples_per_prompt=0"])
+    assert load_config("tiny", ["eval.samples_per_prompt=0"]).eval.metric == "reward"
 
 
 def test_min_terms_above_max_terms_fails():

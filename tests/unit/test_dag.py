@@ -62,7 +62,7 @@ def test_upstream():
     assert upstream(BY_NAME["sft"]) == ["data_prep"]
     assert upstream(BY_NAME["rl"]) == ["data_prep", "sft", "rm", "prm"]
     assert upstream(BY_NAME["dpo"]) == ["data_prep", "sft", "rm", "prm"]
-    assert upstream(BY_NAME["eval"]) == ["data_prep", "sft", "rl", "dpo"]
+    assert upstream(BY_NAME["eval"]) == ["data_prep", "sft", "rm", "prm", "rl", "dpo"]
     assert upstream(BY_NAME["lora_merge"]) == ["sft", "rm", "prm", "rl", "dpo"]
 
 
@@ -75,6 +75,29 @@ def test_rl_consumes_the_pipelines_reward_models_only_when_the_reward_config_ask
     assert rl.wanted_inputs(PipelineConfig.model_validate({"reward": {"source": "rm", "rm_paths": ["/x"]}})) == base
     assert rl.wanted_inputs(PipelineConfig.model_validate({"reward": {"source": "prm"}})) == (*base, "prm")
     assert BY_NAME["sft"].wanted_inputs(rm) == BY_NAME["sft"].inputs
+
+
+def test_eval_scores_with_the_pipelines_reward_models_only_when_the_reward_config_asks():
+    ev = BY_NAME["eval"]
+    base = ("base_model", "sft_model", "rl_model", "dpo_model", "sft_data", "eval_data")
+    assert ev.wanted_inputs(PipelineConfig()) == base  # reward.source: func
+    assert ev.wanted_inputs(PipelineConfig.model_validate({"reward": {"source": "rm"}})) == (*base, "reward_model")
+    assert ev.wanted_inputs(PipelineConfig.model_validate({"reward": {"source": "prm", "prm_path": "/x"}})) == base
+    # the reward's settings and files count in eval's fingerprint, as in RL's
+    assert "reward" in ev.config_keys and ev.local_sources == dag.REWARD_SOURCES
+    assert dag.needed_by({"eval"}, PipelineConfig.model_validate({"reward": {"source": "prm"}})) == \
+        {"data_prep", "sft", "prm", "rl", "dpo"}
+
+
+def test_the_champions_metric_reruns_eval_but_not_rl():
+    rl, ev = BY_NAME["rl"], BY_NAME["eval"]
+    base = PipelineConfig()
+    by_pass = PipelineConfig.model_validate({"eval": {"metric": "pass_at_k"}})
+    assert config_subset(by_pass, rl.config_keys) == config_subset(base, rl.config_keys)
+    assert config_subset(by_pass, ev.config_keys) != config_subset(base, ev.config_keys)
+    # what RL's periodic evals read does count
+    more = PipelineConfig.model_validate({"eval": {"samples_per_prompt": 8}})
+    assert config_subset(more, rl.config_keys) != config_subset(base, rl.config_keys)
 
 
 def test_dpo_consumes_prompts_and_rewards_and_fingerprints_the_reward_only_when_iterative():
@@ -153,8 +176,9 @@ def test_code_versions_are_the_same_in_another_checkout(checkout):
 EDITS = {
     "stages.dpo.losses": {"dpo"},
     "stages.eval_results": {"eval"},
+    "stages.eval_metrics": {"rl", "eval"},  # RL's periodic evals share eval's metrics
     "stages.reward_model": {"rm", "lora_merge"},  # lora_merge saves merged reward models with it
-    "stages.rewards.remote": {"rl", "dpo"},  # the reward sources iterative DPO scores with too
+    "stages.rewards.remote": {"rl", "dpo", "eval"},  # the reward sources iterative DPO and eval score with too
     "stages.data_prep": set(BY_NAME),  # read_split: every stage reads its data with it
     "stages.common.generation": {"rl", "dpo", "eval"},
     "stages.preflight": set(),  # the flow's checks: no stage imports them
@@ -179,9 +203,9 @@ def test_distributed_and_metrics():
     assert BY_NAME["rm"].key_metric == "eval_acc" and BY_NAME["prm"].key_metric == "eval_step_acc"
     assert BY_NAME["data_prep"].key_metric == "sft_data_train_rows"
     assert BY_NAME["sft"].key_metric == "eval_loss"
-    assert BY_NAME["eval"].key_metric == "accuracy"
+    assert BY_NAME["eval"].key_metric == "score"  # the last model's eval.metric
     assert [s.name for s in STAGES if s.driver] == ["rl"]
-    assert BY_NAME["rl"].register == ("rl_model",) and BY_NAME["rl"].key_metric == "eval_accuracy"
+    assert BY_NAME["rl"].register == ("rl_model",) and BY_NAME["rl"].key_metric == "eval_reward"
     assert BY_NAME["lora_merge"].register == ("merged_models",) and BY_NAME["lora_merge"].key_metric == "max_logit_diff"
 
 

@@ -171,7 +171,7 @@ def test_flatten_of_a_config_has_dotted_schema_keys():
     assert flat["sft.lr"] == 5e-6
     assert flat["model.tiny.vocab_size"] == 96
     assert flat["data.synthetic.max_operand"] == 20
-    assert flat["eval.answer_pattern"] == r"Answer:\s*(-?\d+)"
+    assert (flat["eval.answer_pattern"], flat["eval.metric"]) == (None, "reward")
     assert not any(isinstance(v, dict) for v in flat.values())
 
 

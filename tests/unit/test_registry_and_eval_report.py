@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
 
 from artifacts import registry
 from artifacts import store
@@ -48,21 +49,49 @@ def test_eval_report_moves_champions_and_logs_the_plots(client, tmp_path):
     eval_run = client.create_run(client.exp).info.run_id
     inputs = {"base_model": f"runs:/{sft}/base_model", "sft_model": f"runs:/{sft}/sft_model",
               "rl_model": f"runs:/{rl}/rl_model", "eval_data": f"runs:/{sft}/eval_data"}
-    metrics = {"accuracy": 0.9, "base/accuracy": 0.1, "sft/accuracy": 0.8, "sft/sampled_accuracy": 0.6,
-               "rl/accuracy": 0.9, "rl/sampled_accuracy": 0.85}
-    moved = eval_report.publish(client, eval_run, inputs, metrics)
+    metrics = {"score": 0.9, "base/reward": 0.1, "sft/reward": 0.8, "sft/sampled_reward": 0.6,
+               "rl/reward": 0.9, "rl/sampled_reward": 0.85}
+    moved = eval_report.publish(client, eval_run, inputs, metrics, "reward")
     assert moved == {"rlhf-sft": "1", "rlhf-rl": "1"}
     plots = {a.path for a in client.list_artifacts(eval_run, "plots")}
-    assert plots == {"plots/accuracy_by_model.png", "plots/rl_curves.png"}
+    assert plots == {"plots/eval_by_model.png", "plots/rl_curves.png"}
     png = Path(client.download_artifacts(eval_run, "plots/rl_curves.png", str(tmp_path)))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_accuracy_figure_has_a_bar_per_model_and_metric():
-    fig = eval_report.accuracy_figure({"base": {"accuracy": 0.1}, "sft": {"accuracy": 0.8, "sampled_accuracy": 0.6}})
+def test_the_champion_is_chosen_by_eval_metric(client, tmp_path):
+    """Three SFT versions whose greedy reward and regex accuracy disagree: `champion` follows the metric
+    asked for, and the reward model a reward source consumed is no candidate."""
+    runs = [stage_run(client, tmp_path, register=True) for _ in range(3)]
+    rm = stage_run(client, tmp_path, register=True, artifact="reward_model")
+    scores = [(0.5, 0.9), (0.4, 0.95), (0.6, 0.1)]  # (reward, accuracy) per version
+
+    def evaluate(i, metric):
+        eval_run = client.create_run(client.exp).info.run_id
+        inputs = {"sft_model": f"runs:/{runs[i]}/sft_model", "reward_model": f"runs:/{rm}/reward_model"}
+        metrics = {"sft/reward": scores[i][0], "sft/accuracy": scores[i][1], "reward/reward": 9.0}
+        return eval_report.publish(client, eval_run, inputs, metrics, metric)
+
+    assert evaluate(0, "reward") == {"rlhf-sft": "1"}  # the first one scored
+    assert evaluate(1, "reward") == {}  # more accurate, less rewarded
+    assert evaluate(2, "reward") == {"rlhf-sft": "3"}
+    assert client.get_model_version("rlhf-sft", "2").tags["rlhf.eval.reward"] == "0.4"
+    assert "rlhf.eval.reward" not in client.get_model_version("rlhf-reward", "1").tags
+    with pytest.raises(MlflowException):
+        client.get_model_version_by_alias("rlhf-reward", registry.CHAMPION)
+    # by accuracy (a version scored by another metric has no score to defend: the first scored by it wins)
+    assert evaluate(1, "accuracy") == {"rlhf-sft": "2"}
+    assert evaluate(0, "accuracy") == {}
+
+
+def test_metrics_figure_has_a_bar_per_model_and_metric_the_ranking_one_first():
+    models = {"base": {"reward": 0.1, "pass_at_k": 0.3, "perplexity": 50.0},
+              "sft": {"reward": 0.8, "sampled_reward": 0.6, "pass_at_k": 0.9, "accuracy": 0.7, "perplexity": 1.1}}
+    fig = eval_report.metrics_figure(models, "pass_at_k")
     (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["pass at k", "reward", "sampled reward", "accuracy"]
     heights = sorted(round(p.get_height(), 3) for p in ax.patches)
-    assert heights == [0.0, 0.1, 0.6, 0.8]  # base has no sampled accuracy: a zero bar keeps the groups aligned
+    assert heights == [0.0, 0.0, 0.1, 0.3, 0.6, 0.7, 0.8, 0.9]  # a zero bar where a model lacks one: groups stay aligned
     assert [t.get_text() for t in ax.get_xticklabels()] == ["base", "sft"]
 
 
@@ -75,6 +104,15 @@ def test_the_held_out_table_has_a_row_per_evaluated_model_only():
     assert [c.header for c in table.columns] == ["model", "accuracy", "sampled_accuracy"]
     assert [list(c.cells) for c in table.columns] == [["base", "sft"], ["0.1", "0.8"], ["-", "0.6"]]
     assert model_table(StageOutcome("eval", "cached", 0.1, "e1", metrics={store.METRIC_COMPUTE_S: 1.0}, inputs=inputs)) is None
+
+
+def test_the_summarys_held_out_table_leads_with_eval_metric():
+    table = model_table(StageOutcome("eval", "ran", 0.1, "e1", inputs={"sft_model": "runs:/s1/sft_model"},
+                                     metrics={"score": 0.8, "sft/accuracy": 0.9, "sft/reward": 0.8, "sft/pass_at_k": 1.0}), "reward")
+    assert [c.header for c in table.columns] == ["model", "reward", "accuracy", "pass_at_k"]
+    assert table.title == "held-out eval (champion by reward)"
+    assert [c.header for c in model_table(StageOutcome("eval", "ran", 0.1, "e1", metrics={"sft/accuracy": 0.9},
+                                                    inputs={"sft_model": "runs:/s1/sft_model"})).columns] == ["model", "accuracy"]
 
 
 @pytest.mark.parametrize("pinned", [False, True])
