@@ -1,7 +1,8 @@
 """Checks that must fail before any work starts, cheap enough to run in the flow's driver: the model
-path, local dataset files (readable, with the columns the config names), and what the local machine
-has (the CPUs the Ray cluster is given, a GPU for the options that need one). Nothing here imports
-torch or transformers unless the config asks for a GPU-only option."""
+path, local dataset files (readable, with the columns the config names), the reward function file
+(compiled, not run), and what the local machine has (the CPUs the Ray cluster is given, a GPU for the
+options that need one). Nothing here imports torch or transformers unless the config asks for a
+GPU-only option."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import os
 
 from configs.errors import PipelineError
 from configs.schema import DatasetConfig, PipelineConfig
+from stages import reward_file
 from stages.common import checkpoint_paths
-from stages.dag import LORA_SECTIONS, lora_of
+from stages.dag import LORA_SECTIONS, STAGES, lora_of, pinned_away
 
 
 def check(cfg: PipelineConfig) -> None:
     check_inputs(cfg)
+    check_reward(cfg)
     check_local_resources(cfg)
 
 
@@ -32,6 +35,15 @@ def check_inputs(cfg: PipelineConfig) -> None:
         if ds_cfg is None or not all(data_files.is_local(p) for p in ds_cfg.paths):
             continue
         data_files.load_mixed(ds_cfg, section, data_files.file_columns(section, ds_cfg), cfg.seed)
+
+
+def check_reward(cfg: PipelineConfig) -> None:
+    """The `reward_func` file, when the config has a stage that scores with it: found, compiled, and
+    defining a `reward_func` the stages can call (a deterministic error here would otherwise fail the
+    stage's reward actors after the cluster and the models are up)."""
+    scores = any("reward" in spec.wanted_config(spec.config_keys, cfg) and not pinned_away(spec, cfg) for spec in STAGES)
+    if scores and cfg.reward.source == "func":
+        reward_file.check(reward_file.resolve_func_path(cfg.reward.func_path))
 
 
 def check_local_resources(cfg: PipelineConfig) -> None:

@@ -43,7 +43,8 @@ def as_rewards(values: Any, n: int, source: str) -> torch.Tensor:
     except (TypeError, ValueError, RuntimeError) as exc:
         raise RewardError(f"{source}: rewards are not numbers (got {_describe(values)}: {first_line(exc)})") from None
     if rewards.numel() != n:
-        raise RewardError(f"{source}: returned {rewards.numel()} rewards for {n} queries")
+        raise RewardError(f"{source}: returned {rewards.numel()} rewards for {n} queries (got {_describe(values)}; "
+                          "expected one number per query)")
     bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
     if bad:
         raise RewardError(f"{source}: returned non-finite rewards (NaN/inf) at indices {bad[:10]}")

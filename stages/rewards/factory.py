@@ -4,25 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import configs
 from configs.schema import RewardConfig
+from stages.reward_file import resolve_func_path
 from stages.rewards.base import RewardSource
 from stages.rewards.errors import RewardError
 from stages.rewards.function import FunctionScorer
 from stages.rewards.process_reward import ProcessRewardScorer
 from stages.rewards.remote import RemoteScorer
 from stages.rewards.reward_model import RewardModelScorer
-
-
-def resolve_func_path(func_path: str) -> Path:
-    """As given if it exists (absolute or from the cwd), else relative to the configs/ package."""
-    given = Path(func_path).expanduser()
-    if given.is_file():
-        return given
-    configs_dir = Path(configs.__file__).parent
-    if (configs_dir / given).is_file():
-        return configs_dir / given
-    raise RewardError(f"reward.func_path={func_path}: no such file (looked from {Path.cwd()} and from {configs_dir})")
 
 
 def build_scorer(cfg: RewardConfig, own_rm: Path | None = None, own_prm: Path | None = None) -> RewardSource:

@@ -23,7 +23,8 @@ import ray
 import torch
 from transformers import set_seed
 
-from configs.errors import DataError
+from configs.errors import DataError, RewardError
+from configs.schema import RewardConfig
 from stages.common import checkpoint
 from stages.common.answers import is_correct
 from stages.common.progress import Progress
@@ -104,10 +105,10 @@ class Actors:
             self.ref = [workers.ReferenceWorker.options(**s.options()).remote(cfg, sft, s.threads)
                         for s in slots.get("ref", [])]  # none without a KL coefficient
         own_rm, own_prm = (str(inputs[k]) if inputs.get(k) else None for k in ("reward_model", "prm"))
-        self.reward = [workers.RewardWorker.options(**s.options()).remote(cfg, own_rm, own_prm, s.threads, cwd)
-                       for s in slots["reward"]]
+        self.reward = [workers.RewardWorker.options(**s.options()).remote(s.threads) for s in slots["reward"]]
         self.engines = self.policy if self.hybrid else rollout_engines.start(cfg, sft, slots["engine"])
-        pending = [w.ready.remote() for w in self.reward]  # a bad reward config fails here, before any model loads
+        # a bad reward config fails here, before any model loads
+        pending = [w.setup.remote(cfg, own_rm, own_prm, cwd) for w in self.reward]
         ray.get(pending)
         for group, optim in ((self.policy, rl.actor), (self.critic, rl.critic)):
             if group:
@@ -174,7 +175,7 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
         return sum(is_correct(r, p.label, e.answer_pattern) for r, p in zip(responses, asked)) / len(asked)
 
     samples, responses, asked = answers(None, 1)
-    scored = score(actors.reward, [p.text for p in asked], responses, [p.label for p in asked])
+    scored = score(actors.reward, [p.text for p in asked], responses, [p.label for p in asked], cfg.reward)
     metrics = {
         "accuracy": accuracy(responses, asked),
         "reward": float(scored.rewards.mean()),
@@ -300,7 +301,7 @@ def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStre
         with timer("reward"):
             responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
             flat = [p for p in picked for _ in range(n)]
-            scored = score(actors.reward, [p.text for p in flat], responses, [p.label for p in flat])
+            scored = score(actors.reward, [p.text for p in flat], responses, [p.label for p in flat], cfg.reward)
         groups = [(samples[i * n : (i + 1) * n], picked[i], _slice(scored, i * n, (i + 1) * n)) for i in range(want)]
         if rl.dynamic_filtering:
             keep = varied_groups(scored.rewards, n).tolist()
@@ -331,12 +332,22 @@ def _concat(parts: list[RewardBatch]) -> RewardBatch:
     return RewardBatch(rewards=torch.cat([p.rewards for p in parts]), step_rewards=steps, extra_logs=logs)
 
 
-def score(scorers: list, prompts: list[str], responses: list[str], labels: list[str | None]) -> RewardBatch:
-    """Rewards from the reward workers, each scoring an equal contiguous share."""
+def score(scorers: list, prompts: list[str], responses: list[str], labels: list[str | None],
+          reward: RewardConfig) -> RewardBatch:
+    """Rewards from the reward workers, each scoring an equal contiguous share. A `reward_func` share not
+    scored within `reward.timeout_s` ends the stage, and its workers are killed: nothing else stops a
+    Python call (a remote source bounds its own requests; models take the time they take)."""
     k = math.ceil(len(prompts) / len(scorers))
     parts = [w.score.remote(prompts[i * k : (i + 1) * k], responses[i * k : (i + 1) * k], labels[i * k : (i + 1) * k])
              for i, w in enumerate(scorers) if prompts[i * k : (i + 1) * k]]
-    return _concat(ray.get(parts))
+    limit = reward.timeout_s if reward.source == "func" else None
+    try:
+        return _concat(ray.get(parts, timeout=limit))
+    except ray.exceptions.GetTimeoutError:
+        for w in scorers:
+            ray.kill(w)
+        raise RewardError(f"reward.func_path={reward.func_path}: reward_func did not return within reward.timeout_s="
+                          f"{limit:g} s (a batch of {k} queries); fix the function or raise reward.timeout_s") from None
 
 
 def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cfg, kl_coef: float):
