@@ -261,7 +261,7 @@ class RewardConfig(Section):
     timeout_s: float = Field(10.0, gt=0, description="func: longest an RL reward worker's reward_func call may take (one "
                                                      "batch); remote: longest each request may take")
     retries: int = Field(3, ge=0, description="remote: tries after the first, with backoff")
-    batch_size: int = Field(32, gt=0)
+    batch_size: int = Field(32, gt=0, description="queries per forward pass (rm, prm) or per request (remote)")
 
 
 class RLModelConfig(OptimConfig):

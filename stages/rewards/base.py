@@ -29,6 +29,16 @@ class RewardSource(Protocol):
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]) -> RewardBatch: ...
 
 
+def concat(parts: list[RewardBatch]) -> RewardBatch:
+    """One batch from consecutive parts; a part's `extra_logs` (batch means) count by its size."""
+    steps = None if parts[0].step_rewards is None else [s for p in parts for s in p.step_rewards]
+    logs = {}
+    for key in dict.fromkeys(k for p in parts for k in p.extra_logs):
+        having = [(p.extra_logs[key], len(p.rewards)) for p in parts if key in p.extra_logs]
+        logs[key] = sum(v * n for v, n in having) / sum(n for _, n in having)
+    return RewardBatch(rewards=torch.cat([p.rewards for p in parts]), step_rewards=steps, extra_logs=logs)
+
+
 def check_batch(prompts: list[str], responses: list[str], labels: list[str | None]) -> None:
     """The three inputs line up; a mismatch is a caller bug, so a plain ValueError."""
     if not len(prompts) == len(responses) == len(labels):

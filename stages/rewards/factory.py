@@ -22,7 +22,7 @@ def build_scorer(cfg: RewardConfig, own_rm: Path | None = None, own_prm: Path | 
     if cfg.source == "remote":
         if not cfg.url:
             raise RewardError("reward.source=remote needs reward.url (e.g. http://127.0.0.1:5001/get_reward)")
-        return RemoteScorer(cfg.url, cfg.timeout_s, cfg.retries)
+        return RemoteScorer(cfg.url, cfg.timeout_s, cfg.retries, batch_size=cfg.batch_size)
     if cfg.source == "rm":
         paths = list(cfg.rm_paths) or ([own_rm] if own_rm is not None else [])
         if not paths:

@@ -31,7 +31,7 @@ from stages.common.progress import Progress
 from stages.common.trainer import SampleStream
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
-from stages.rewards.base import RewardBatch
+from stages.rewards.base import RewardBatch, concat
 from stages.rl import rollout_engines, workers
 from stages.rl.advantages import (
     ESTIMATORS,
@@ -313,23 +313,13 @@ def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStre
         rounds += 1
     kept += spare[:want]
     samples = [s for g in kept for s in g[0]]
-    scored = _concat([g[2] for g in kept])
+    scored = concat([g[2] for g in kept])
     return samples, scored, cursor, filtered
 
 
 def _slice(scored: RewardBatch, a: int, b: int) -> RewardBatch:
     steps = scored.step_rewards[a:b] if scored.step_rewards is not None else None
     return RewardBatch(rewards=scored.rewards[a:b], step_rewards=steps, extra_logs=scored.extra_logs)
-
-
-def _concat(parts: list[RewardBatch]) -> RewardBatch:
-    """One batch from consecutive parts; a part's `extra_logs` (batch means) count by its size."""
-    steps = None if parts[0].step_rewards is None else [s for p in parts for s in p.step_rewards]
-    logs = {}
-    for key in dict.fromkeys(k for p in parts for k in p.extra_logs):
-        having = [(p.extra_logs[key], len(p.rewards)) for p in parts if key in p.extra_logs]
-        logs[key] = sum(v * n for v, n in having) / sum(n for _, n in having)
-    return RewardBatch(rewards=torch.cat([p.rewards for p in parts]), step_rewards=steps, extra_logs=logs)
 
 
 def score(scorers: list, prompts: list[str], responses: list[str], labels: list[str | None],
@@ -342,7 +332,7 @@ def score(scorers: list, prompts: list[str], responses: list[str], labels: list[
              for i, w in enumerate(scorers) if prompts[i * k : (i + 1) * k]]
     limit = reward.timeout_s if reward.source == "func" else None
     try:
-        return _concat(ray.get(parts, timeout=limit))
+        return concat(ray.get(parts, timeout=limit))
     except ray.exceptions.GetTimeoutError:
         for w in scorers:
             ray.kill(w)

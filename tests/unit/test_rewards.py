@@ -260,8 +260,9 @@ def test_build_scorer_needs_a_model_or_url():
         with pytest.raises(RewardError) as err:
             build_scorer(cfg)
         assert expected in one_line_error(err)
-    remote = build_scorer(RewardConfig(source="remote", url="http://127.0.0.1:1/get_reward", timeout_s=2, retries=5))
-    assert isinstance(remote, RemoteScorer) and (remote.timeout_s, remote.retries) == (2, 5)
+    remote = build_scorer(RewardConfig(source="remote", url="http://127.0.0.1:1/get_reward", timeout_s=2, retries=5,
+                                       batch_size=8))
+    assert isinstance(remote, RemoteScorer) and (remote.timeout_s, remote.retries, remote.batch_size) == (2, 5, 8)
 
 
 # --- the remote client ----------------------------------------------------------------------------
@@ -271,11 +272,13 @@ def make_test_app() -> FastAPI:
     app = FastAPI()
     app.state.calls = {"flaky": 0}
     app.state.last = None
+    app.state.bodies = []
 
     @app.post("/get_reward")
     async def get_reward(request: Request) -> dict:
         body = await request.json()
         app.state.last = body
+        app.state.bodies.append(body)
         rewards = [float(len(q)) for q in body["query"]]
         return {"rewards": rewards, "scores": rewards, "extra_logs": {"n": [1.0, 3.0]}}
 
@@ -305,6 +308,11 @@ def make_test_app() -> FastAPI:
     @app.post("/text")
     async def text() -> Response:
         return Response("<html>oops</html>", media_type="text/html")
+
+    @app.post("/too_large")
+    async def too_large() -> Response:
+        return Response('{"detail": "request body of 9999 bytes is over this server\'s limit of 1024 bytes"}',
+                        status_code=413, media_type="application/json")
 
     @app.post("/slow")
     async def slow() -> dict:
@@ -341,6 +349,17 @@ def test_remote_scores_and_sends_the_openrlhf_payload(server):
     assert app.state.last == {"query": ["abcd", "c"], "prompts": PROMPTS, "labels": LABELS}
 
 
+def test_remote_sends_batch_size_queries_per_request(server):
+    base, app = server
+    app.state.bodies.clear()
+    prompts = ["a", "bb", "ccc", "dddd", "e"]
+    batch = RemoteScorer(f"{base}/get_reward", timeout_s=5, retries=0, batch_size=2).score(prompts, ["x"] * 5, [None] * 5)
+    assert [b["query"] for b in app.state.bodies] == [["ax", "bbx"], ["cccx", "ddddx"], ["ex"]]
+    assert [b["prompts"] for b in app.state.bodies] == [["a", "bb"], ["ccc", "dddd"], ["e"]]
+    assert batch.rewards.tolist() == [2.0, 3.0, 4.0, 5.0, 2.0]
+    assert batch.extra_logs == {"n": 2.0}
+
+
 def test_remote_retries_5xx_then_succeeds(server):
     base, app = server
     app.state.calls["flaky"] = 0
@@ -356,6 +375,8 @@ def test_remote_retries_5xx_then_succeeds(server):
         ("/nokey", "reply has no 'rewards'"),
         ("/text", "reply is not JSON"),
         ("/missing", "HTTP 404"),  # a client error is not retried
+        ("/too_large", "HTTP 413: request body of 9999 bytes is over this server's limit of 1024 bytes; "
+                       "lower reward.batch_size (now 32 queries a request)"),
     ],
 )
 def test_remote_bad_replies(server, path, expected):
