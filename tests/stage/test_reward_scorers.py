@@ -261,9 +261,10 @@ def test_serve_rm_scores_concurrent_requests_in_turns(serve_rm):
         requests.post(f"{base}/get_reward", json={"query": ["Compute 1+2\n1+2=3\nAnswer: 3"] * n}, timeout=120).raise_for_status()
         done[name] = time.monotonic()
 
-    large = threading.Thread(target=post, args=("large", 300))  # 75 forward passes at --batch-size 4
+    large = threading.Thread(target=post, args=("large", 600))  # 150 forward passes at --batch-size 4: seconds
     large.start()
-    time.sleep(1.0)
+    time.sleep(0.5)  # it has reached the server
+    assert "large" not in done
     post("small", 1)
     large.join(timeout=120)
     assert done["small"] < done["large"]
