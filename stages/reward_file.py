@@ -37,7 +37,8 @@ def check(path: Path) -> None:
         raise RewardError(f"{where}: cannot be read as Python ({type(exc).__name__}: {exc})") from None
     bound = bindings(tree)
     if not bound:
-        raise RewardError(f"{where}: defines no {NAME}(queries, prompts, labels)")
+        raise RewardError(f"{where}: defines no {NAME}; define {NAME}(queries, prompts, labels) returning one reward "
+                          "per query")
     if len(bound) == 1 and bound[0] in tree.body and isinstance(bound[0], ast.FunctionDef) and not bound[0].decorator_list:
         problem = signature_problem(bound[0].args)
         if problem:

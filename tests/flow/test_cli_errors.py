@@ -184,7 +184,7 @@ def test_unknown_stage_in_stage_retries(cli, workdir):
         ("def reward_func(queries, prompts, labels)\n    return [0.0] * len(queries)\n",
          ["reward.func_path=reward.py: line 1: SyntaxError: expected ':'"]),
         ("def score(queries, prompts, labels):\n    return [0.0] * len(queries)\n",
-         ["reward.func_path=reward.py: defines no reward_func(queries, prompts, labels)"]),
+         ["reward.func_path=reward.py: defines no reward_func; define reward_func(queries, prompts, labels)"]),
         ("def reward_func(queries):\n    return [0.0] * len(queries)\n",
          ["reward.func_path=reward.py: line 1: reward_func(queries) takes 1 positional argument, not 3"]),
     ],

@@ -204,7 +204,8 @@ def test_function_scorer_checks_the_signature_when_loaded(tmp_path):
     [
         ("def reward_func(q, p, l)\n    return q\n", "line 1: SyntaxError: expected ':'; fix the file"),
         ("def reward_func(q, p, l):\nreturn q\n", "line 2: IndentationError: expected an indented block"),
-        ("def reward(q, p, l):\n    return q\n", "defines no reward_func(queries, prompts, labels)"),
+        ("def reward(q, p, l):\n    return q\n",
+         "defines no reward_func; define reward_func(queries, prompts, labels) returning one reward per query"),
         ("def reward_func(queries, prompts):\n    return queries\n",
          "line 1: reward_func(queries, prompts) takes 2 positional arguments, not 3; it is called as "
          "reward_func(queries, prompts, labels)"),
