@@ -20,6 +20,10 @@ class CheckpointError(PipelineError):
     """A model path is not a loadable checkpoint."""
 
 
+class RewardError(PipelineError):
+    """A reward source is misconfigured, unreachable, or returned something unusable."""
+
+
 def first_line(exc: BaseException) -> str:
     """An exception's message cut to one line, for one-line errors."""
     lines = str(exc).strip().splitlines()

@@ -264,9 +264,10 @@ class RewardConfig(Section):
     prm_aggregate: Literal["min", "mean", "last"] = "min"
     func_path: str = Field("rewards/arithmetic.py", description="a file defining reward_func(queries, prompts, labels); relative paths are tried from the working directory, then from configs/")
     url: str | None = Field(None, description="remote reward server, e.g. http://127.0.0.1:5001/get_reward")
-    timeout_s: float = Field(10.0, gt=0)
-    retries: int = Field(3, ge=0)
-    batch_size: int = Field(32, gt=0)
+    timeout_s: float = Field(10.0, gt=0, description="func: longest an RL reward worker's reward_func call may take (one "
+                                                     "batch); remote: longest each request may take")
+    retries: int = Field(3, ge=0, description="remote: tries after the first, with backoff")
+    batch_size: int = Field(32, gt=0, description="queries per forward pass (rm, prm) or per request (remote)")
 
 
 class RLModelConfig(OptimConfig):

@@ -5,7 +5,7 @@
   rlhf ui  [--config PRESET|FILE] [--port N]
   rlhf runs [--config PRESET|FILE] [--limit N]
   rlhf compare RUN [RUN ...] [--config PRESET|FILE]
-  rlhf serve-rm --model PATH [--host HOST] [--port N] [--batch-size N]
+  rlhf serve-rm --model PATH [--host HOST] [--port N] [--batch-size N] [--max-request-mb MIB]
   rlhf vllm-env PATH
   rlhf merge --adapter PATH --out PATH [--base PATH] [--is-rm]
 """
@@ -161,7 +161,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_serve_rm(args: argparse.Namespace) -> int:
     from stages.rewards.server import serve
 
-    serve(args.model, host=args.host, port=args.port, batch_size=args.batch_size)
+    serve(args.model, host=args.host, port=args.port, batch_size=args.batch_size, max_request_mb=args.max_request_mb)
     return 0
 
 
@@ -227,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve_rm.add_argument("--host", default="127.0.0.1")
     serve_rm.add_argument("--port", type=int, default=5001)
     serve_rm.add_argument("--batch-size", type=int, default=32)
+    serve_rm.add_argument("--max-request-mb", type=float, default=1.0, metavar="MIB",
+                          help="largest request body in MiB (default 1); a larger one is answered 413")
     serve_rm.set_defaults(func=cmd_serve_rm)
     vllm_env = sub.add_parser("vllm-env", help="make a Python environment with the CPU build of vLLM for the rollout engine (rl.engine=vllm)")
     vllm_env.add_argument("path", metavar="PATH", help="where to create it, e.g. .venv-vllm")

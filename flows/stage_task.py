@@ -206,9 +206,16 @@ def work_dir_lock(work_dir: Path, stage: str):
 
 
 def unwrap(exc: BaseException) -> BaseException:
-    """The stage's own exception behind Ray's wrapper (so a DataError stays a DataError)."""
+    """The stage's own exception behind Ray's wrappers (so a DataError stays a DataError): a task's
+    error, or the error an actor's constructor raised."""
     from ray.exceptions import RayTaskError
 
-    while isinstance(exc, RayTaskError) and exc.cause is not None:
-        exc = exc.cause
-    return exc
+    from flows.retries import creation_error
+
+    while True:
+        if isinstance(exc, RayTaskError) and exc.cause is not None:
+            exc = exc.cause
+        elif (created := creation_error(exc)) is not None:
+            exc = created
+        else:
+            return exc

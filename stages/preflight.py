@@ -1,7 +1,8 @@
 """Checks that must fail before any work starts, cheap enough to run in the flow's driver: the model
-path, local dataset files (readable, with the columns the config names), and what the local machine
-has (the CPUs the Ray cluster is given, the RL layout they fit, a GPU for the options that need one). Nothing here imports
-torch or transformers unless the config asks for a GPU-only option."""
+path, local dataset files (readable, with the columns the config names), the reward function file
+(compiled, not run), and what the local machine has (the CPUs the Ray cluster is given, the RL layout
+they fit, a GPU for the options that need one). Nothing here imports torch or transformers unless the
+config asks for a GPU-only option."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ import os
 
 from configs.errors import PipelineError
 from configs.schema import DatasetConfig, PipelineConfig
+from stages import reward_file
 from stages.common import checkpoint_paths
-from stages import dag
-from stages.dag import LORA_SECTIONS, lora_of
+from stages.dag import BY_NAME, LORA_SECTIONS, STAGES, lora_of, pinned_away
 from stages.rl.layout import check_fits, resolve_layout
 
 
 def check(cfg: PipelineConfig) -> None:
     check_inputs(cfg)
+    check_reward(cfg)
     check_local_resources(cfg)
 
 
@@ -59,6 +61,15 @@ def check_inputs(cfg: PipelineConfig) -> None:
         data_files.require_eval(section, ds_cfg, train, ev)
 
 
+def check_reward(cfg: PipelineConfig) -> None:
+    """The `reward_func` file, when the config has a stage that scores with it: found, compiled, and
+    defining a `reward_func` the stages can call (a deterministic error here would otherwise fail the
+    stage's reward actors after the cluster and the models are up)."""
+    scores = any("reward" in spec.wanted_config(spec.config_keys, cfg) and not pinned_away(spec, cfg) for spec in STAGES)
+    if scores and cfg.reward.source == "func":
+        reward_file.check(reward_file.resolve_func_path(cfg.reward.func_path))
+
+
 def check_local_resources(cfg: PipelineConfig) -> None:
     """A local Ray cluster has `infra.num_cpus` CPUs (default: all): training stages must fit in it; and
     this machine's GPUs: options that need CUDA (flash attention, QLoRA) fail here when it has none."""
@@ -80,5 +91,5 @@ def check_local_resources(cfg: PipelineConfig) -> None:
             f"infra.num_workers={cfg.infra.num_workers} x infra.cpus_per_worker={cfg.infra.cpus_per_worker} needs "
             f"{need} CPUs; the local Ray cluster has {have} (infra.num_cpus)"
         )
-    if not dag.pinned_away(dag.BY_NAME["rl"], cfg):
+    if not pinned_away(BY_NAME["rl"], cfg):
         check_fits(with_rl_layout(cfg), have, gpus, "the local Ray cluster (infra.num_cpus)")

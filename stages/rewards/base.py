@@ -29,6 +29,16 @@ class RewardSource(Protocol):
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]) -> RewardBatch: ...
 
 
+def concat(parts: list[RewardBatch]) -> RewardBatch:
+    """One batch from consecutive parts; a part's `extra_logs` (batch means) count by its size."""
+    steps = None if parts[0].step_rewards is None else [s for p in parts for s in p.step_rewards]
+    logs = {}
+    for key in dict.fromkeys(k for p in parts for k in p.extra_logs):
+        having = [(p.extra_logs[key], len(p.rewards)) for p in parts if key in p.extra_logs]
+        logs[key] = sum(v * n for v, n in having) / sum(n for _, n in having)
+    return RewardBatch(rewards=torch.cat([p.rewards for p in parts]), step_rewards=steps, extra_logs=logs)
+
+
 def check_batch(prompts: list[str], responses: list[str], labels: list[str | None]) -> None:
     """The three inputs line up; a mismatch is a caller bug, so a plain ValueError."""
     if not len(prompts) == len(responses) == len(labels):
@@ -43,7 +53,8 @@ def as_rewards(values: Any, n: int, source: str) -> torch.Tensor:
     except (TypeError, ValueError, RuntimeError) as exc:
         raise RewardError(f"{source}: rewards are not numbers (got {_describe(values)}: {first_line(exc)})") from None
     if rewards.numel() != n:
-        raise RewardError(f"{source}: returned {rewards.numel()} rewards for {n} queries")
+        raise RewardError(f"{source}: returned {rewards.numel()} rewards for {n} queries (got {_describe(values)}; "
+                          "expected one number per query)")
     bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
     if bad:
         raise RewardError(f"{source}: returned non-finite rewards (NaN/inf) at indices {bad[:10]}")

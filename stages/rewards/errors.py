@@ -1,7 +1,6 @@
-"""The user-facing error of the reward sources."""
+"""The user-facing error of the reward sources (declared with the others in configs.errors, so the
+flow's driver can check a reward file without importing the sources and torch)."""
 
-from configs.errors import PipelineError
+from configs.errors import RewardError
 
-
-class RewardError(PipelineError):
-    """A reward source is misconfigured, unreachable, or returned something unusable."""
+__all__ = ["RewardError"]

@@ -4,25 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import configs
 from configs.schema import RewardConfig
+from stages.reward_file import resolve_func_path
 from stages.rewards.base import RewardSource
 from stages.rewards.errors import RewardError
 from stages.rewards.function import FunctionScorer
 from stages.rewards.process_reward import ProcessRewardScorer
 from stages.rewards.remote import RemoteScorer
 from stages.rewards.reward_model import RewardModelScorer
-
-
-def resolve_func_path(func_path: str) -> Path:
-    """As given if it exists (absolute or from the cwd), else relative to the configs/ package."""
-    given = Path(func_path).expanduser()
-    if given.is_file():
-        return given
-    configs_dir = Path(configs.__file__).parent
-    if (configs_dir / given).is_file():
-        return configs_dir / given
-    raise RewardError(f"reward.func_path={func_path}: no such file (looked from {Path.cwd()} and from {configs_dir})")
 
 
 def build_scorer(cfg: RewardConfig, own_rm: Path | None = None, own_prm: Path | None = None) -> RewardSource:
@@ -33,7 +22,7 @@ def build_scorer(cfg: RewardConfig, own_rm: Path | None = None, own_prm: Path | 
     if cfg.source == "remote":
         if not cfg.url:
             raise RewardError("reward.source=remote needs reward.url (e.g. http://127.0.0.1:5001/get_reward)")
-        return RemoteScorer(cfg.url, cfg.timeout_s, cfg.retries)
+        return RemoteScorer(cfg.url, cfg.timeout_s, cfg.retries, batch_size=cfg.batch_size)
     if cfg.source == "rm":
         paths = list(cfg.rm_paths) or ([own_rm] if own_rm is not None else [])
         if not paths:

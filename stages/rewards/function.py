@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -38,6 +39,13 @@ class FunctionScorer:
         func = getattr(load_module(self.path), "reward_func", None)
         if not callable(func):
             raise RewardError(f"reward function file {self.path}: defines no reward_func(queries, prompts, labels)")
+        try:
+            inspect.signature(func).bind([], [], [])
+        except TypeError as exc:
+            raise RewardError(f"reward function file {self.path}: reward_func cannot be called as "
+                              f"reward_func(queries, prompts, labels) ({first_line(exc)})") from None
+        except ValueError:  # no signature to read (some builtins): the call will tell
+            pass
         self.func: Callable = func
 
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]) -> RewardBatch:

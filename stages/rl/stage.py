@@ -23,7 +23,8 @@ import ray
 import torch
 from transformers import set_seed
 
-from configs.errors import DataError
+from configs.errors import DataError, RewardError
+from configs.schema import RewardConfig
 from stages.common import checkpoint
 from stages.common.answers import is_correct
 from stages.common.progress import Progress
@@ -31,7 +32,7 @@ from stages.common.trainer import SampleStream
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 from stages.eval_metrics import by_prompt, held_out_metrics
-from stages.rewards.base import RewardBatch
+from stages.rewards.base import RewardBatch, concat
 from stages.rl import rollout_engines, workers
 from stages.rl.advantages import (
     ESTIMATORS,
@@ -106,10 +107,10 @@ class Actors:
             self.ref = [workers.ReferenceWorker.options(**s.options()).remote(cfg, sft, s.threads)
                         for s in slots.get("ref", [])]  # none without a KL coefficient
         own_rm, own_prm = (str(inputs[k]) if inputs.get(k) else None for k in ("reward_model", "prm"))
-        self.reward = [workers.RewardWorker.options(**s.options()).remote(cfg, own_rm, own_prm, s.threads, cwd)
-                       for s in slots["reward"]]
+        self.reward = [workers.RewardWorker.options(**s.options()).remote(s.threads) for s in slots["reward"]]
         self.engines = self.policy if self.hybrid else rollout_engines.start(cfg, sft, slots["engine"])
-        pending = [w.ready.remote() for w in self.reward]  # a bad reward config fails here, before any model loads
+        # a bad reward config fails here, before any model loads
+        pending = [w.setup.remote(cfg, own_rm, own_prm, cwd) for w in self.reward]
         ray.get(pending)
         for group, optim in ((self.policy, rl.actor), (self.critic, rl.critic)):
             if group:
@@ -172,7 +173,7 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
                    for s in generate(actors.engines, [p.ids for p in asked[i : i + e.batch_size]], cfg.seed + i,
                                      temperature, e.max_new_tokens)]
         responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
-        rewards = score(actors.reward, [p.text for p in asked], responses, [p.label for p in asked]).rewards.tolist()
+        rewards = score(actors.reward, [p.text for p in asked], responses, [p.label for p in asked], cfg.reward).rewards.tolist()
         return samples, responses, asked, rewards
 
     def correct(responses: list[str], asked: list[Prompt]) -> list[bool] | None:
@@ -303,7 +304,7 @@ def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStre
         with timer("reward"):
             responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
             flat = [p for p in picked for _ in range(n)]
-            scored = score(actors.reward, [p.text for p in flat], responses, [p.label for p in flat])
+            scored = score(actors.reward, [p.text for p in flat], responses, [p.label for p in flat], cfg.reward)
         groups = [(samples[i * n : (i + 1) * n], picked[i], _slice(scored, i * n, (i + 1) * n)) for i in range(want)]
         if rl.dynamic_filtering:
             keep = varied_groups(scored.rewards, n).tolist()
@@ -315,7 +316,7 @@ def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStre
         rounds += 1
     kept += spare[:want]
     samples = [s for g in kept for s in g[0]]
-    scored = _concat([g[2] for g in kept])
+    scored = concat([g[2] for g in kept])
     return samples, scored, cursor, filtered
 
 
@@ -324,22 +325,22 @@ def _slice(scored: RewardBatch, a: int, b: int) -> RewardBatch:
     return RewardBatch(rewards=scored.rewards[a:b], step_rewards=steps, extra_logs=scored.extra_logs)
 
 
-def _concat(parts: list[RewardBatch]) -> RewardBatch:
-    """One batch from consecutive parts; a part's `extra_logs` (batch means) count by its size."""
-    steps = None if parts[0].step_rewards is None else [s for p in parts for s in p.step_rewards]
-    logs = {}
-    for key in dict.fromkeys(k for p in parts for k in p.extra_logs):
-        having = [(p.extra_logs[key], len(p.rewards)) for p in parts if key in p.extra_logs]
-        logs[key] = sum(v * n for v, n in having) / sum(n for _, n in having)
-    return RewardBatch(rewards=torch.cat([p.rewards for p in parts]), step_rewards=steps, extra_logs=logs)
-
-
-def score(scorers: list, prompts: list[str], responses: list[str], labels: list[str | None]) -> RewardBatch:
-    """Rewards from the reward workers, each scoring an equal contiguous share."""
+def score(scorers: list, prompts: list[str], responses: list[str], labels: list[str | None],
+          reward: RewardConfig) -> RewardBatch:
+    """Rewards from the reward workers, each scoring an equal contiguous share. A `reward_func` share not
+    scored within `reward.timeout_s` ends the stage, and its workers are killed: nothing else stops a
+    Python call (a remote source bounds its own requests; models take the time they take)."""
     k = math.ceil(len(prompts) / len(scorers))
     parts = [w.score.remote(prompts[i * k : (i + 1) * k], responses[i * k : (i + 1) * k], labels[i * k : (i + 1) * k])
              for i, w in enumerate(scorers) if prompts[i * k : (i + 1) * k]]
-    return _concat(ray.get(parts))
+    limit = reward.timeout_s if reward.source == "func" else None
+    try:
+        return concat(ray.get(parts, timeout=limit))
+    except ray.exceptions.GetTimeoutError:
+        for w in scorers:
+            ray.kill(w)
+        raise RewardError(f"reward.func_path={reward.func_path}: reward_func did not return within reward.timeout_s="
+                          f"{limit:g} s (a batch of {k} queries); fix the function or raise reward.timeout_s") from None
 
 
 def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cfg, kl_coef: float):

@@ -278,8 +278,9 @@ class ReferenceWorker(Worker, HoldsReference):
 class RewardWorker(Worker):
     """The shared scorer (RM, PRM, rule function or remote server) behind one actor."""
 
-    def __init__(self, cfg: PipelineConfig, own_rm: str | None, own_prm: str | None, threads: int, cwd: str):
-        super().__init__(threads)
+    def setup(self, cfg: PipelineConfig, own_rm: str | None, own_prm: str | None, cwd: str) -> None:
+        """Build the scorer: in a call rather than the constructor, so that a bad reward config reaches the
+        driver as the RewardError it is (a constructor's error kills the actor, and Ray prints its traceback)."""
         from stages.rewards.factory import build_scorer
 
         os.chdir(cwd)  # a relative reward.func_path means what it meant to the user

@@ -192,3 +192,24 @@ def test_forcing_a_stage_that_only_reuses(cli, workdir):
 def test_unknown_stage_in_stage_retries(cli, workdir):
     assert_one_line_error(cli("run", "infra.stage_retries={sfft: 3}"), "infra.stage_retries sfft", "unknown stage")
     assert_no_work_started(workdir)
+
+
+@pytest.mark.parametrize(
+    "body, fragments",
+    [
+        (None, ["reward.func_path=missing.py: no such file"]),
+        ("def reward_func(queries, prompts, labels)\n    return [0.0] * len(queries)\n",
+         ["reward.func_path=reward.py: line 1: SyntaxError: expected ':'"]),
+        ("def score(queries, prompts, labels):\n    return [0.0] * len(queries)\n",
+         ["reward.func_path=reward.py: defines no reward_func; define reward_func(queries, prompts, labels)"]),
+        ("def reward_func(queries):\n    return [0.0] * len(queries)\n",
+         ["reward.func_path=reward.py: line 1: reward_func(queries) takes 1 positional argument, not 3"]),
+    ],
+    ids=["missing", "syntax", "no_reward_func", "signature"],
+)
+def test_a_bad_reward_file_stops_the_run_before_any_work(cli, workdir, body, fragments):
+    if body is not None:
+        (workdir / "reward.py").write_text(body)
+    name = "missing.py" if body is None else "reward.py"
+    assert_one_line_error(cli("run", f"reward.func_path={name}"), *fragments)
+    assert_no_work_started(workdir)

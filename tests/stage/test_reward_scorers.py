@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -182,7 +184,9 @@ def test_not_a_prm_config(tok, tmp_path):
         ProcessRewardScorer(path)
 
 
-def test_serve_rm_cli_matches_in_process_scorer(tok, rms):
+@pytest.fixture(scope="module")
+def serve_rm(rms):
+    """`rlhf serve-rm` on the "a" RM, as a real server process: its base URL."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
@@ -197,17 +201,9 @@ def test_serve_rm_cli_matches_in_process_scorer(tok, rms):
             try:
                 if requests.get(f"{base}/health", timeout=1).ok:
                     break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not up yet, or slow to answer on a busy machine
                 time.sleep(0.2)
-        queries = texts(tok)
-        reply = requests.post(f"{base}/get_reward", json={"query": queries}, timeout=30).json()
-        local = RewardModelScorer([rms["a"]], batch_size=4).score_queries(queries)
-        assert (torch.tensor(reply["rewards"]) - local).abs().max() < 1e-4
-        assert reply["scores"] == reply["rewards"]
-        # the pipeline's remote client against it, with prompts and labels in the payload
-        remote = RemoteScorer(f"{base}/get_reward", timeout_s=10, retries=0)
-        batch = remote.score([q[:8] for q in queries], [q[8:] for q in queries], ["1"] * len(queries))
-        assert (batch.rewards - local).abs().max() < 1e-4
+        yield base
     finally:
         proc.terminate()
         try:
@@ -215,3 +211,60 @@ def test_serve_rm_cli_matches_in_process_scorer(tok, rms):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_serve_rm_cli_matches_in_process_scorer(tok, rms, serve_rm):
+    base = serve_rm
+    queries = texts(tok)
+    reply = requests.post(f"{base}/get_reward", json={"query": queries}, timeout=30).json()
+    local = RewardModelScorer([rms["a"]], batch_size=4).score_queries(queries)
+    assert (torch.tensor(reply["rewards"]) - local).abs().max() < 1e-4
+    assert reply["scores"] == reply["rewards"]
+    # the pipeline's remote client against it, with prompts and labels in the payload, 6 queries a request
+    remote = RemoteScorer(f"{base}/get_reward", timeout_s=10, retries=0, batch_size=6)
+    batch = remote.score([q[:8] for q in queries], [q[8:] for q in queries], ["1"] * len(queries))
+    assert (batch.rewards - local).abs().max() < 1e-4
+
+
+def test_serve_rm_answers_a_request_over_its_size_limit_413_at_once_and_goes_on_serving(serve_rm):
+    """A 5 MB body (about 170,000 queries) would hold the model for minutes and every request behind it."""
+    base = serve_rm
+    huge = json.dumps({"query": ["Compute 1+2\n1+2=3\nAnswer: 3"] * 170_000}).encode()
+    assert len(huge) > 5_000_000
+    started = time.monotonic()
+    reply = requests.post(f"{base}/get_reward", data=huge, headers={"Content-Type": "application/json"}, timeout=30)
+    assert reply.status_code == 413 and time.monotonic() - started < 3
+    assert reply.json() == {"detail": f"request body of {len(huge)} bytes is over this server's limit of 1048576 bytes "
+                                      "(rlhf serve-rm --max-request-mb); send fewer queries per request"}
+    # without a declared length (chunked), cut off as it streams past the limit
+    chunks = (huge[i : i + 65536] for i in range(0, len(huge), 65536))
+    reply = requests.post(f"{base}/get_reward", data=chunks, headers={"Content-Type": "application/json"}, timeout=30)
+    assert reply.status_code == 413 and "is over this server's limit of 1048576 bytes" in reply.json()["detail"]
+    # the pipeline's remote client: one line naming the key that sets its request size
+    with pytest.raises(RewardError) as err:
+        RemoteScorer(f"{base}/get_reward", timeout_s=10, retries=0, batch_size=60_000).score(
+            ["Compute 1+2\n"] * 60_000, ["1+2=3"] * 60_000, [None] * 60_000)
+    assert str(err.value).startswith(f"reward server {base}/get_reward: HTTP 413: request body of ")
+    assert str(err.value).endswith("; lower reward.batch_size (now 60000 queries a request)")
+    started = time.monotonic()
+    small = requests.post(f"{base}/get_reward", json={"query": ["Compute 1+2\n1+2=3\nAnswer: 3"]}, timeout=30)
+    assert small.ok and len(small.json()["rewards"]) == 1 and time.monotonic() - started < 5
+
+
+def test_serve_rm_scores_concurrent_requests_in_turns(serve_rm):
+    """A small request sent while a large one is being scored is answered first: requests take turns on
+    the model batch by batch, so none waits out another."""
+    base = serve_rm
+    done: dict[str, float] = {}
+
+    def post(name: str, n: int) -> None:
+        requests.post(f"{base}/get_reward", json={"query": ["Compute 1+2\n1+2=3\nAnswer: 3"] * n}, timeout=120).raise_for_status()
+        done[name] = time.monotonic()
+
+    large = threading.Thread(target=post, args=("large", 600))  # 150 forward passes at --batch-size 4: seconds
+    large.start()
+    time.sleep(0.5)  # it has reached the server
+    assert "large" not in done
+    post("small", 1)
+    large.join(timeout=120)
+    assert done["small"] < done["large"]

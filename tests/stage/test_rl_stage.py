@@ -1,6 +1,8 @@
 """The RL stage on a local Ray cluster with the tiny model: every actor group, each reward source,
 weight sync into the rollout engine, checkpoint/resume. (Learning on the real preset: flow tests.)"""
 
+import time
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -252,3 +254,65 @@ def test_length_reward_fixture_is_a_valid_reward_file(length_reward):
 
     rewards = FunctionScorer(length_reward).score(["p"], ["abc"], [None]).rewards
     assert torch.equal(rewards, torch.tensor([3.0]))
+
+
+STUCK_REWARD = """import os
+import time
+
+
+def reward_func(queries, prompts, labels):
+    with open(os.environ["PID_FILE"], "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(60)  # "never" for the test, which fails rather than hangs without the timeout
+"""
+
+
+def test_a_reward_func_that_never_returns_ends_the_stage_and_its_worker(tmp_path):
+    """A stuck reward_func ends the stage after reward.timeout_s with one line naming the file and the key;
+    its reward worker, which nothing else could stop, is killed."""
+    import psutil
+    import ray
+
+    from stages.rewards.errors import RewardError
+    from stages.rl.workers import RewardWorker
+
+    (tmp_path / "stuck.py").write_text(STUCK_REWARD)
+    cfg = load_config(None, ["reward.func_path=stuck.py", "reward.timeout_s=1.5"])
+    worker = RewardWorker.options(num_cpus=0, runtime_env={"env_vars": {"PID_FILE": str(tmp_path / "pid")}}).remote(1)
+    ray.get(worker.setup.remote(cfg, None, None, str(tmp_path)))  # the relative path resolved from the given cwd
+    started = time.monotonic()
+    with pytest.raises(RewardError) as err:
+        rl_stage.score([worker], ["p"] * 3, ["r"] * 3, [None] * 3, cfg.reward)
+    assert 1.5 <= time.monotonic() - started < 10
+    assert str(err.value) == ("reward.func_path=stuck.py: reward_func did not return within reward.timeout_s=1.5 s "
+                              "(a batch of 3 queries); fix the function or raise reward.timeout_s")
+    pid = int((tmp_path / "pid").read_text())
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"reward worker {pid} still running"
+        time.sleep(0.2)
+
+
+def test_a_reward_file_that_fails_to_load_in_the_worker_is_the_users_error(tmp_path):
+    """A reward file that only fails when run (here, an import the driver's check does not run) comes back
+    from the reward worker as the RewardError it is: not an actor death, so never retried as a lost worker."""
+    import ray
+
+    from flows import retries
+    from flows.stage_task import unwrap
+    from stages.rewards.errors import RewardError
+    from stages.rl.workers import RewardWorker
+
+    (tmp_path / "needs.py").write_text("import no_such_module_xyz\n\n\ndef reward_func(queries, prompts, labels):\n"
+                                       "    return [0.0] * len(queries)\n")
+    cfg = load_config(None, ["reward.func_path=needs.py"])
+    worker = RewardWorker.options(num_cpus=0).remote(1)
+    try:
+        with pytest.raises(RewardError) as err:
+            ray.get(worker.setup.remote(cfg, None, None, str(tmp_path)))
+    finally:
+        ray.kill(worker)
+    error = unwrap(err.value)
+    assert isinstance(error, RewardError) and not retries.transient(err.value)
+    assert str(error) == (f"reward function file needs.py: import failed "
+                          f"(ModuleNotFoundError: No module named 'no_such_module_xyz')")

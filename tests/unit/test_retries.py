@@ -10,10 +10,10 @@ from prefect.states import Failed
 from ray import exceptions as ray_errors
 
 from configs import load_config
-from configs.errors import DataError, PipelineError
+from configs.errors import DataError, PipelineError, RewardError
 from flows import retries
 from flows.pipeline import stage_failure
-from flows.stage_task import StageOutcome
+from flows.stage_task import StageOutcome, unwrap
 
 
 def unreachable_mlflow_error(monkeypatch) -> MlflowException:
@@ -36,6 +36,34 @@ def test_ray_and_network_faults_are_transient(monkeypatch):
 @pytest.mark.parametrize("error", [ValueError("bug"), DataError("data.sft: no rows"), MlflowException("bad param"), None])
 def test_other_errors_are_not(error):
     assert not retries.transient(error)
+
+
+def died_in_constructor(error: BaseException) -> ray_errors.ActorDiedError:
+    """What Ray raises for the calls of an actor whose constructor raised `error` (the creation task's
+    RayTaskError is the ActorDiedError's argument)."""
+    return ray_errors.ActorDiedError(ray_errors.RayTaskError("RewardWorker.__init__", "Traceback ...", error))
+
+
+def test_an_actor_whose_constructor_raised_is_judged_by_that_error():
+    user = RewardError("reward.func_path=r.py: defines no reward_func(queries, prompts, labels)")
+    died = died_in_constructor(user)
+    assert died.actor_init_failed and retries.creation_error(died) is user
+    assert not retries.transient(died)
+    assert unwrap(died) is user and unwrap(ray_errors.RayTaskError("run", "Traceback ...", died)) is user
+    assert not retries.transient(died_in_constructor(KeyError("x")))  # a bug in a constructor: no rerun either
+    assert retries.transient(died_in_constructor(ConnectionError("hub unreachable")))
+    assert retries.creation_error(ray_errors.ActorDiedError()) is None  # lost by Ray: transient, as above
+
+
+def test_a_user_error_is_never_transient_whatever_led_to_it():
+    try:
+        try:
+            raise TimeoutError("ray.get timed out")
+        except TimeoutError:
+            raise RewardError("reward.func_path=r.py: reward_func did not return within reward.timeout_s=1 s") from None
+    except RewardError as exc:
+        assert isinstance(exc.__context__, TimeoutError)
+        assert not retries.transient(exc)
 
 
 def test_the_retry_condition_reads_the_failed_outcome():

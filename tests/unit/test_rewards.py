@@ -25,6 +25,7 @@ from stages.rewards import (
     RewardSource,
     build_scorer,
 )
+from stages import reward_file
 from stages.rewards.factory import resolve_func_path
 from stages.rewards.process_reward import (
     aggregate,
@@ -169,7 +170,8 @@ def test_function_scorer_return_forms(tmp_path):
         ("def reward_func(q, p, l)\n", "import failed (SyntaxError"),
         ("import no_such_module_xyz\n", "import failed (ModuleNotFoundError"),
         ("def reward_func(q, p, l):\n    raise KeyError('label missing')\n", "raised KeyError: 'label missing'"),
-        ("def reward_func(q, p, l):\n    return [1.0]\n", "returned 1 rewards for 2 queries"),
+        ("def reward_func(q, p, l):\n    return [1.0]\n",
+         "returned 1 rewards for 2 queries (got list [1.0]; expected one number per query)"),
         ("def reward_func(q, p, l):\n    return [1.0, float('nan')]\n", "non-finite rewards (NaN/inf) at indices [1]"),
         ("def reward_func(q, p, l):\n    return [float('inf'), 0.0]\n", "non-finite rewards (NaN/inf) at indices [0]"),
         ("def reward_func(q, p, l):\n    return ['good', 'bad']\n", "rewards are not numbers"),
@@ -184,6 +186,64 @@ def test_function_scorer_errors_are_one_line_naming_the_file(tmp_path, body, exp
         score_with(path)
     message = one_line_error(err)
     assert str(path) in message and expected in message
+
+
+def test_function_scorer_checks_the_signature_when_loaded(tmp_path):
+    path = write(tmp_path, "def reward_func(queries, prompts):\n    return [1.0] * len(queries)\n")
+    with pytest.raises(RewardError) as err:
+        FunctionScorer(path)
+    assert f"reward function file {path}: reward_func cannot be called as reward_func(queries, prompts, labels)" \
+        in one_line_error(err)
+
+
+# --- the reward file, checked without running it (the driver's preflight) -------------------------
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("def reward_func(q, p, l)\n    return q\n", "line 1: SyntaxError: expected ':'; fix the file"),
+        ("def reward_func(q, p, l):\nreturn q\n", "line 2: IndentationError: expected an indented block"),
+        ("def reward(q, p, l):\n    return q\n",
+         "defines no reward_func; define reward_func(queries, prompts, labels) returning one reward per query"),
+        ("def reward_func(queries, prompts):\n    return queries\n",
+         "line 1: reward_func(queries, prompts) takes 2 positional arguments, not 3; it is called as "
+         "reward_func(queries, prompts, labels)"),
+        ("def reward_func(q, p, l, tokenizer):\n    return q\n", "reward_func(q, p, l, tokenizer) needs 4 positional arguments"),
+        ("def reward_func(q, p, l, *, mode):\n    return q\n", "needs keyword-only argument mode"),
+        ("x = 1\n\n\ndef reward_func():\n    return []\n", "line 4: reward_func() takes 0 positional arguments, not 3"),
+    ],
+)
+def test_reward_file_errors_name_the_key_and_file(tmp_path, body, expected):
+    path = write(tmp_path, body)
+    with pytest.raises(RewardError) as err:
+        reward_file.check(path)
+    message = one_line_error(err)
+    assert message.startswith(f"reward.func_path={path}: ") and expected in message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "def reward_func(queries, prompts, labels, **kwargs):\n    return queries\n",
+        "def reward_func(*args):\n    return args[0]\n",
+        "def reward_func(q, p, l, k=1, *, scale=2.0):\n    return q\n",
+        "def reward_func(q, /, p, l):\n    return q\n",
+        "from os.path import join as reward_func\n",  # bound by an import: checked when loaded
+        "reward_func = lambda q, p, l: [0.0] * len(q)\n",
+        "try:\n    from fast_rewards import reward_func\nexcept ImportError:\n    def reward_func(q, p, l):\n        return q\n",
+        "import functools\n\n@functools.cache\ndef reward_func(q):\n    return q\n",  # decorated: not judged statically
+        "from helpers import *\n",
+        "import no_such_module_xyz\n\ndef reward_func(q, p, l):\n    return q\n",  # not run, so not imported
+    ],
+)
+def test_reward_file_that_may_be_good_passes_the_static_check(tmp_path, body):
+    reward_file.check(write(tmp_path, body))
+
+
+def test_reward_file_for_the_presets_passes():
+    for name in ("rewards/arithmetic.py", "rewards/gsm8k.py"):
+        reward_file.check(resolve_func_path(name))
 
 
 def test_function_scorer_missing_file(tmp_path):
@@ -201,8 +261,9 @@ def test_build_scorer_needs_a_model_or_url():
         with pytest.raises(RewardError) as err:
             build_scorer(cfg)
         assert expected in one_line_error(err)
-    remote = build_scorer(RewardConfig(source="remote", url="http://127.0.0.1:1/get_reward", timeout_s=2, retries=5))
-    assert isinstance(remote, RemoteScorer) and (remote.timeout_s, remote.retries) == (2, 5)
+    remote = build_scorer(RewardConfig(source="remote", url="http://127.0.0.1:1/get_reward", timeout_s=2, retries=5,
+                                       batch_size=8))
+    assert isinstance(remote, RemoteScorer) and (remote.timeout_s, remote.retries, remote.batch_size) == (2, 5, 8)
 
 
 # --- the remote client ----------------------------------------------------------------------------
@@ -212,11 +273,13 @@ def make_test_app() -> FastAPI:
     app = FastAPI()
     app.state.calls = {"flaky": 0}
     app.state.last = None
+    app.state.bodies = []
 
     @app.post("/get_reward")
     async def get_reward(request: Request) -> dict:
         body = await request.json()
         app.state.last = body
+        app.state.bodies.append(body)
         rewards = [float(len(q)) for q in body["query"]]
         return {"rewards": rewards, "scores": rewards, "extra_logs": {"n": [1.0, 3.0]}}
 
@@ -246,6 +309,11 @@ def make_test_app() -> FastAPI:
     @app.post("/text")
     async def text() -> Response:
         return Response("<html>oops</html>", media_type="text/html")
+
+    @app.post("/too_large")
+    async def too_large() -> Response:
+        return Response('{"detail": "request body of 9999 bytes is over this server\'s limit of 1024 bytes"}',
+                        status_code=413, media_type="application/json")
 
     @app.post("/slow")
     async def slow() -> dict:
@@ -282,6 +350,17 @@ def test_remote_scores_and_sends_the_openrlhf_payload(server):
     assert app.state.last == {"query": ["abcd", "c"], "prompts": PROMPTS, "labels": LABELS}
 
 
+def test_remote_sends_batch_size_queries_per_request(server):
+    base, app = server
+    app.state.bodies.clear()
+    prompts = ["a", "bb", "ccc", "dddd", "e"]
+    batch = RemoteScorer(f"{base}/get_reward", timeout_s=5, retries=0, batch_size=2).score(prompts, ["x"] * 5, [None] * 5)
+    assert [b["query"] for b in app.state.bodies] == [["ax", "bbx"], ["cccx", "ddddx"], ["ex"]]
+    assert [b["prompts"] for b in app.state.bodies] == [["a", "bb"], ["ccc", "dddd"], ["e"]]
+    assert batch.rewards.tolist() == [2.0, 3.0, 4.0, 5.0, 2.0]
+    assert batch.extra_logs == {"n": 2.0}
+
+
 def test_remote_retries_5xx_then_succeeds(server):
     base, app = server
     app.state.calls["flaky"] = 0
@@ -297,6 +376,8 @@ def test_remote_retries_5xx_then_succeeds(server):
         ("/nokey", "reply has no 'rewards'"),
         ("/text", "reply is not JSON"),
         ("/missing", "HTTP 404"),  # a client error is not retried
+        ("/too_large", "HTTP 413: request body of 9999 bytes is over this server's limit of 1024 bytes; "
+                       "lower reward.batch_size (now 32 queries a request)"),
     ],
 )
 def test_remote_bad_replies(server, path, expected):
