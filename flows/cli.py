@@ -62,9 +62,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     named_cluster = ray_cluster.named_address(cfg.infra)
     if named_cluster:
         ray_cluster.use_local_token()  # Ray reads it when first imported, which is about to happen
+    fresh_store = new_store(cfg)  # a damaged store stops here, before anything starts
     _prefect_home(cfg.tracking.state_dir)
     prefect_server = start_prefect_server()
-    if not only and not named_cluster and new_store(cfg):
+    if not only and not named_cluster and fresh_store:
         ray_cluster.start_early(cfg)
     try:
         from flows.pipeline import rlhf_pipeline
@@ -127,7 +128,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 def _store(config: str | None):
     from mlflow import MlflowClient
 
-    from artifacts import tracking
+    from artifacts import run_owner, tracking
     from configs import load_config
 
     setup = tracking.resolve(load_config(config).tracking)
@@ -135,6 +136,7 @@ def _store(config: str | None):
     experiment = client.get_experiment_by_name(setup.experiment)
     if experiment is None:
         raise PipelineError(f"no pipeline runs yet in {setup.uri} (experiment {setup.experiment!r}); start one with `rlhf run`")
+    run_owner.close_orphans(client, experiment.experiment_id)  # shown FAILED, not RUNNING forever
     return client, experiment.experiment_id
 
 
