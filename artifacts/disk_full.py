@@ -42,6 +42,15 @@ def no_space(error: BaseException, writing: Path, store: Path | None = None) -> 
     return None
 
 
+def check_room(folder: Path) -> None:
+    """Stop before anything starts on a disk already (nearly) full: the first write to fail would leave
+    Prefect's or MLflow's database half made."""
+    free = free_bytes(folder)
+    if free < NEARLY_FULL_BYTES:
+        raise PipelineError(f"no space left on device writing {folder} ({free / 2**20:.1f} MiB free): "
+                            "free space and rerun to resume")
+
+
 def full(path: Path) -> PipelineError:
     return PipelineError(f"no space left on device writing {path}: free space and rerun to resume")
 

@@ -57,12 +57,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         from stages.rl.rollout_engines import check_installed
 
         check_installed(cfg)
+    from artifacts import disk_full
     from flows import ray_cluster
 
     named_cluster = ray_cluster.named_address(cfg.infra)
     if named_cluster:
         ray_cluster.use_local_token()  # Ray reads it when first imported, which is about to happen
     fresh_store = new_store(cfg)  # a damaged store stops here, before anything starts
+    disk_full.check_room(Path(cfg.tracking.state_dir).expanduser().resolve())  # and a full disk
     _prefect_home(cfg.tracking.state_dir)
     prefect_server = start_prefect_server()
     if not only and not named_cluster and fresh_store:

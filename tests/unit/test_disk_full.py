@@ -1,21 +1,15 @@
 """A full disk is told apart from other failures and reported as one line naming what could not be
 written, and a stage that runs out of space is a FAILED run, not a RUNNING one.
 
-The file writes fill a real filesystem: a small tmpfs mounted for the test (root in a container; the
-tests that need it are skipped where `mount` is not allowed). The MLflow store's "database or disk is
-full" comes from SQLite's own page quota (`PRAGMA max_page_count` set on each connection MLflow takes):
-the same SQLITE_FULL error a full disk gives, with no privileges needed."""
+The file writes fill a real filesystem, a small tmpfs; the MLflow store's "database or disk is full"
+comes from SQLite's own page quota (see tests/full_disk.py)."""
 
 import errno
 import shutil
-import subprocess
-from contextlib import contextmanager
 
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Param
-from sqlalchemy import event
-from sqlalchemy.pool import Pool
 
 from artifacts import disk_full, run_owner, store, tracking
 from configs import load_config
@@ -23,45 +17,20 @@ from configs.errors import PipelineError
 from flows.ray_cluster import RaySession
 from flows.stage_task import StageOutcome, execute_stage
 from stages import dag
+from tests.full_disk import sqlite_cannot_grow, tmpfs_mounts
 
 WHAT_TO_DO = ": free space and rerun to resume"
 
 
 @pytest.fixture
 def tmpfs(tmp_path):
-    """`mount(size)`: a fresh tmpfs of that size (e.g. "128k") under tmp_path, unmounted afterwards."""
-    mounted = []
-
-    def mount(size: str):
-        path = tmp_path / f"disk{len(mounted)}"
-        path.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-        mounted.append(path)
-        return path
-
-    yield mount
-    for path in mounted:
-        subprocess.run(["umount", "-l", str(path)], check=True)
+    with tmpfs_mounts(tmp_path) as mount:
+        yield mount
 
 
 @pytest.fixture
 def small_disk(tmpfs):
     return tmpfs("128k")
-
-
-@contextmanager
-def sqlite_cannot_grow():
-    """Every SQLite connection checked out meanwhile may not add a page."""
-    def cap(dbapi_connection, record, proxy):
-        dbapi_connection.execute("PRAGMA max_page_count = 1")  # below its size: it stays at its size
-
-    event.listen(Pool, "checkout", cap)
-    try:
-        yield
-    finally:
-        event.remove(Pool, "checkout", cap)
 
 
 def raised(write) -> BaseException:
