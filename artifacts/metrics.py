@@ -17,6 +17,9 @@ class MlflowMetrics:
         from mlflow.entities import Metric
 
         if self._client is None:
+            from artifacts.tracking import quiet_store_errors
+
+            quiet_store_errors()
             self._client = MlflowClient(self.tracking_uri)
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if not math.isnan(float(v))]

@@ -17,6 +17,7 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import RunStatus
 
+from artifacts import disk_full
 from artifacts.registry import model_version, register_model, registered_name
 from configs.errors import PipelineError
 
@@ -137,7 +138,11 @@ def download(ref: ArtifactRef, cache_root: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{ref.name}.", dir=target.parent))
     try:
-        mlflow.artifacts.download_artifacts(run_id=ref.run_id, artifact_path=ref.name, dst_path=str(tmp))
+        # from the run's artifact location: through `runs:/` MLflow replaces the reason a copy failed
+        # (a full disk) with "please ensure that the path is correct"
+        artifact_uri = MlflowClient().get_run(ref.run_id).info.artifact_uri
+        with disk_full.reported(target):
+            mlflow.artifacts.download_artifacts(artifact_uri=f"{artifact_uri}/{ref.name}", dst_path=str(tmp))
         try:
             (tmp / ref.name).rename(target)
         except OSError:
@@ -152,3 +157,13 @@ def mark_failed(client: MlflowClient, run_id: str, error: str) -> None:
     client.set_tag(run_id, TAG_STATUS, "failed")
     client.set_tag(run_id, "rlhf.error", error[:4000])
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+
+
+def try_mark_failed(client: MlflowClient, run_id: str, error: str) -> bool:
+    """`mark_failed`, unless the store cannot take it (a full disk): on a failure path the first error
+    is the one to report, and the run left RUNNING is closed by the next start (`run_owner`)."""
+    try:
+        mark_failed(client, run_id, error)
+    except Exception:  # noqa: BLE001 - best effort, see above
+        return False
+    return True

@@ -1,12 +1,15 @@
 """Where MLflow lives: a SQLite store and an artifact root under the project's state folder by
-default (absolute paths), `MLFLOW_TRACKING_URI` or `tracking.uri` otherwise."""
+default (absolute paths), `MLFLOW_TRACKING_URI` or `tracking.uri` otherwise. A local SQLite file is
+checked before MLflow opens it (`sqlite_store.check`)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from artifacts import disk_full, sqlite_store
 from configs.schema import TrackingConfig
 
 
@@ -20,6 +23,10 @@ class TrackingSetup:
     def artifact_root(self) -> str:
         return (self.state_dir / "mlartifacts").as_uri()
 
+    @property
+    def sqlite_file(self) -> Path | None:
+        return sqlite_store.sqlite_path(self.uri)
+
     def ui_command(self) -> str:
         return f"mlflow ui --backend-store-uri {self.uri}"
 
@@ -30,7 +37,31 @@ def resolve(cfg: TrackingConfig) -> TrackingSetup:
     uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg.uri or f"sqlite:///{state_dir / 'mlflow.db'}"
     # The registry follows the tracking store; set both for every MLflow client in this process.
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    return TrackingSetup(uri=uri, experiment=cfg.experiment, state_dir=state_dir)
+    setup = TrackingSetup(uri=uri, experiment=cfg.experiment, state_dir=state_dir)
+    quiet_store_errors()
+    if setup.sqlite_file is not None:
+        sqlite_store.check(setup.sqlite_file)
+    return setup
+
+
+def open_store(setup: TrackingSetup):
+    """A client on the store, its tables made. A new SQLite store that the disk had no room for is
+    removed again: half its tables would stop the next run's MLflow."""
+    from mlflow import MlflowClient
+
+    path = setup.sqlite_file
+    new = path is not None and not path.exists()
+    try:
+        client = MlflowClient(setup.uri)
+        client.search_experiments(max_results=1)
+    except Exception as exc:
+        error = disk_full.no_space(exc, setup.state_dir, path)
+        if error is None:
+            raise
+        if new:
+            path.unlink(missing_ok=True)
+        raise error from exc
+    return client
 
 
 def experiment_id(client, setup: TrackingSetup) -> str:
@@ -39,5 +70,21 @@ def experiment_id(client, setup: TrackingSetup) -> str:
         return found.experiment_id
     try:
         return client.create_experiment(setup.experiment, artifact_location=setup.artifact_root)
-    except Exception:  # another pipeline run created it first
-        return client.get_experiment_by_name(setup.experiment).experiment_id
+    except Exception:
+        found = client.get_experiment_by_name(setup.experiment)
+        if found is None:  # not a lost race with another pipeline run: a real failure (a full disk)
+            raise
+        return found.experiment_id
+
+
+class _NoTraceback(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is None
+
+
+def quiet_store_errors() -> None:
+    """MLflow logs the traceback of every database error it then raises; the caller reports the error
+    (one line on the terminal, the traceback in the run's `rlhf.error` tag), so MLflow's copy is dropped."""
+    logger = logging.getLogger("mlflow.store.db.utils")
+    if not any(isinstance(f, _NoTraceback) for f in logger.filters):
+        logger.addFilter(_NoTraceback())

@@ -57,14 +57,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         from stages.rl.rollout_engines import check_installed
 
         check_installed(cfg)
+    from artifacts import disk_full
     from flows import ray_cluster
 
     named_cluster = ray_cluster.named_address(cfg.infra)
     if named_cluster:
         ray_cluster.use_local_token()  # Ray reads it when first imported, which is about to happen
+    fresh_store = new_store(cfg)  # a damaged store stops here, before anything starts
+    disk_full.check_room(Path(cfg.tracking.state_dir).expanduser().resolve())  # and a full disk
     _prefect_home(cfg.tracking.state_dir)
     prefect_server = start_prefect_server()
-    if not only and not named_cluster and new_store(cfg):
+    if not only and not named_cluster and fresh_store:
         ray_cluster.start_early(cfg)
     try:
         from flows.pipeline import rlhf_pipeline
@@ -127,7 +130,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 def _store(config: str | None):
     from mlflow import MlflowClient
 
-    from artifacts import tracking
+    from artifacts import run_owner, tracking
     from configs import load_config
 
     setup = tracking.resolve(load_config(config).tracking)
@@ -135,6 +138,7 @@ def _store(config: str | None):
     experiment = client.get_experiment_by_name(setup.experiment)
     if experiment is None:
         raise PipelineError(f"no pipeline runs yet in {setup.uri} (experiment {setup.experiment!r}); start one with `rlhf run`")
+    run_owner.close_orphans(client, experiment.experiment_id)  # shown FAILED, not RUNNING forever
     return client, experiment.experiment_id
 
 

@@ -4,6 +4,8 @@ as soon as its upstream stages are done, inside one MLflow parent run and one Ra
 from __future__ import annotations
 
 import time
+import traceback
+from contextlib import contextmanager
 
 from mlflow import MlflowClient
 from mlflow.entities import Param, RunStatus
@@ -13,7 +15,7 @@ from prefect.futures import wait
 from prefect.states import Completed, Failed
 
 from artifacts import fingerprint as fp
-from artifacts import registry, store, tracking
+from artifacts import disk_full, registry, run_owner, store, tracking
 from configs import load_config
 from configs.errors import PipelineError, first_line
 from configs.schema import PipelineConfig
@@ -42,10 +44,19 @@ def stage_task(stage: str, cfg: PipelineConfig, setup, experiment_id: str, paren
 @flow(name=FLOW_NAME)
 def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, force: list[str] | None = None,
                   only: list[str] | None = None) -> list[dict]:
-    """Run the DAG; returns the summary rows. Raises the first failed stage's error.
+    """Run the DAG; returns the summary rows. A user-facing error (the first failed stage's, a full disk)
+    ends the flow run Failed with its one line, which calling the flow raises: returned as the state,
+    not raised here, so that Prefect does not log a traceback for it.
 
     `only`: run just these stages; the stages they need are reused from MLflow (their cached runs for
     this config), never run, and nothing downstream runs."""
+    try:
+        return run_pipeline(config, overrides, force, only)
+    except PipelineError as error:
+        return Failed(message=str(error), data=error)
+
+
+def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | None, only: list[str] | None) -> list[dict]:
     started = time.monotonic()
     loaded = load_config(config, overrides or [])
     cfg = preflight.with_rl_layout(loaded)
@@ -56,57 +67,73 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
     forced = set(force or [])
     reused = dag.reused_by_only(only, cfg)
     setup = tracking.resolve(cfg.tracking)
-    client = MlflowClient(setup.uri)
-    pins = {name: store.resolve_pin(client, f"inputs.{name}", uri) for name, uri in cfg.inputs.items()}
-    experiment_id = tracking.experiment_id(client, setup)
-    parent = client.create_run(
-        experiment_id,
-        run_name=f"pipeline {config}",
-        tags={"rlhf.kind": "pipeline", "rlhf.config": config, "rlhf.overrides": " ".join(overrides or []),
-              "rlhf.force": ",".join(force or []), "rlhf.only": ",".join(only or [])},
-    )
+    with disk_full.reported(setup.state_dir, setup.sqlite_file):
+        client = tracking.open_store(setup)
+        pins = {name: store.resolve_pin(client, f"inputs.{name}", uri) for name, uri in cfg.inputs.items()}
+        experiment_id = tracking.experiment_id(client, setup)
+        if closed := run_owner.close_orphans(client, experiment_id):
+            print(f"[mlflow] marked FAILED {len(closed)} run(s) left RUNNING by a process that ended: {', '.join(closed)}",
+                  flush=True)
+        parent = client.create_run(
+            experiment_id,
+            run_name=f"pipeline {config}",
+            tags={"rlhf.kind": "pipeline", "rlhf.config": config, "rlhf.overrides": " ".join(overrides or []),
+                  "rlhf.force": ",".join(force or []), "rlhf.only": ",".join(only or []), **run_owner.owner_tags()},
+        )
     parent_id = parent.info.run_id
-    params = fp.flatten(cfg.model_dump(mode="json"))
-    client.log_batch(parent_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+    with failing(client, parent_id, setup):
+        params = fp.flatten(cfg.model_dump(mode="json"))
+        client.log_batch(parent_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
 
-    ray_session = session_for(cfg.infra)
-    futures = {}
+        ray_session = session_for(cfg.infra)
+        futures = {}
+        try:
+            for spec in dag.STAGES:  # declared in dependency order
+                if (only and spec.name not in set(only) | reused) or dag.pinned_away(spec, cfg):
+                    continue
+                upstream = {name: futures[name] for name in dag.upstream(spec) if name in futures}
+                options = retries.task_options(cfg, spec.name)
+                futures[spec.name] = stage_task.with_options(name=spec.name, task_run_name=spec.name, **options).submit(
+                    spec.name, cfg, setup, experiment_id, parent_id, upstream, spec.name in forced, ray_session,
+                    spec.name in reused, pins,
+                )
+            wait(list(futures.values()))
+        finally:
+            ray_session.shutdown()
+
+        outcomes: dict[str, StageOutcome] = {}
+        for name, future in futures.items():
+            state = future.state
+            if state.is_completed() or state.is_failed():
+                data = state.result(raise_on_failure=False)
+                if isinstance(data, StageOutcome):
+                    outcomes[name] = data
+        for outcome in outcomes.values():
+            client.set_tag(parent_id, f"stage.{outcome.stage}", f"{outcome.status} {outcome.run_id or ''}".strip())
+        evaluated = outcomes.get("eval")
+        if evaluated is not None and evaluated.status == "ran":
+            moved = eval_report.publish(client, evaluated.run_id, evaluated.inputs, evaluated.metrics, cfg.eval.metric)
+            for name, version in moved.items():
+                print(f"[eval] {name} version {version} is the new champion: models:/{name}@{registry.CHAMPION}", flush=True)
+        rows = summary_rows(outcomes)
+        client.log_text(parent_id, markdown(rows), "summary.md")
+        failed = [o for o in outcomes.values() if o.status == "failed"]
+        client.set_terminated(parent_id, RunStatus.to_string(RunStatus.FAILED if failed else RunStatus.FINISHED))
+        print_summary(rows, parent_id, setup.ui_command(), time.monotonic() - started, evaluated, cfg.eval.metric)
+        if failed:
+            raise stage_failure(failed[0])
+        return rows
+
+
+@contextmanager
+def failing(client: MlflowClient, run_id: str, setup: tracking.TrackingSetup):
+    """The pipeline run is FAILED, not left RUNNING, when the block raises (a full disk as its one line)."""
     try:
-        for spec in dag.STAGES:  # declared in dependency order
-            if (only and spec.name not in set(only) | reused) or dag.pinned_away(spec, cfg):
-                continue
-            upstream = {name: futures[name] for name in dag.upstream(spec) if name in futures}
-            options = retries.task_options(cfg, spec.name)
-            futures[spec.name] = stage_task.with_options(name=spec.name, task_run_name=spec.name, **options).submit(
-                spec.name, cfg, setup, experiment_id, parent_id, upstream, spec.name in forced, ray_session,
-                spec.name in reused, pins,
-            )
-        wait(list(futures.values()))
-    finally:
-        ray_session.shutdown()
-
-    outcomes: dict[str, StageOutcome] = {}
-    for name, future in futures.items():
-        state = future.state
-        if state.is_completed() or state.is_failed():
-            data = state.result(raise_on_failure=False)
-            if isinstance(data, StageOutcome):
-                outcomes[name] = data
-    for outcome in outcomes.values():
-        client.set_tag(parent_id, f"stage.{outcome.stage}", f"{outcome.status} {outcome.run_id or ''}".strip())
-    evaluated = outcomes.get("eval")
-    if evaluated is not None and evaluated.status == "ran":
-        moved = eval_report.publish(client, evaluated.run_id, evaluated.inputs, evaluated.metrics, cfg.eval.metric)
-        for name, version in moved.items():
-            print(f"[eval] {name} version {version} is the new champion: models:/{name}@{registry.CHAMPION}", flush=True)
-    rows = summary_rows(outcomes)
-    client.log_text(parent_id, markdown(rows), "summary.md")
-    failed = [o for o in outcomes.values() if o.status == "failed"]
-    client.set_terminated(parent_id, RunStatus.to_string(RunStatus.FAILED if failed else RunStatus.FINISHED))
-    print_summary(rows, parent_id, setup.ui_command(), time.monotonic() - started, evaluated, cfg.eval.metric)
-    if failed:
-        raise stage_failure(failed[0])
-    return rows
+        with disk_full.reported(setup.state_dir, setup.sqlite_file):
+            yield
+    except BaseException as exc:
+        store.try_mark_failed(client, run_id, "".join(traceback.format_exception(exc)))
+        raise
 
 
 def stage_failure(outcome: StageOutcome) -> BaseException:

@@ -17,8 +17,8 @@ from mlflow import MlflowClient
 from mlflow.entities import Param, RunStatus
 
 import configs
+from artifacts import disk_full, run_owner, store
 from artifacts import fingerprint as fp
-from artifacts import store
 from artifacts.metrics import MlflowMetrics
 from artifacts.tracking import TrackingSetup
 from configs.errors import PipelineError, first_line
@@ -101,7 +101,7 @@ def execute_stage(
     raises (a failure is an outcome)."""
     started = time.monotonic()
     client = MlflowClient(setup.uri)
-    run_id = fingerprint = None
+    run_id = fingerprint = work_dir = None
     try:
         try:
             inputs = resolve_inputs(spec, upstream, cfg, pins)
@@ -139,6 +139,7 @@ def execute_stage(
                     store.TAG_FINGERPRINT: fingerprint,
                     store.TAG_STATUS: "running",
                     **{store.TAG_INPUT_PREFIX + n: ref.identity for n, ref in inputs.items()},
+                    **run_owner.owner_tags(),
                 },
             ).info.run_id
             refs, metrics = run_and_publish(spec, cfg, setup, client, run_id, fingerprint, inputs, work_dir, ray_session)
@@ -146,9 +147,12 @@ def execute_stage(
                             inputs={n: ref.identity for n, ref in inputs.items()})
     except BaseException as exc:  # noqa: BLE001 - reported as the stage's outcome, re-raised by the flow
         error = unwrap(exc)
+        trace = "".join(traceback.format_exception(error))
+        if (full := disk_full.no_space(error, work_dir or setup.state_dir, setup.sqlite_file)) is not None:
+            full.__cause__, error = error, full
         print(f"[{spec.name}] failed: {type(error).__name__}: {first_line(error)}", flush=True)
         if run_id is not None:
-            store.mark_failed(client, run_id, "".join(traceback.format_exception(error)))
+            store.try_mark_failed(client, run_id, trace)  # the store may be what is full
         return StageOutcome(spec.name, "failed", time.monotonic() - started, run_id, fingerprint, error=error)
 
 

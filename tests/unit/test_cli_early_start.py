@@ -3,6 +3,9 @@ can be cached (a cached run must stay free of Ray), and never for a cluster the 
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+
 import pytest
 
 from configs import load_config
@@ -23,7 +26,8 @@ def test_a_store_without_its_database_is_new(cfg, tmp_path):
 
 def test_a_store_with_its_database_is_not(cfg, tmp_path):
     (tmp_path / "state").mkdir()
-    (tmp_path / "state" / "mlflow.db").write_bytes(b"")
+    with contextlib.closing(sqlite3.connect(tmp_path / "state" / "mlflow.db")) as db, db:
+        db.execute("CREATE TABLE experiments (name TEXT)")
     assert not new_store(cfg)
 
 
