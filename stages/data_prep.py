@@ -41,11 +41,14 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict], 
     return cfg.input_template.format(text) if cfg is not None and cfg.input_template else text
 
 
-def conversation_segments(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> tuple[list[str], list[bool]]:
+def conversation_segments(tokenizer: PreTrainedTokenizerBase, messages: list[dict], section: str = "sft") -> tuple[list[str], list[bool]]:
     """Segments of a chat-templated conversation; every assistant turn is a trained segment.
 
     Each assistant turn's text is what the template adds between the generation prompt before it
     and the conversation including it, so the trained text is exactly what the model must generate.
+    A template that renders the prompt otherwise once the response follows (so no split of the text
+    is both what the model is prompted with and what it is trained on) is a DataError naming
+    `data.<section>`'s way out.
     """
     texts, train, done = [], [], ""
     for i, message in enumerate(messages):
@@ -54,7 +57,10 @@ def conversation_segments(tokenizer: PreTrainedTokenizerBase, messages: list[dic
         prefix = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
         full = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
         if not prefix.startswith(done) or not full.startswith(prefix):
-            raise DataError("chat template is not prefix-stable; set apply_chat_template: false and an input_template")
+            raise DataError(f"the chat template of {tokenizer.name_or_path} renders the prompt differently with and "
+                            "without the response (the prompt with add_generation_prompt is not the start of the "
+                            f"conversation); fix its chat_template, or set data.{section}.apply_chat_template=false "
+                            f"and a data.{section}.input_template")
         texts += [prefix[len(done) :], full[len(prefix) :]]
         train += [False, True]
         done = full
@@ -89,7 +95,8 @@ def with_placeholder_token(cfg: PipelineConfig, tokenizer, base_dir: Path):
     source = cfg.model.name_or_path or base_dir
     model = checkpoint.load_causal_lm(source, cfg.model)
     tokenizer.add_special_tokens({"extra_special_tokens": [token]}, replace_extra_special_tokens=False)
-    model.resize_token_embeddings(len(tokenizer))
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:  # a padded vocabulary (Qwen2) may hold it already
+        model.resize_token_embeddings(len(tokenizer))
     (base_dir / checkpoint_paths.POINTER_FILE).unlink(missing_ok=True)
     checkpoint.save(model, tokenizer, base_dir)
     print(f"[data_prep] prm.placeholder_token {token!r} added to the tokenizer ({len(tokenizer)} tokens) and the "
@@ -183,6 +190,9 @@ def _pref_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
         prompt, chosen, rejected = chosen[:-1], chosen[-1]["content"], rejected[-1]["content"]
     else:
         prompt = row.get(cfg.input_key) or ""  # None where a mixed-in source lacks the prompt column
+    if cfg.apply_chat_template and tokenizer.chat_template:  # the prompt must render as it does before a response
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        conversation_segments(tokenizer, [*messages, {"role": "assistant", "content": chosen}], "preference")
     return {
         "prompt": render_prompt(tokenizer, prompt, cfg),
         "chosen": chosen + tokenizer.eos_token,
@@ -269,6 +279,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
 
     if cfg.model.name_or_path:
         checkpoint_paths.validate(cfg.model.name_or_path)
+        checkpoint.require_causal_lm(cfg.model.name_or_path, cfg.model)
         tokenizer = checkpoint.load_tokenizer(cfg.model.name_or_path)
         checkpoint_paths.write_pointer(base_dir, cfg.model.name_or_path)
     if cfg.data.source == "synthetic":

@@ -5,14 +5,20 @@ torch or transformers unless the config asks for a GPU-only option."""
 
 from __future__ import annotations
 
+import json
 import os
+from functools import reduce
+from pathlib import Path
 
 from configs.errors import PipelineError
 from configs.schema import DatasetConfig, PipelineConfig
-from stages.common import checkpoint_paths
+from stages.common import checkpoint_paths, moe
 from stages import dag
 from stages.dag import LORA_SECTIONS, lora_of
 from stages.rl.layout import check_fits, resolve_layout
+
+
+AUX_LOSS_SECTIONS = ("sft", "rm", "prm", "dpo", "rl.actor")  # config sections with an aux_loss_coef
 
 
 def check(cfg: PipelineConfig) -> None:
@@ -47,6 +53,7 @@ def check_inputs(cfg: PipelineConfig) -> None:
     read when the stage runs)."""
     if cfg.model.name_or_path:
         checkpoint_paths.validate(cfg.model.name_or_path)
+        check_aux_loss(cfg)
     if cfg.data.source != "files":
         return
     from stages import data_files  # HF datasets: only a config that reads files needs it here
@@ -56,6 +63,17 @@ def check_inputs(cfg: PipelineConfig) -> None:
         if ds_cfg is None or not all(data_files.is_local(p) for p in ds_cfg.paths):
             continue
         data_files.load_mixed(ds_cfg, section, data_files.file_columns(section, ds_cfg), cfg.seed)
+
+
+def check_aux_loss(cfg: PipelineConfig) -> None:
+    """A router loss (`<stage>.aux_loss_coef` > 0) needs an MoE model: checked here on a local model's
+    config.json (a hub model's when the stage loads it)."""
+    config_file = Path(cfg.model.name_or_path).expanduser() / "config.json"
+    if not config_file.is_file():
+        return
+    config = json.loads(config_file.read_text())
+    for section in AUX_LOSS_SECTIONS:
+        moe.check(config, reduce(getattr, section.split("."), cfg).aux_loss_coef, f"{section}.aux_loss_coef")
 
 
 def check_local_resources(cfg: PipelineConfig) -> None:
