@@ -190,15 +190,25 @@ def _pref_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
         prompt, chosen, rejected = chosen[:-1], chosen[-1]["content"], rejected[-1]["content"]
     else:
         prompt = row.get(cfg.input_key) or ""  # None where a mixed-in source lacks the prompt column
-    if cfg.apply_chat_template and tokenizer.chat_template:  # the prompt must render as it does before a response
+    if cfg.apply_chat_template and tokenizer.chat_template:
         messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        conversation_segments(tokenizer, [*messages, {"role": "assistant", "content": chosen}], "preference")
+        chosen, rejected = (templated_response(tokenizer, messages, r) for r in (chosen, rejected))
+    else:
+        chosen, rejected = chosen + tokenizer.eos_token, rejected + tokenizer.eos_token
     return {
         "prompt": render_prompt(tokenizer, prompt, cfg),
-        "chosen": chosen + tokenizer.eos_token,
-        "rejected": rejected + tokenizer.eos_token,
+        "chosen": chosen,
+        "rejected": rejected,
         "margin": float(row[cfg.margin_key]) if cfg.margin_key else 0.0,
     }
+
+
+def templated_response(tokenizer, messages: list[dict], response: str) -> str:
+    """`response` as the chat template renders it after `messages` (Mistral's leading space, Llama-3's
+    trimming), up to the EOS where generation stops: the text SFT trains and the policy samples."""
+    texts, _ = conversation_segments(tokenizer, [*messages, {"role": "assistant", "content": response}], "preference")
+    text, eos = texts[-1], tokenizer.eos_token
+    return text[: text.index(eos) + len(eos)] if eos in text else text + eos
 
 
 def _checked_rows(name: str, ds, section: str, columns: dict[str, str], make) -> list[dict]:

@@ -106,6 +106,12 @@ def test_data_prep_renders_with_the_family_template(family):
     assert sft_row["train"] == [False, True] and sft_row["texts"][1].rstrip("\n").endswith(tok.eos_token)
     assert any(SYSTEM in p["prompt"] for p in prompts)  # Mistral folds it into the first user turn
     assert tok.pad_token is not None  # Llama-3 and Mistral have none: their EOS pads
+    trained = {r["texts"][0]: r["texts"][1] for split in ("train", "eval")
+               for r in data_prep.read_split(family.data["sft_data"], split)}
+    pairs = [p for split in ("train", "eval") for p in data_prep.read_split(family.data["pref_data"], split)]
+    shared = [p for p in pairs if p["prompt"] in trained]
+    assert shared and all(trained[p["prompt"]].startswith(p["chosen"]) for p in shared)  # as SFT trains it, to the EOS
+    assert all(p["chosen"].endswith(tok.eos_token) and p["rejected"].endswith(tok.eos_token) for p in pairs)
     if tok.bos_token:  # the template adds it; tokenizing rendered text must not add a second one
         ids = tok(prompts[0]["prompt"], add_special_tokens=False)["input_ids"]
         assert prompts[0]["prompt"].startswith(tok.bos_token) and ids.count(tok.bos_token_id) == 1
