@@ -113,7 +113,7 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def train_tokenizer(family: Family, corpus: list[str], vocab_size: int = 320) -> PreTrainedTokenizerFast:
+def train_tokenizer(family: Family, corpus: list[str], vocab_size: int = 300) -> PreTrainedTokenizerFast:
     """Byte-level BPE (every byte a token, so any text encodes) with the family's special tokens."""
     specials = [*family.special.values(), *family.extra_special]
     tok = Tokenizer(models.BPE())
