@@ -3,8 +3,6 @@ tiny Mixtral: the stage's loss with coefficient c is its loss without plus c tim
 which is HF's own `aux_loss` of the same batch (so HF's `router_aux_loss_coef` never counts too); a
 dense model with a coefficient is a one-line error, from preflight and from the stage."""
 
-import json
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
@@ -15,6 +13,7 @@ from stages.common.tokenization import pad_batch
 from stages.dpo import stage as dpo
 from stages.rl.workers import token_log_probs
 from tests.model_families import save_family_checkpoint
+from tests.stage.conftest import make_ctx
 from tests.tiny_checkpoint import save_tiny_checkpoint
 
 CORPUS = ["What is 3 plus 4? Answer: 7", "What is 10 plus 2? Answer: 12"] * 4
@@ -102,13 +101,9 @@ def test_a_router_loss_on_a_dense_model_is_one_line_from_preflight_and_the_stage
                r"num_local_experts or num_experts\), so it has no router loss; set sft\.aux_loss_coef=0$")
     with pytest.raises(ConfigError, match=message):
         preflight.check_inputs(cfg)
-    (tmp_path / "sft_data").mkdir()
-    from tests.stage.conftest import make_ctx
-
-    with pytest.raises(ConfigError, match=message):
-        sft.run(make_ctx("sft", cfg, tmp_path / "run"), {"base_model": dense, "sft_data": tmp_path / "sft_data"})
+    with pytest.raises(ConfigError, match=message):  # before any training
+        sft.run(make_ctx("sft", cfg, tmp_path / "run"), {"base_model": dense, "sft_data": tmp_path / "no_data"})
     assert not (tmp_path / "run" / "output" / "sft_model").exists()
-    json.loads((dense / "config.json").read_text())  # untouched
 
 
 def test_the_critic_takes_no_router_loss():
