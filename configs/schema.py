@@ -164,6 +164,9 @@ class LoRAConfig(Section):
         return self
 
 
+AUX_LOSS = "weight of an MoE model's router load-balancing loss added to the loss (OpenRLHF --aux_loss_coef); 0: none"
+
+
 class OptimConfig(Section):
     """Optimizer (AdamW) and learning-rate schedule of one trained model. Each stage's default `lr` is the
     one OpenRLHF's example scripts use for a pretrained model; the tiny preset states its own."""
@@ -185,6 +188,7 @@ class TrainingConfig(OptimConfig):
     grad_accum_steps: int = Field(1, gt=0)
     eval_every: int = Field(50, gt=0, description="optimizer steps between eval passes")
     save_every: int = Field(50, gt=0, description="optimizer steps between resumable checkpoints")
+    aux_loss_coef: float = Field(0.0, ge=0.0, description=AUX_LOSS)
     lora: LoRAConfig = LoRAConfig()
 
 
@@ -277,6 +281,7 @@ class RLModelConfig(OptimConfig):
     min_lr_ratio: float = Field(1.0, ge=0.0, le=1.0)
     warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0)
     num_workers: int = Field(1, gt=0, description="DeepSpeed ranks of this model's actor group")
+    aux_loss_coef: float = Field(0.0, ge=0.0, description=AUX_LOSS + " (the policy's loss only)")
     lora: LoRAConfig = LoRAConfig()
 
 
@@ -373,6 +378,8 @@ class RLConfig(Section):
             raise ValueError(f"rollout_batch_size x n_samples_per_prompt ({rollout}) must be a multiple of ref_num_workers ({self.ref_num_workers})")
         if self.rollout_is_cap is not None and not self.recompute_old_log_probs:
             raise ValueError("rollout_is_cap weighs the recomputed old log-probs against the engine's: it needs recompute_old_log_probs: true")
+        if self.critic.aux_loss_coef:
+            raise ValueError("critic.aux_loss_coef: the value loss takes no router loss; set actor.aux_loss_coef")
         if self.overlong_buffer_len >= self.generate_max_len:
             raise ValueError("overlong_buffer_len must be smaller than generate_max_len")
         return self

@@ -41,11 +41,14 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict], 
     return cfg.input_template.format(text) if cfg is not None and cfg.input_template else text
 
 
-def conversation_segments(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> tuple[list[str], list[bool]]:
+def conversation_segments(tokenizer: PreTrainedTokenizerBase, messages: list[dict], section: str = "sft") -> tuple[list[str], list[bool]]:
     """Segments of a chat-templated conversation; every assistant turn is a trained segment.
 
     Each assistant turn's text is what the template adds between the generation prompt before it
     and the conversation including it, so the trained text is exactly what the model must generate.
+    A template that renders the prompt otherwise once the response follows (so no split of the text
+    is both what the model is prompted with and what it is trained on) is a DataError naming
+    `data.<section>`'s way out.
     """
     texts, train, done = [], [], ""
     for i, message in enumerate(messages):
@@ -54,7 +57,10 @@ def conversation_segments(tokenizer: PreTrainedTokenizerBase, messages: list[dic
         prefix = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
         full = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
         if not prefix.startswith(done) or not full.startswith(prefix):
-            raise DataError("chat template is not prefix-stable; set apply_chat_template: false and an input_template")
+            raise DataError(f"the chat template of {tokenizer.name_or_path} renders the prompt differently with and "
+                            "without the response (the prompt with add_generation_prompt is not the start of the "
+                            f"conversation); fix its chat_template, or set data.{section}.apply_chat_template=false "
+                            f"and a data.{section}.input_template")
         texts += [prefix[len(done) :], full[len(prefix) :]]
         train += [False, True]
         done = full
@@ -92,7 +98,8 @@ def resize_base_model(cfg: PipelineConfig, tokenizer, base_dir: Path) -> None:
     """The base model with embeddings for every token of `tokenizer`, saved in full to `base_dir`
     (replacing a pointer to the original checkpoint)."""
     model = checkpoint.load_causal_lm(cfg.model.name_or_path or base_dir, cfg.model)
-    model.resize_token_embeddings(len(tokenizer))
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:  # a padded vocabulary (Qwen2) may hold it already
+        model.resize_token_embeddings(len(tokenizer))
     (base_dir / checkpoint_paths.POINTER_FILE).unlink(missing_ok=True)
     checkpoint.save(model, tokenizer, base_dir)
     print(f"[data_prep] prm.placeholder_token {cfg.prm.placeholder_token!r} added to the tokenizer "
@@ -187,12 +194,25 @@ def _pref_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
         prompt, chosen, rejected = chosen[:-1], chosen[-1]["content"], rejected[-1]["content"]
     else:
         prompt = row.get(cfg.input_key) or ""  # None where a mixed-in source lacks the prompt column
+    if cfg.apply_chat_template and tokenizer.chat_template:
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        chosen, rejected = (templated_response(tokenizer, messages, r) for r in (chosen, rejected))
+    else:
+        chosen, rejected = chosen + tokenizer.eos_token, rejected + tokenizer.eos_token
     return {
         "prompt": render_prompt(tokenizer, prompt, cfg),
-        "chosen": chosen + tokenizer.eos_token,
-        "rejected": rejected + tokenizer.eos_token,
+        "chosen": chosen,
+        "rejected": rejected,
         "margin": float(row[cfg.margin_key]) if cfg.margin_key else 0.0,
     }
+
+
+def templated_response(tokenizer, messages: list[dict], response: str) -> str:
+    """`response` as the chat template renders it after `messages` (Mistral's leading space, Llama-3's
+    trimming), up to the EOS where generation stops: the text SFT trains and the policy samples."""
+    texts, _ = conversation_segments(tokenizer, [*messages, {"role": "assistant", "content": response}], "preference")
+    text, eos = texts[-1], tokenizer.eos_token
+    return text[: text.index(eos) + len(eos)] if eos in text else text + eos
 
 
 def _checked_rows(ds, cfg: DatasetConfig, make, tokenizer, max_len: int, text_fields: tuple[str, ...]) -> list[dict]:
@@ -259,6 +279,7 @@ def tokenizer_for(cfg: PipelineConfig):
     the synthetic task's text. With synthetic (PRM) data it holds `prm.placeholder_token`."""
     if cfg.model.name_or_path:
         checkpoint_paths.validate(cfg.model.name_or_path)
+        checkpoint.require_causal_lm(cfg.model.name_or_path, cfg.model)
         tokenizer = checkpoint.load_tokenizer(cfg.model.name_or_path)
     elif cfg.data.source == "synthetic":
         splits = synthetic_task.generate(cfg.data.synthetic, cfg.seed)

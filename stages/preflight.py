@@ -6,14 +6,20 @@ config asks for a GPU-only option."""
 
 from __future__ import annotations
 
+import json
 import os
+from functools import reduce
+from pathlib import Path
 
 from configs.errors import PipelineError
 from configs.schema import DatasetConfig, PipelineConfig
 from stages import reward_file
-from stages.common import checkpoint_paths
+from stages.common import checkpoint_paths, moe
 from stages.dag import BY_NAME, LORA_SECTIONS, STAGES, lora_of, pinned_away
 from stages.rl.layout import check_fits, resolve_layout
+
+
+AUX_LOSS_SECTIONS = ("sft", "rm", "prm", "dpo", "rl.actor")  # config sections with an aux_loss_coef
 
 
 def check(cfg: PipelineConfig) -> None:
@@ -49,6 +55,7 @@ def check_inputs(cfg: PipelineConfig) -> None:
     read when the stage runs)."""
     if cfg.model.name_or_path:
         checkpoint_paths.validate(cfg.model.name_or_path)
+        check_aux_loss(cfg)
     if cfg.data.source != "files":
         return
     from stages import data_files  # HF datasets: only a config that reads files needs it here
@@ -68,6 +75,17 @@ def check_reward(cfg: PipelineConfig) -> None:
     scores = any("reward" in spec.wanted_config(spec.config_keys, cfg) and not pinned_away(spec, cfg) for spec in STAGES)
     if scores and cfg.reward.source == "func":
         reward_file.check(reward_file.resolve_func_path(cfg.reward.func_path))
+
+
+def check_aux_loss(cfg: PipelineConfig) -> None:
+    """A router loss (`<stage>.aux_loss_coef` > 0) needs an MoE model: checked here on a local model's
+    config.json (a hub model's when the stage loads it)."""
+    config_file = Path(cfg.model.name_or_path).expanduser() / "config.json"
+    if not config_file.is_file():
+        return
+    config = json.loads(config_file.read_text())
+    for section in AUX_LOSS_SECTIONS:
+        moe.check(config, reduce(getattr, section.split("."), cfg).aux_loss_coef, f"{section}.aux_loss_coef")
 
 
 def check_local_resources(cfg: PipelineConfig) -> None:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import set_seed
 
 from configs.errors import CheckpointError, DataError
-from stages.common import checkpoint, deepspeed_engine, lora
+from stages.common import checkpoint, deepspeed_engine, lora, moe
 from stages.common.tokenization import IGNORE_INDEX, pad_batch
 from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
@@ -66,6 +66,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     deepspeed_engine.init_distributed()
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
     model, signature = lora.load_for_training(inputs["sft_model"], cfg.model, p.lora, "prm.lora")
+    moe.check(model.config, p.aux_loss_coef, "prm.aux_loss_coef")
     placeholder_id = single_token_id(tokenizer, p.placeholder_token, "prm.placeholder_token")
     reward_ids = tuple(single_token_id(tokenizer, t, "prm.reward_tokens") for t in p.reward_tokens)
 
@@ -78,9 +79,13 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     pad_id = tokenizer.pad_token_id
 
     def loss_fn(engine, batch):
-        logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-        loss, correct = prm_loss(logits, batch["labels"], reward_ids)
-        return loss, {"step_acc": float(correct.mean())}, int(batch["attention_mask"].sum())
+        aux = [] if p.aux_loss_coef else None
+        out = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
+                     **moe.router_kwargs(aux))
+        moe.record(aux, engine, out, batch["attention_mask"])
+        loss, correct = prm_loss(out.logits, batch["labels"], reward_ids)
+        logs = {"step_acc": float(correct.mean())}
+        return moe.add_aux_loss(loss, aux, p.aux_loss_coef, logs), logs, int(batch["attention_mask"].sum())
 
     def evaluate(engine) -> dict[str, float]:
         sums = torch.zeros(3, dtype=torch.float64)  # loss*n, correct, n

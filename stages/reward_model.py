@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, set_seed
 
 from configs.errors import CheckpointError
-from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora
+from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe
 from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
@@ -74,26 +74,30 @@ class LastTokenReward(torch.nn.Module):
     def gradient_checkpointing_enable(self) -> None:
         self.model.gradient_checkpointing_enable()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, aux: list | None = None) -> torch.Tensor:
+        """`aux`: where an MoE backbone's router load-balancing loss is appended (stages.common.moe)."""
         module = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         backbone = getattr(module, module.base_model_prefix)
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **moe.router_kwargs(aux))
+        moe.record(aux, module, out, attention_mask)
+        hidden = out.last_hidden_state
         last = attention_mask.sum(-1) - 1
         return module.score(hidden[torch.arange(len(last), device=hidden.device), last]).squeeze(-1).float()
 
 
-def rewards_of(engine, batch: dict) -> torch.Tensor:
-    return engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+def rewards_of(engine, batch: dict, aux: list | None = None) -> torch.Tensor:
+    return engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], aux=aux)
 
 
-def bt_loss(engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
-    rewards = rewards_of(engine, batch)
+def bt_loss(engine, batch: dict, aux_loss_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float], int]:
+    aux = [] if aux_loss_coef else None
+    rewards = rewards_of(engine, batch, aux)
     chosen, rejected = rewards.chunk(2)
     margin = batch["margin"] if bool(batch["margin"].any()) else None
     loss = pairwise_loss(chosen, rejected, margin)
     diff = (chosen - rejected).detach()
     logs = {"acc": float((diff > 0).float().mean()), "margin": float(diff.mean())}
-    return loss, logs, int(batch["attention_mask"].sum())
+    return moe.add_aux_loss(loss, aux, aux_loss_coef, logs), logs, int(batch["attention_mask"].sum())
 
 
 def eval_pairs(engine, rows: list[PairRow], batch_size: int, pad_id: int, rank: int, world: int) -> tuple[dict[str, float], torch.Tensor]:
@@ -158,6 +162,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
     model = load_reward_backbone(inputs["sft_model"], cfg.model, **lora.load_kwargs(r.lora, "rm.lora"))
     model.config.pad_token_id = tokenizer.pad_token_id  # where the HF head finds the last token
+    moe.check(model.config, r.aux_loss_coef, "rm.aux_loss_coef")
     model, signature = lora.prepare(model, r.lora, "SEQ_CLS")  # with LoRA: adapters plus a trainable score head
 
     train_rows = [encode_pair(tokenizer, row) for row in read_split(inputs["pref_data"], "train")]
@@ -166,7 +171,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     engine, outcome = fit(
         ctx, LastTokenReward(model), r, train_rows,
         collate=lambda rows: pair_batch(rows, pad_id),
-        loss_fn=bt_loss,
+        loss_fn=lambda engine, batch: bt_loss(engine, batch, r.aux_loss_coef),
         evaluate=lambda engine: eval_pairs(engine, eval_rows, r.micro_batch_size, pad_id, ctx.rank, ctx.world_size)[0],
     )
 

@@ -17,18 +17,27 @@ import torch
 import torch.distributed as dist
 from transformers import set_seed
 
-from stages.common import checkpoint, deepspeed_engine, lora
+from stages.common import checkpoint, deepspeed_engine, lora, moe
 from stages.common.tokenization import IGNORE_INDEX, encode_segments, pack_batch, pad_batch
 from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 
 
-def lm_loss(engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
+def lm_loss(engine, batch: dict, aux_loss_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float], int]:
     """Mean token cross-entropy over the response tokens (HF shifts the labels). No KV cache: with one,
-    transformers would not derive the per-sample mask of a packed row from its position ids."""
+    transformers would not derive the per-sample mask of a packed row from its position ids.
+    With `aux_loss_coef` (an MoE model) the router's load-balancing loss is added, times the
+    coefficient; the cross-entropy is then taken from the logits with the model's own loss function
+    (given labels, HF would add its `router_aux_loss_coef` times the same loss)."""
     tokens = int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
-    return engine(**batch, use_cache=False).loss, {}, tokens
+    if not aux_loss_coef:
+        return engine(**batch, use_cache=False).loss, {}, tokens
+    model, aux, logs = getattr(engine, "module", engine), [], {}
+    out = engine(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False, **moe.router_kwargs(aux))
+    moe.record(aux, model, out, batch.get("attention_mask"))
+    loss = model.loss_function(logits=out.logits, labels=batch["labels"], vocab_size=model.config.vocab_size)
+    return moe.add_aux_loss(loss, aux, aux_loss_coef, logs), logs, tokens
 
 
 def eval_loss(engine, rows: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int, rank: int, world: int) -> float:
@@ -50,6 +59,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     deepspeed_engine.init_distributed()
     tokenizer = checkpoint.load_tokenizer(inputs["base_model"])
     model, signature = lora.load_for_training(inputs["base_model"], cfg.model, s.lora, "sft.lora")
+    moe.check(model.config, s.aux_loss_coef, "sft.aux_loss_coef")
 
     def encode(split: str) -> list[tuple[list[int], list[int]]]:
         return [encode_segments(tokenizer, r["texts"], r["train"]) for r in read_split(inputs["sft_data"], split)]
@@ -59,7 +69,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     engine, outcome = fit(
         ctx, model, s, train_rows,
         collate=pack_batch if s.packing else lambda rows: pad_batch(rows, pad_id),
-        loss_fn=lm_loss,
+        loss_fn=lambda engine, batch: lm_loss(engine, batch, s.aux_loss_coef),
         evaluate=lambda engine: {"loss": eval_loss(engine, eval_rows, s.micro_batch_size, pad_id, ctx.rank, ctx.world_size)},
     )
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from transformers import (
+    MODEL_FOR_CAUSAL_LM_MAPPING,
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers import __version__ as transformers_version
 
-from configs.errors import CheckpointError
+from configs.errors import CheckpointError, first_line
 from configs.schema import ModelConfig
 from stages.common.checkpoint_paths import resolve
 
@@ -28,6 +32,36 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+CAUSAL_LM_EXAMPLES = "a decoder-only language model checkpoint (e.g. Llama, Qwen2, Mistral, Mixtral)"
+
+
+def require_causal_lm(path: str | Path, model_cfg: ModelConfig, field: str = "model.name_or_path") -> None:
+    """A one-line CheckpointError unless the checkpoint's config.json names a model that transformers
+    (or, with trust_remote_code, the checkpoint's own code) has a causal-LM class for."""
+    source = resolve(path)
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=model_cfg.trust_remote_code)
+    except ValueError as exc:
+        if f"model type `{model_type_of(source)}`" in str(exc):  # a model_type this transformers does not know
+            raise CheckpointError(f"{field}={source}: config.json has model_type {model_type_of(source)!r}, which "
+                                  f"transformers {transformers_version} does not know; use {CAUSAL_LM_EXAMPLES}") from exc
+        raise CheckpointError(f"{field}={source}: cannot read config.json ({first_line(exc)})") from exc
+    except Exception as exc:  # custom code not trusted, unreadable file, unreachable hub: one line each
+        raise CheckpointError(f"{field}={source}: cannot read config.json ({type(exc).__name__}: {first_line(exc)})") from exc
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {}):
+        return
+    raise CheckpointError(f"{field}={source}: config.json has model_type {config.model_type!r} (architectures "
+                          f"{config.architectures}), which has no causal-LM class in transformers; use {CAUSAL_LM_EXAMPLES}")
+
+
+def model_type_of(source: str) -> str | None:
+    """The model_type a local checkpoint's config.json declares."""
+    try:
+        return json.loads((Path(source) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def load_causal_lm(path: str | Path, model_cfg: ModelConfig, precision: str = "fp32", **kwargs) -> PreTrainedModel:

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from transformers import set_seed
+from transformers import AutoConfig, set_seed
 
 from configs.schema import DPOConfig
-from stages.common import checkpoint, deepspeed_engine, lora
+from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe
 from stages.common.trainer import SampleStream, build_engine, eval_batches, fit, total_steps, train_loop
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
@@ -115,12 +115,26 @@ def shared_prompt_logps(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Te
     return torch.cat([chosen, rejected]), counts
 
 
-def response_logps(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row: the summed log-prob of the response tokens, and how many there are."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+def response_logps(model, batch: dict[str, torch.Tensor], aux: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the summed log-prob of the response tokens, and how many there are. `aux`: where an MoE
+    model's router load-balancing loss is appended (stages.common.moe)."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
+                **moe.router_kwargs(aux))
+    moe.record(aux, model, out, batch["attention_mask"])
+    logits = out.logits
     mask = batch["response_mask"][:, 1:]
     logps = token_logps(logits[:, :-1], batch["input_ids"][:, 1:])
     return sequence_logps(logps, mask), mask.sum(-1)
+
+
+def attention_window(config) -> int | None:
+    """The span a sliding-window layer attends over; None when every layer sees the whole sequence
+    (0: some other local attention)."""
+    types = getattr(config, "layer_types", None)
+    if types is not None and all(t == "full_attention" for t in types):
+        return None
+    window = getattr(config, "sliding_window", None)
+    return 0 if types is not None and window is None else window
 
 
 def to_device(batch: dict, device) -> dict:
@@ -148,13 +162,17 @@ def reference_logps(engine, seqs: list[Seq], batch_size: int, pad_id: int, rank:
 class PairObjective:
     """DPO / cDPO / IPO on (chosen, rejected) pairs; row i is pair i. With `shared_prompt` (and pairs
     whose non-empty responses share the prompt, as every pair built here does) a micro-batch has one
-    row per pair (`shared_prompt_batch`), else two padded rows."""
+    row per pair (`shared_prompt_batch`), else two padded rows. A model with a sliding `window` shares
+    only when no sequence is longer than it (the shared row's mask has no window), and a router loss
+    (`aux_loss_coef`) is computed from padded rows (HF's MoE forward reads the mask as [B, T])."""
 
-    def __init__(self, cfg: DPOConfig, pairs: list[tuple[Seq, Seq]], pad_id: int, shared_prompt: bool = False):
+    def __init__(self, cfg: DPOConfig, pairs: list[tuple[Seq, Seq]], pad_id: int, shared_prompt: bool = False,
+                 window: int | None = None):
         self.cfg, self.pad_id, self.n_rows, self.pairs = cfg, pad_id, len(pairs), pairs
         # the sequences whose reference log-probs the rows need: chosen ones, then rejected ones
         self.sequences = [c for c, _ in pairs] + [r for _, r in pairs]
-        self.shared_prompt = shared_prompt and all(c[0] == r[0] and c[1] and r[1] for c, r in pairs)
+        self.shared_prompt = shared_prompt and all(c[0] == r[0] and c[1] and r[1] for c, r in pairs) and (
+            window is None or all(len(p) + len(r) <= window for p, r in self.sequences)) and not cfg.aux_loss_coef
 
     def sequence_ids(self, rows: list[int]) -> list[int]:
         return rows + [self.n_rows + i for i in rows]
@@ -170,9 +188,9 @@ class PairObjective:
         batch["tokens"] = torch.tensor(sum(len(p) + len(r) for p, r in seqs))  # both sequences' tokens, either layout
         return batch
 
-    def pair_terms(self, model, batch: dict):
+    def pair_terms(self, model, batch: dict, aux: list | None = None):
         """Per pair: losses, chosen / rejected implicit rewards; also the chosen responses' NLL."""
-        sums, counts = (shared_prompt_logps if self.shared_prompt else response_logps)(model, batch)
+        sums, counts = shared_prompt_logps(model, batch) if self.shared_prompt else response_logps(model, batch, aux)
         policy, ref = sums, batch["ref"]
         if self.cfg.loss == "ipo":
             policy, ref = sums / counts.clamp(min=1), ref / counts.clamp(min=1)
@@ -183,11 +201,13 @@ class PairObjective:
         return losses, chosen, rejected, chosen_nll(chosen_sums, chosen_counts)
 
     def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
-        losses, chosen, rejected, nll = self.pair_terms(engine, batch)
+        aux = [] if self.cfg.aux_loss_coef else None
+        losses, chosen, rejected, nll = self.pair_terms(engine, batch, aux)
         loss = losses.mean()
         if self.cfg.nll_loss_coef:
             loss = loss + self.cfg.nll_loss_coef * nll
-        return loss, {**pair_logs(chosen, rejected), "nll": nll.item()}, int(batch["tokens"])
+        logs = {**pair_logs(chosen, rejected), "nll": nll.item()}
+        return moe.add_aux_loss(loss, aux, self.cfg.aux_loss_coef, logs), logs, int(batch["tokens"])
 
 
 class KTOObjective:
@@ -214,7 +234,8 @@ class KTOObjective:
         return batch
 
     def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
-        sums, _ = response_logps(engine, batch)
+        aux = [] if self.cfg.aux_loss_coef else None
+        sums, _ = response_logps(engine, batch, aux)
         with torch.no_grad():
             kl_sums, _ = response_logps(engine, {k.removeprefix("kl_"): v for k, v in batch.items() if k.startswith("kl_")})
         z0 = kto_reference_point(kl_sums, batch["ref_kl"], self._mean_over_ranks if self.world > 1 else None)
@@ -226,7 +247,7 @@ class KTOObjective:
             logs["desirable_reward"] = float(rewards[good].mean())
         if (~good).any():
             logs["undesirable_reward"] = float(rewards[~good].mean())
-        return losses.mean(), logs, int(batch["attention_mask"].sum())
+        return moe.add_aux_loss(losses.mean(), aux, self.cfg.aux_loss_coef, logs), logs, int(batch["attention_mask"].sum())
 
     def _mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(value)
@@ -297,11 +318,14 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
 
     # flash_attention_2 takes no 4D mask: there, two padded rows per pair
     shared = d.shared_prompt and checkpoint.attn_implementation(cfg.model) in ("sdpa", "eager")
+    config = AutoConfig.from_pretrained(checkpoint_paths.resolve(inputs["sft_model"]), trust_remote_code=cfg.model.trust_remote_code)
+    moe.check(config, d.aux_loss_coef, "dpo.aux_loss_coef")
+    window = attention_window(config)
 
     def make_objective(pairs):
-        return KTOObjective(d, pairs, pad_id, ctx.world_size) if d.loss == "kto" else PairObjective(d, pairs, pad_id, shared)
+        return KTOObjective(d, pairs, pad_id, ctx.world_size) if d.loss == "kto" else PairObjective(d, pairs, pad_id, shared, window)
 
-    evaluation = PairObjective(d, encode_pairs(tokenizer, read_split(inputs["pref_data"], "eval")), pad_id, shared)
+    evaluation = PairObjective(d, encode_pairs(tokenizer, read_split(inputs["pref_data"], "eval")), pad_id, shared, window)
     # offline: the preference pairs; iterative: none until each round samples its own
     objective = None if d.iterative.rounds else make_objective(encode_pairs(tokenizer, read_split(inputs["pref_data"], "train")))
 

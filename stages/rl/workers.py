@@ -12,7 +12,7 @@ import ray
 import torch
 
 from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
-from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, ray_workers
+from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe, ray_workers
 from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
 from stages.rl.experience import Sample, micro_batches, trim
@@ -39,11 +39,15 @@ class Worker:
 
 
 def token_log_probs(model, batch: dict[str, torch.Tensor], temperature: float, with_entropy: bool = False,
-                    entropy_grad: bool = False):
+                    entropy_grad: bool = False, aux: list | None = None):
     """Log-probs of each next token [B, T-1] (and the per-position entropy, in the autograd graph only
     when `entropy_grad`: a logged entropy needs none). No KV cache: nothing is generated from this pass,
-    and building one cost 10-20 % of a log-prob pass here."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits[:, :-1]
+    and building one cost 10-20 % of a log-prob pass here. `aux`: where an MoE model's router
+    load-balancing loss is appended (stages.common.moe)."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
+                **moe.router_kwargs(aux))
+    moe.record(aux, model, out, batch["attention_mask"])
+    logits = out.logits[:, :-1]
     log_probs = log_probs_from_logits(logits, batch["input_ids"][:, 1:], temperature)
     if not with_entropy:
         return log_probs
@@ -157,6 +161,7 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         self.tokenizer = checkpoint.load_tokenizer(path)
         model, self.signature = lora.load_for_training(path, self.cfg.model, self.optim.lora, "rl.actor.lora",
                                                        self.cfg.infra.precision)
+        moe.check(model.config, self.optim.aux_loss_coef, "rl.actor.aux_loss_coef")
         if self.rl.engine == "hybrid" and self.rl.needs_reference:
             # verl's fused actor/rollout/ref worker: the KL term's model scores in this hot process, with
             # no actor of its own (a reference actor took 1.2-1.6x as long for the same pass here)
@@ -188,7 +193,7 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         return sample(self.engine.module, self.tokenizer, self.rl, prompt_ids, seed, temperature, max_new_tokens, top_p)
 
     def loss(self, batch: dict[str, torch.Tensor], units: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        return actor_loss(self.engine, batch, self.rl, units)
+        return actor_loss(self.engine, batch, self.rl, units, self.optim.aux_loss_coef)
 
     def export(self, out_dir: str) -> None:
         """The policy as an HF checkpoint, or its LoRA adapter (ZeRO-3 partitions gathered; every rank must call)."""
@@ -228,12 +233,16 @@ class CriticWorker(TrainerWorker):
         return loss, {"value_loss": loss.item()}
 
 
-def actor_loss(model, batch: dict[str, torch.Tensor], rl, units: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+def actor_loss(model, batch: dict[str, torch.Tensor], rl, units: torch.Tensor,
+               aux_loss_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy's loss on a micro-batch: the PPO surrogate aggregated as `rl.aggregation` says, minus
     the entropy bonus, plus the KL term (GRPO); the latter two always token means, as OpenRLHF's. Each
-    is divided by the step's `units`, not the micro-batch's own count."""
+    is divided by the step's `units`, not the micro-batch's own count. An MoE policy adds its router
+    loss times `aux_loss_coef`."""
     mask = batch["action_mask"]
-    log_probs, entropy = token_log_probs(model, batch, rl.temperature, with_entropy=True, entropy_grad=bool(rl.entropy_coef))
+    aux = [] if aux_loss_coef else None
+    log_probs, entropy = token_log_probs(model, batch, rl.temperature, with_entropy=True,
+                                         entropy_grad=bool(rl.entropy_coef), aux=aux)
     is_weights = None
     if rl.rollout_is_cap is not None:
         is_weights = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], rl.rollout_is_cap)
@@ -251,7 +260,7 @@ def actor_loss(model, batch: dict[str, torch.Tensor], rl, units: torch.Tensor) -
         kl = aggregate(approx_kl(log_probs, batch["ref_log_probs"], rl.kl_estimator), mask, "token_mean", units=units)
         loss = loss + batch["kl_coef"][0] * kl
         metrics["kl_loss"] = kl.item()
-    return loss, metrics
+    return moe.add_aux_loss(loss, aux, aux_loss_coef, metrics), metrics
 
 
 def per_micro_batch(fn, batch: dict[str, torch.Tensor], rl) -> torch.Tensor:

@@ -1,0 +1,241 @@
+"""Every stage on the model families users bring (tests/model_families.py): Llama-3, Qwen2, Mistral and
+Mixtral, each a tiny random-init checkpoint with its own tokenizer and chat-template shape, fed
+OpenRLHF-format files (SFT question/response rows, chat-list preference pairs, `context_messages`
+prompts with an `answer` label, some with a system prompt) and a reward_func file. Steps are few:
+this checks that each stage runs on each family and saves what the next one loads; learning is the
+flow tests' job. The MoE family trains with every stage's router loss (`aux_loss_coef`)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from configs import DataError, load_config
+from stages import data_prep, evaluate, lora_merge, prm, reward_model, sft
+from stages.common import checkpoint, generation
+from stages.common.tokenization import encode_segments
+from stages.dpo import stage as dpo
+from stages.rl import stage as rl_stage
+from stages.rl.workers import sample
+from tests.model_families import FAMILIES, save_family_checkpoint
+from tests.stage.conftest import make_ctx, ray_cluster  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = "You are a careful calculator. Think about the numbers, then reply with the sum only, as 'Answer: N'."
+REWARD = ("def reward_func(queries, prompts, labels):\n"
+          "    return [1.0 if label in query[len(prompt):] else 0.0 for query, prompt, label in zip(queries, prompts, labels)]\n")
+TRAINED = ("sft", "rm", "prm", "dpo")
+MOE = {"mixtral"}
+
+
+def question(a: int, b: int) -> str:
+    return f"What is {a} plus {b}?"
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """OpenRLHF-format data files and a reward_func file."""
+    root = tmp_path_factory.mktemp("family_data")
+    pairs = [(a, a % 7 + 1) for a in range(1, 13)]
+    sft_rows = [{"question": question(a, b), "response": f"Answer: {a + b}"} for a, b in pairs]
+    pref_rows = [{"chosen": [{"role": "user", "content": question(a, b)}, {"role": "assistant", "content": f"Answer: {a + b}"}],
+                  "rejected": [{"role": "user", "content": question(a, b)}, {"role": "assistant", "content": f"Answer: {a + b + 1}"}]}
+                 for a, b in pairs[:8]]
+    prompt_rows = [{"context_messages": ([{"role": "system", "content": SYSTEM}] if a % 2 else [])
+                    + [{"role": "user", "content": question(a, b)}], "answer": str(a + b)} for a, b in pairs[:8]]
+    (root / "reward.py").write_text(REWARD)
+    corpus = [SYSTEM, *(f"{r['question']} {r['response']}" for r in sft_rows)] * 4
+    return SimpleNamespace(sft=write_jsonl(root / "sft.jsonl", sft_rows), pref=write_jsonl(root / "pref.jsonl", pref_rows),
+                           prompts=write_jsonl(root / "prompts.jsonl", prompt_rows), reward=str(root / "reward.py"),
+                           corpus=corpus)
+
+
+def family_overrides(name: str, model_dir, files) -> list[str]:
+    aux = [f"{s}.aux_loss_coef=0.01" for s in (*TRAINED, "rl.actor")] if name in MOE else []
+    return [
+        f"model.name_or_path={model_dir}", "model.attn_implementation=sdpa",
+        "data.source=files", "data.max_len=192",
+        f"data.sft.paths=[{files.sft}]", "data.sft.input_key=question", "data.sft.output_key=response",
+        "data.sft.eval_ratio=0.25",
+        f"data.preference.paths=[{files.pref}]", "data.preference.eval_ratio=0.25",
+        f"data.prompts.paths=[{files.prompts}]", "data.prompts.input_key=context_messages",
+        "data.prompts.label_key=answer", "data.prompts.eval_ratio=0.5",
+        "reward.source=func", f"reward.func_path={files.reward}",
+        *(f"{s}.{k}" for s in TRAINED for k in ("max_steps=2", "micro_batch_size=2", "eval_every=2", "save_every=2", "lr=1e-3")),
+        "rl.max_steps=1", "rl.rollout_batch_size=2", "rl.n_samples_per_prompt=2", "rl.train_batch_size=4",
+        "rl.micro_train_batch_size=4", "rl.micro_rollout_batch_size=4", "rl.generate_max_len=8", "rl.prompt_max_len=128",
+        "rl.eval_every=1", "rl.save_every=1", "rl.engine=hybrid", "rl.colocate_all=true", "rl.actor.lr=1e-3",
+        "eval.max_samples=4", "eval.samples_per_prompt=1", "eval.max_new_tokens=8", "eval.batch_size=4",
+        "infra.cpus_per_worker=2", *aux,
+    ]
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, files, tmp_path_factory):
+    """A family's checkpoint, its config, and data prep's outputs from the files."""
+    root = tmp_path_factory.mktemp(request.param)
+    model_dir = save_family_checkpoint(request.param, root / "model", files.corpus)
+    cfg = load_config(None, family_overrides(request.param, model_dir, files))
+    outputs = data_prep.run(make_ctx("data_prep", cfg, root / "data_prep"), {}).outputs
+    return SimpleNamespace(name=request.param, root=root, model=model_dir, cfg=cfg, data=outputs, files=files)
+
+
+def run_stage(family, module, name: str, inputs: dict, overrides=(), logged=None):
+    cfg = load_config(None, [*family_overrides(family.name, family.model, family.files), *overrides]) if overrides else family.cfg
+    log = (lambda metrics, step: logged.append((step, metrics))) if logged is not None else None
+    return module.run(make_ctx(name, cfg, family.root / name, log), inputs)
+
+
+def logged_keys(logged) -> set[str]:
+    return {k for _, m in logged for k in m}
+
+
+def test_data_prep_renders_with_the_family_template(family):
+    tok = checkpoint.load_tokenizer(family.model)
+    sft_row = data_prep.read_split(family.data["sft_data"], "train")[0]
+    prompts = data_prep.read_split(family.data["prompts"], "train") + data_prep.read_split(family.data["eval_data"], "eval")
+    assert sft_row["train"] == [False, True] and sft_row["texts"][1].rstrip("\n").endswith(tok.eos_token)
+    assert any(SYSTEM in p["prompt"] for p in prompts)  # Mistral folds it into the first user turn
+    assert tok.pad_token is not None  # Llama-3 and Mistral have none: their EOS pads, and is still trained on
+    assert tok.eos_token_id in encode_segments(tok, sft_row["texts"], sft_row["train"])[1]  # a label, though it pads
+    trained = {r["texts"][0]: r["texts"][1] for split in ("train", "eval")
+               for r in data_prep.read_split(family.data["sft_data"], split)}
+    pairs = [p for split in ("train", "eval") for p in data_prep.read_split(family.data["pref_data"], split)]
+    shared = [p for p in pairs if p["prompt"] in trained]
+    assert shared and all(trained[p["prompt"]].startswith(p["chosen"]) for p in shared)  # as SFT trains it, to the EOS
+    assert all(p["chosen"].endswith(tok.eos_token) and p["rejected"].endswith(tok.eos_token) for p in pairs)
+    if tok.bos_token:  # the template adds it; tokenizing rendered text must not add a second one
+        ids = tok(prompts[0]["prompt"], add_special_tokens=False)["input_ids"]
+        assert prompts[0]["prompt"].startswith(tok.bos_token) and ids.count(tok.bos_token_id) == 1
+
+
+def test_a_system_prompt_over_the_length_limits_names_the_row(family):
+    """Prompts are never cut (a cut system prompt would change the task): too long is an error naming the row."""
+    tok = checkpoint.load_tokenizer(family.model)
+
+    def n_tokens(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    rows = data_prep.read_split(family.data["prompts"], "train")
+    with_system = [n_tokens(r["prompt"]) for r in rows if SYSTEM in r["prompt"]]
+    others = [n_tokens(r["prompt"]) for r in rows if SYSTEM not in r["prompt"]]
+    others += [sum(map(n_tokens, r["texts"])) for r in data_prep.read_split(family.data["sft_data"], "train")]
+    others += [sum(n_tokens(r[k]) for k in ("prompt", "chosen", "rejected"))
+               for r in data_prep.read_split(family.data["pref_data"], "train")]
+    assert max(others) < min(with_system)
+    with pytest.raises(DataError, match=rf"prompts.jsonl line \d+: \d+ tokens, longer than data.max_len={max(others)}"):
+        run_stage(family, data_prep, "data_prep_short", {}, [f"data.max_len={max(others)}"])
+    first = next(i for i, r in enumerate(rows) if SYSTEM in r["prompt"])
+    with pytest.raises(DataError, match=rf"prompts/train row {first}: prompt is \d+ tokens, over rl.prompt_max_len={max(others)}"):
+        rl_stage.encode_prompts(tok, rows, max(others), "prompts/train")
+
+
+def test_batched_generation_pads_left_and_matches_one_prompt_at_a_time(family):
+    tok = checkpoint.load_tokenizer(family.model)
+    model = checkpoint.load_causal_lm(family.model, family.cfg.model)
+    prompts = [p["prompt"] for p in data_prep.read_split(family.data["eval_data"], "eval")]
+    assert len({len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts}) > 1
+    batched = generation.generate(model, tok, prompts, batch_size=len(prompts), max_new_tokens=6)
+    assert batched == [generation.generate(model, tok, [p], batch_size=1, max_new_tokens=6)[0] for p in prompts]
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    rl = family.cfg.rl
+    assert [s.response_ids for s in sample(model, tok, rl, ids, 0, None, 6)] == [
+        sample(model, tok, rl, [i], 0, None, 6)[0].response_ids for i in ids]
+
+
+def test_sft(family):
+    logged = []
+    result = run_stage(family, sft, "sft", {"base_model": family.data["base_model"], "sft_data": family.data["sft_data"]},
+                       logged=logged)
+    assert torch.isfinite(torch.tensor(result.metrics["eval_loss"]))
+    assert ("train/aux_loss" in logged_keys(logged)) == (family.name in MOE)
+    model = AutoModelForCausalLM.from_pretrained(result.outputs["sft_model"])
+    assert type(model) is type(AutoModelForCausalLM.from_pretrained(family.model))
+
+
+def test_rm(family):
+    logged = []
+    result = run_stage(family, reward_model, "rm", {"sft_model": family.data["base_model"], "pref_data": family.data["pref_data"]},
+                       logged=logged)
+    assert torch.isfinite(torch.tensor([result.metrics["eval_loss"], result.metrics["reward_std"]])).all()
+    assert ("train/aux_loss" in logged_keys(logged)) == (family.name in MOE)
+
+
+def test_prm_on_synthetic_steps(family):
+    """PRM data comes only from the synthetic task: data prep adds the step placeholder to the family's
+    tokenizer, growing the embeddings only where the vocabulary has no room (Qwen2 pads its own)."""
+    overrides = ["data.source=synthetic", "data.max_len=256", "data.synthetic.num_train=8", "data.synthetic.num_eval=4",
+                 "data.synthetic.num_prompts=4"]
+    prepared = run_stage(family, data_prep, "prm_data_prep", {}, overrides).outputs
+    vocab = AutoConfig.from_pretrained(family.model).vocab_size
+    tok = checkpoint.load_tokenizer(prepared["base_model"])
+    assert AutoConfig.from_pretrained(prepared["base_model"]).vocab_size == max(vocab, len(tok))
+    logged = []
+    result = run_stage(family, prm, "prm", {"sft_model": prepared["base_model"], "prm_data": prepared["prm_data"]}, overrides,
+                       logged=logged)
+    assert torch.isfinite(torch.tensor(result.metrics["eval_loss"]))
+    assert ("train/aux_loss" in logged_keys(logged)) == (family.name in MOE)
+
+
+def test_dpo(family):
+    logged = []
+    result = run_stage(family, dpo, "dpo", {"sft_model": family.data["base_model"], "pref_data": family.data["pref_data"]},
+                       logged=logged)
+    assert torch.isfinite(torch.tensor(result.metrics["train_loss"]))
+    assert ("train/aux_loss" in logged_keys(logged)) == (family.name in MOE)
+
+
+def test_dpo_pair_log_probs_equal_two_padded_rows(family):
+    """A pair shares its prompt in one row unless the model's sliding window is shorter than its
+    sequences (Mistral's here): the shared row's 4D mask has no window."""
+    tok = checkpoint.load_tokenizer(family.model)
+    model = AutoModelForCausalLM.from_pretrained(family.model, attn_implementation="sdpa")
+    pairs = dpo.encode_pairs(tok, data_prep.read_split(family.data["pref_data"], "train"))
+    window = dpo.attention_window(model.config)
+    objective = dpo.PairObjective(family.cfg.dpo, pairs, tok.pad_token_id, shared_prompt=True, window=window)
+    longest = max(len(p) + len(r) for p, r in objective.sequences)
+    assert objective.shared_prompt == (window is None)
+    assert window is None or longest > window
+    batch = objective.collate(torch.zeros(2 * len(pairs)), list(range(len(pairs))))
+    sums, _ = (dpo.shared_prompt_logps if objective.shared_prompt else dpo.response_logps)(model, batch)
+    padded, _ = dpo.response_logps(model, dpo.sequence_batch(objective.sequences, tok.pad_token_id))
+    assert sums.tolist() == pytest.approx(padded.tolist(), abs=1e-4)
+
+
+def test_rl_with_a_reward_func(family, ray_cluster):  # noqa: F811
+    logged = []
+    inputs = {"sft_model": family.data["base_model"], "prompts": family.data["prompts"], "eval_data": family.data["eval_data"]}
+    result = run_stage(family, rl_stage, "rl", inputs, logged=logged)
+    assert type(AutoModelForCausalLM.from_pretrained(result.outputs["rl_model"])) is type(AutoModelForCausalLM.from_pretrained(family.model))
+    assert {"reward", "actor/policy_loss"} <= logged_keys(logged)
+    assert ("actor/aux_loss" in logged_keys(logged)) == (family.name in MOE)
+
+
+@pytest.fixture(scope="module")
+def lora_sft(family):
+    """SFT with LoRA adapters, then the lora_merge stage."""
+    adapter = run_stage(family, sft, "sft_lora", {"base_model": family.data["base_model"], "sft_data": family.data["sft_data"]},
+                        ["sft.lora.rank=4", "sft.lora.alpha=8"]).outputs["sft_model"]
+    return run_stage(family, lora_merge, "lora_merge", {"sft_model": adapter})
+
+
+def test_lora_and_merge(lora_sft):
+    assert lora_sft.metrics["max_logit_diff"] < 1e-4
+    assert AutoModelForCausalLM.from_pretrained(lora_sft.outputs["merged_models"] / "sft_model") is not None
+
+
+def test_eval(family, lora_sft):
+    inputs = {"base_model": family.data["base_model"], "sft_model": lora_sft.outputs["merged_models"] / "sft_model",
+              "sft_data": family.data["sft_data"], "eval_data": family.data["eval_data"]}
+    result = run_stage(family, evaluate, "eval", inputs)
+    assert {"base/accuracy", "sft/accuracy", "sft/perplexity"} <= set(result.metrics)
