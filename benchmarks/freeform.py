@@ -30,6 +30,9 @@ WORDS = ("apple", "berry", "cherry", "date", "fig", "grape", "kiwi", "lemon", "m
          "peach", "pear", "plum", "quince", "rhubarb")
 PROMPT = "Sort alphabetically: {}"
 FLAWED_SHARE = 0.3
+# the tiny preset's model size (GQA as Qwen2 has it); the tokenizer's byte-level BPE learns the words
+MODEL_SIZE = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "max_position_embeddings": 256}
 
 REWARD_FILE = '''"""1 when the response is the prompt's words in alphabetical order, else 0."""
 
@@ -107,7 +110,7 @@ def prepare(workdir: Path, seed: int) -> Path:
     from tests.model_families import save_family_checkpoint
 
     files = write_task(workdir / "data", seed)
-    model = save_family_checkpoint("qwen2", workdir / "model", corpus(seed), seed=seed, size="tiny-preset")
+    model = save_family_checkpoint("qwen2", workdir / "model", corpus(seed), seed=seed, size=MODEL_SIZE, vocab_size=400)
     config = workdir / "freeform.yaml"
     config.write_text(CONFIG.format(model=model, **{k: v for k, v in files.items()}))
     return config

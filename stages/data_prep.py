@@ -190,10 +190,10 @@ def _pref_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
     chosen, rejected = row[cfg.chosen_key], row[cfg.rejected_key]
     if isinstance(chosen, list) != isinstance(rejected, list):
         raise DataError(f"{cfg.chosen_key!r} and {cfg.rejected_key!r} must both be text or both be conversations")
-    if isinstance(chosen, list):  # whole conversations: the prompt is all but the last turn
-        prompt, chosen, rejected = chosen[:-1], chosen[-1]["content"], rejected[-1]["content"]
-    else:
-        prompt = row.get(cfg.input_key) or ""  # None where a mixed-in source lacks the prompt column
+    prompt = row.get(cfg.input_key) or ""  # None where a mixed-in source lacks the prompt column
+    if isinstance(chosen, list):  # conversations: the prompt is all but the last turn, unless input_key gives it
+        prompt = chosen[:-1] or prompt
+        chosen, rejected = chosen[-1]["content"], rejected[-1]["content"]
     if cfg.apply_chat_template and tokenizer.chat_template:
         messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
         chosen, rejected = (templated_response(tokenizer, messages, r) for r in (chosen, rejected))

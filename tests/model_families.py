@@ -132,14 +132,16 @@ def train_tokenizer(family: Family, corpus: list[str], vocab_size: int = 300) ->
     return fast
 
 
-def save_family_checkpoint(family: str, out_dir: Path, corpus: list[str], seed: int = 0) -> Path:
-    """A random-init checkpoint of `family` (a key of FAMILIES) with its tokenizer, saved to `out_dir`."""
+def save_family_checkpoint(family: str, out_dir: Path, corpus: list[str], seed: int = 0, size: dict | None = None,
+                           vocab_size: int = 300) -> Path:
+    """A random-init checkpoint of `family` (a key of FAMILIES) with its tokenizer, saved to `out_dir`;
+    `size` overrides the test size (SIZE) for a model that should learn something."""
     spec = FAMILIES[family]
-    tok = train_tokenizer(spec, corpus)
+    tok = train_tokenizer(spec, corpus, vocab_size)
     vocab = -(-len(tok) // spec.vocab_multiple) * spec.vocab_multiple
     ids = {f"{name.removesuffix('_token')}_token_id": tok.convert_tokens_to_ids(token) for name, token in spec.special.items()
            if name in ("bos_token", "eos_token", "pad_token")}
-    config = spec.config_class(vocab_size=vocab, **SIZE, **ids, **spec.config)
+    config = spec.config_class(vocab_size=vocab, **(SIZE | (size or {})), **ids, **spec.config)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = spec.model_class(config)

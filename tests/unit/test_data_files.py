@@ -543,6 +543,15 @@ def test_pref_row_plain_and_conversation(tok):
     assert row == {"prompt": "User: q\nAssistant: ", "chosen": "good" + EOS, "rejected": "bad" + EOS, "margin": 0.0}
 
 
+def test_pref_row_whose_conversations_hold_only_the_reply_takes_the_prompt_from_input_key(tok):
+    """OpenRLHF's common layout: `prompt` text, chosen / rejected as [{assistant reply}]."""
+    cfg = DatasetConfig(paths=["x.jsonl"], input_key="prompt")
+    row = data_prep._pref_row(tok, {"prompt": "q", "chosen": [{"role": "assistant", "content": "good"}],
+                                    "rejected": [{"role": "assistant", "content": "bad"}]}, cfg)
+    assert row["prompt"] == "<|user|>\nq\n<|assistant|>\n"
+    assert (row["chosen"], row["rejected"]) == ("good" + EOS, "bad" + EOS)
+
+
 # --- row checks ----------------------------------------------------------------------------------
 
 
