@@ -10,7 +10,8 @@ sorted response against a swapped one.
     python -m benchmarks.freeform [--out benchmarks/results/freeform.json] [--workdir DIR] [--seed 0]
 
 builds the files, the checkpoint and the config in the work folder, runs `rlhf run` there, and writes the
-eval stage's per-model rewards (greedy, sampled, pass@k) with the date and machine to the JSON file.
+eval stage's per-model rewards (greedy, sampled, pass@k) with the date and machine to the JSON file;
+`--report` prints the table of a JSON file (docs/own-task.md holds it).
 """
 
 from __future__ import annotations
@@ -129,12 +130,30 @@ def eval_results(workdir: Path) -> dict[str, dict[str, float]]:
     return per_model(run.data.metrics, [f"{m}_model" for m in ("base", "sft", "rl", "dpo")])
 
 
+COLUMNS = (("reward", "greedy reward"), ("sampled_reward", "sampled reward"), ("pass_at_k", "pass@k"),
+           ("response_length", "response length"))
+
+
+def markdown(result: dict) -> str:
+    """The eval table of a result file, as the docs show it."""
+    lines = [f"Measured {result['date']}, seed {result['seed']}, {result['machine']['cpus']} CPUs "
+             f"({result['machine']['platform']}), torch {result['machine']['torch']}; `rlhf run` {result['wall_s']:.0f} s.",
+             "", "| model | " + " | ".join(title for _, title in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for name, metrics in result["models"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{metrics[key]:.3f}" if key in metrics else "-" for key, _ in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.freeform", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/results/freeform.json")
     parser.add_argument("--workdir", default=None, help="where the files, model and store go (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--report", action="store_true", help="print the markdown table of --out and exit")
     args = parser.parse_args(argv)
+    if args.report:
+        print(markdown(json.loads(Path(args.out).read_text())), end="")
+        return 0
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rlhf-freeform-")).resolve()
     config = prepare(workdir, args.seed)
     started = time.monotonic()
@@ -147,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result["models"], indent=2))
+    print(markdown(result), end="")
     return 0
 
 
