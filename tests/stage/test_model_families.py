@@ -119,6 +119,24 @@ def test_data_prep_renders_with_the_family_template(family):
         assert prompts[0]["prompt"].startswith(tok.bos_token) and ids.count(tok.bos_token_id) == 1
 
 
+def test_data_preview_shows_the_family_template_and_marks_the_trained_tokens(family):
+    import io
+
+    from rich.console import Console
+
+    from flows.data_preview import preview
+
+    out = io.StringIO()
+    preview(family.cfg, 1, Console(file=out, width=400, no_color=True))
+    shown = out.getvalue()
+    tok = checkpoint.load_tokenizer(family.model)
+    sft_row = data_prep.read_split(family.data["sft_data"], "train")[0]
+    assert "== sft_data/train" in shown and "== pref_data/train" in shown and "== prompts/train" in shown
+    assert sft_row["texts"][0] in shown  # the prompt as the family's template renders it, unmarked
+    marked = shown.split("== sft_data/train")[1].split("⟦", 1)[1].split("⟧", 1)[0]
+    assert marked.lstrip().startswith("Answer:") and tok.eos_token in marked  # the reply and its EOS carry the loss
+
+
 def test_a_system_prompt_over_the_length_limits_names_the_row(family):
     """Prompts are never cut (a cut system prompt would change the task): too long is an error naming the row."""
     tok = checkpoint.load_tokenizer(family.model)
