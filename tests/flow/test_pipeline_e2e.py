@@ -54,6 +54,34 @@ def stage_runs(ws, stage: str):
     return client.search_runs([exp.experiment_id], f"tags.`rlhf.stage` = '{stage}'")
 
 
+def cluster_processes(cli_pid: int) -> dict[psutil.Process, tuple[str, int]]:
+    """Every process a CLI run started (its Ray cluster's daemons and workers): process -> (title, group)."""
+    found = {}
+    for p in psutil.Process(cli_pid).children(recursive=True):
+        try:
+            found[p] = (" ".join(p.cmdline())[:60], os.getpgid(p.pid))
+        except (psutil.Error, ProcessLookupError):  # a short-lived helper that is gone already
+            pass
+    return found
+
+
+def assert_gone(processes, within_s: float) -> None:
+    def alive():
+        running = []
+        for p, (title, _) in processes.items():
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    running.append(title)
+            except psutil.Error:
+                pass
+        return running
+
+    deadline = time.monotonic() + within_s
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(), alive()
+
+
 def test_killed_during_sft_then_resumed(ws):
     proc = subprocess.Popen([*CLI, "run"], cwd=ws, env=cli_env(ws), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
@@ -64,8 +92,12 @@ def test_killed_during_sft_then_resumed(ws):
         latest = found[0] if found else None
         time.sleep(0.5)
     assert latest is not None, "SFT never wrote a checkpoint"
+    cluster = cluster_processes(proc.pid)
+    # the local Ray cluster is the run's process group: its workers too, not in groups of their own
+    assert cluster and {pgid for _, pgid in cluster.values()} == {proc.pid}, cluster
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
+    assert_gone(cluster, within_s=2)  # killed with the group, not left to notice their raylet died
     # Nothing of the killed SFT is published: no complete run, no registered version.
     sft_runs = stage_runs(ws, "sft")
     assert sft_runs and all(r.data.tags.get(store.TAG_STATUS) != store.COMPLETE for r in sft_runs)
