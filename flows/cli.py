@@ -230,10 +230,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, `run`'s KEY=VALUE overrides accepted anywhere among its options: argparse takes
+    the overrides up to the first option after them (`--only rm k=v --force sft k2=v2` left `k2=v2`)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "run" and not any(arg.startswith("-") for arg in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     for key, value in QUIET_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return args.func(args)
     except PipelineError as exc:
