@@ -148,7 +148,8 @@ def download(ref: ArtifactRef, cache_root: Path) -> Path:
     return target
 
 
-def mark_failed(client: MlflowClient, run_id: str, error: str) -> None:
-    client.set_tag(run_id, TAG_STATUS, "failed")
+def mark_failed(client: MlflowClient, run_id: str, error: str, interrupted: bool = False) -> None:
+    """A stage run that ended without its outputs: FAILED, or KILLED when the user stopped the run."""
+    client.set_tag(run_id, TAG_STATUS, "interrupted" if interrupted else "failed")
     client.set_tag(run_id, "rlhf.error", error[:4000])
-    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.KILLED if interrupted else RunStatus.FAILED))

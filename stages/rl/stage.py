@@ -228,6 +228,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         progress = Progress("rl", total, start=start)
         last_eval, logs = before, {}
         for step in range(start, total):
+            if ctx.should_stop():  # Ctrl-C: the checkpoints so far stay in the work dir for the rerun
+                raise KeyboardInterrupt(f"stopped before step {step + 1}/{total}")
             timer = Timer()
             samples, scored, cursor, filtered = rollout(actors, tokenizer, prompts, stream, cursor, cfg, step, timer)
             with timer("experience"):
