@@ -153,17 +153,18 @@ def download(ref: ArtifactRef, cache_root: Path) -> Path:
     return target
 
 
-def mark_failed(client: MlflowClient, run_id: str, error: str) -> None:
-    client.set_tag(run_id, TAG_STATUS, "failed")
+def mark_failed(client: MlflowClient, run_id: str, error: str, interrupted: bool = False) -> None:
+    """A stage run that ended without its outputs: FAILED, or KILLED when the user stopped the run."""
+    client.set_tag(run_id, TAG_STATUS, "interrupted" if interrupted else "failed")
     client.set_tag(run_id, "rlhf.error", error[:4000])
-    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.KILLED if interrupted else RunStatus.FAILED))
 
 
-def try_mark_failed(client: MlflowClient, run_id: str, error: str) -> bool:
+def try_mark_failed(client: MlflowClient, run_id: str, error: str, interrupted: bool = False) -> bool:
     """`mark_failed`, unless the store cannot take it (a full disk): on a failure path the first error
     is the one to report, and the run left RUNNING is closed by the next start (`run_owner`)."""
     try:
-        mark_failed(client, run_id, error)
+        mark_failed(client, run_id, error, interrupted)
     except Exception:  # noqa: BLE001 - best effort, see above
         return False
     return True

@@ -31,10 +31,16 @@ class TrackingSetup:
         return f"mlflow ui --backend-store-uri {self.uri}"
 
 
+def resolve_uri(cfg: TrackingConfig) -> str:
+    """The tracking URI `resolve` will use, without creating anything."""
+    state_dir = Path(cfg.state_dir).expanduser().resolve()
+    return os.environ.get("MLFLOW_TRACKING_URI") or cfg.uri or f"sqlite:///{state_dir / 'mlflow.db'}"
+
+
 def resolve(cfg: TrackingConfig) -> TrackingSetup:
     state_dir = Path(cfg.state_dir).expanduser().resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg.uri or f"sqlite:///{state_dir / 'mlflow.db'}"
+    uri = resolve_uri(cfg)
     # The registry follows the tracking store; set both for every MLflow client in this process.
     os.environ["MLFLOW_TRACKING_URI"] = uri
     setup = TrackingSetup(uri=uri, experiment=cfg.experiment, state_dir=state_dir)

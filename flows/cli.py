@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -31,6 +33,8 @@ QUIET_DEFAULTS = {
     "RAY_DEDUP_LOGS": "0",
     # Prefect waits 20 s for its temporary server; a busy 2-core machine can need longer
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    # a Ray call after the run's cluster was shut down (Ctrl-C) fails rather than starting a new cluster
+    "RAY_ENABLE_AUTO_CONNECT": "0",
 }
 
 
@@ -57,26 +61,39 @@ def cmd_run(args: argparse.Namespace) -> int:
         from stages.rl.rollout_engines import check_installed
 
         check_installed(cfg)
-    from artifacts import disk_full
-    from flows import ray_cluster
+    from artifacts import disk_full, tracking
+    from flows import ray_cluster, run_end
 
     named_cluster = ray_cluster.named_address(cfg.infra)
     if named_cluster:
         ray_cluster.use_local_token()  # Ray reads it when first imported, which is about to happen
+    state_dir = Path(cfg.tracking.state_dir).expanduser().resolve()
+    fresh = not state_dir.exists()
     fresh_store = new_store(cfg)  # a damaged store stops here, before anything starts
-    disk_full.check_room(Path(cfg.tracking.state_dir).expanduser().resolve())  # and a full disk
+    disk_full.check_room(state_dir)  # and a full disk
     _prefect_home(cfg.tracking.state_dir)
-    prefect_server = start_prefect_server()
-    if not only and not named_cluster and fresh_store:
-        ray_cluster.start_early(cfg)
-    try:
-        from flows.pipeline import rlhf_pipeline
+    with run_end.bounded_interrupt():
+        prefect_server = start_prefect_server()
+        finished = False
+        try:
+            if not only and not named_cluster and fresh_store:
+                ray_cluster.start_early(cfg)
+            try:
+                from flows.pipeline import rlhf_pipeline
 
-        if prefect_server is not None:
-            prefect_server.join()  # the flow uses it (or, had it failed, starts it again and reports why)
-        rlhf_pipeline(config=args.config or "tiny", overrides=args.overrides, force=force, only=only or None)
-    finally:
-        ray_cluster.drop_early()
+                run_end.hide_run_tracebacks()
+                if prefect_server is not None:
+                    prefect_server.join()  # the flow uses it (or, had it failed, starts it again and reports why)
+                rlhf_pipeline(config=args.config or "tiny", overrides=args.overrides, force=force, only=only or None)
+            finally:
+                ray_cluster.drop_early()
+            finished = True
+        except KeyboardInterrupt as exc:  # the flow's names the stage it stopped; one raised elsewhere, nothing
+            raise KeyboardInterrupt(str(exc) or "stopped; rerun to resume") from None
+        finally:
+            run_end.end_prefect(temporary_server=prefect_server is not None)
+            if fresh and not finished:
+                run_end.remove_if_unused(state_dir, tracking.resolve_uri(cfg.tracking))
     return 0
 
 
@@ -91,6 +108,10 @@ def start_prefect_server() -> threading.Thread | None:
     from prefect.server.api.server import SubprocessASGIServer
 
     def start() -> None:
+        # The server inherits this thread's signal mask: a Ctrl-C in the terminal, which reaches the whole
+        # process group, leaves it to this process to stop (it would quit at once, and the interrupted
+        # flow's last state changes and events would have nowhere to go)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         with contextlib.suppress(Exception):  # the flow's own start tries again and reports the error
             SubprocessASGIServer().start()
 
@@ -252,19 +273,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, `run`'s KEY=VALUE overrides accepted anywhere among its options: argparse takes
+    the overrides up to the first option after them (`--only rm k=v --force sft k2=v2` left `k2=v2`)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "run" and not any(arg.startswith("-") for arg in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     for key, value in QUIET_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return args.func(args)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
         return 130
 
 
+def entry() -> None:
+    """The `rlhf` program: `main`, then an exit that skips the garbage collector's last pass over every
+    object torch, Ray, MLflow and Prefect made (seconds on a busy machine: Ctrl-C during RL to exit took
+    11.8-14.7 s with it, 3.6 s without, on a 2-core machine at load 10)."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -12,7 +12,7 @@ from mlflow.entities import Param, RunStatus
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
-from prefect.states import Completed, Failed
+from prefect.states import Cancelled, Completed, Failed
 
 from artifacts import fingerprint as fp
 from artifacts import disk_full, registry, run_owner, store, tracking
@@ -27,6 +27,7 @@ from stages import dag, preflight
 from stages.rl.layout import describe_layout
 
 FLOW_NAME = "rlhf-pipeline"
+STOP_WAIT_S = 20.0  # after Ctrl-C, how long the stage threads get to record their runs as interrupted
 
 
 # MLflow, not Prefect, is the cache (it survives a wiped Prefect DB); see stages/dag.py and artifacts/.
@@ -38,6 +39,8 @@ def stage_task(stage: str, cfg: PipelineConfig, setup, experiment_id: str, paren
                             reuse_only, pins)
     if outcome.status == "failed":
         return Failed(message=f"{stage}: {outcome.error}", data=outcome)
+    if outcome.status == "interrupted":  # Cancelled, not Failed: never retried
+        return Cancelled(message=f"{stage}: interrupted", data=outcome)
     return Completed(name="Cached" if outcome.status == "cached" else "Completed", data=outcome)
 
 
@@ -98,6 +101,17 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
                     spec.name in reused, pins,
                 )
             wait(list(futures.values()))
+        except BaseException as exc:
+            # Ctrl-C (or Prefect's cancellation) lands here, in the main thread, not in the task threads the
+            # stages run in: stop their work, and give them STOP_WAIT_S to record their runs as interrupted
+            ray_session.stop()
+            deadline = time.monotonic() + STOP_WAIT_S
+            for future in futures.values():
+                future.wait(timeout=max(0.0, deadline - time.monotonic()))
+            client.set_terminated(parent_id, RunStatus.to_string(RunStatus.KILLED))
+            if isinstance(exc, KeyboardInterrupt):
+                raise KeyboardInterrupt(interrupted_message(futures)) from None
+            raise
         finally:
             ray_session.shutdown()
 
@@ -131,9 +145,19 @@ def failing(client: MlflowClient, run_id: str, setup: tracking.TrackingSetup):
     try:
         with disk_full.reported(setup.state_dir, setup.sqlite_file):
             yield
+    except KeyboardInterrupt:
+        raise  # the run is KILLED already
     except BaseException as exc:
         store.try_mark_failed(client, run_id, "".join(traceback.format_exception(exc)))
         raise
+
+
+def interrupted_message(futures: dict) -> str:
+    """`stopped during stage rl; rerun to resume`: the stages whose runs the interrupt ended."""
+    stopped = [name for name, future in futures.items() if future.state.is_cancelled()
+               and getattr(future.state.result(raise_on_failure=False), "run_id", None)]
+    where = f" during stage {', '.join(stopped)}" if stopped else ""
+    return f"stopped{where}; rerun to resume"
 
 
 def stage_failure(outcome: StageOutcome) -> BaseException:

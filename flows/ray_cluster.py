@@ -9,6 +9,7 @@ On a local cluster of its own the session keeps stage workers for the next stage
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -86,6 +87,7 @@ class RaySession:
         self._lock = threading.Lock()
         self._owned = False
         self.pool = None  # stages.common.ray_workers.WorkerPool on a local cluster of its own
+        self.stopping = threading.Event()  # set by `stop` (Ctrl-C): no stage starts or goes on with work here
 
     def ensure(self, prestart: Shape | None = None) -> None:
         """Join or start the cluster, once (`prestart`: on a local cluster, start a stage worker set of
@@ -93,6 +95,8 @@ class RaySession:
         import ray
 
         with self._lock:
+            if self.stopping.is_set():
+                raise KeyboardInterrupt("the run is being stopped")
             if self.where is not None:
                 return
             if ray.is_initialized():  # joined by the caller (e.g. a test or a notebook)
@@ -124,15 +128,24 @@ class RaySession:
 
         self.ensure()
         if spec.driver:  # it starts actors of its own: no idle stage worker may hold their CPUs
+            ctx = dataclasses.replace(ctx, should_stop=self.stopping.is_set)
             with self.pool.outside_work() if self.pool else contextlib.nullcontext():
                 return run_timed(spec.load(), ctx, inputs)
         return run_stage(spec.entrypoint, ctx, inputs, self.infra, spec.distributed, self.pool)
 
-    def shutdown(self) -> None:
+    def stop(self) -> None:
+        """Ctrl-C: end every stage's work on the cluster now. A driver stage sees `stopping` between its
+        steps; disconnecting from Ray kills the actors this process owns (on a local cluster, the cluster
+        itself), so the stage threads' pending Ray calls fail at once instead of running to the end."""
+        self.stopping.set()
+        self.shutdown(flush_logs=False)
+
+    def shutdown(self, flush_logs: bool = True) -> None:
         import ray
 
         with self._lock:
             if self._owned:
-                time.sleep(LOG_FLUSH_S)  # let Ray's log monitor forward the last worker lines
+                if flush_logs:
+                    time.sleep(LOG_FLUSH_S)  # let Ray's log monitor forward the last worker lines
                 ray.shutdown()  # with the pool's idle workers
             self._owned, self.where, self.pool = False, None, None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import shutil
+import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -28,11 +29,13 @@ from stages import dag
 from stages.common import checkpoint_paths
 from stages.contract import StageContext
 
+LOCK_POLL_S = 1.0  # how often a stage waiting for another run's lock looks again (and at Ctrl-C)
+
 
 @dataclass
 class StageOutcome:
     stage: str
-    status: str  # ran | cached | skipped | failed
+    status: str  # ran | cached | skipped | failed | interrupted
     seconds: float
     run_id: str | None = None
     fingerprint: str | None = None
@@ -103,6 +106,8 @@ def execute_stage(
     client = MlflowClient(setup.uri)
     run_id = fingerprint = work_dir = None
     try:
+        if ray_session.stopping.is_set():  # Ctrl-C came before this stage's turn
+            raise KeyboardInterrupt("the run is being stopped")
         try:
             inputs = resolve_inputs(spec, upstream, cfg, pins)
         except NothingToDo as reason:
@@ -127,7 +132,7 @@ def execute_stage(
             raise PipelineError(f"stage {spec.name}: no finished run matches this config (fingerprint {fingerprint}), and "
                                 f"--only reuses the stages it needs; run the pipeline first or add {spec.name} to --only")
         work_dir = setup.state_dir / "work" / f"{spec.name}-{fingerprint}"
-        with work_dir_lock(work_dir, spec.name):
+        with work_dir_lock(work_dir, spec.name, ray_session.stopping):
             if (outcome := reuse()) is not None:  # another pipeline run finished it while we waited
                 return outcome
             run_id = client.create_run(
@@ -147,6 +152,12 @@ def execute_stage(
                             inputs={n: ref.identity for n, ref in inputs.items()})
     except BaseException as exc:  # noqa: BLE001 - reported as the stage's outcome, re-raised by the flow
         error = unwrap(exc)
+        if ray_session.stopping.is_set():  # whatever the stopped work raised (Ray gone, KeyboardInterrupt)
+            if run_id is not None:
+                print(f"[{spec.name}] interrupted: MLflow run {run_id} marked KILLED", flush=True)
+                store.try_mark_failed(client, run_id, "".join(traceback.format_exception(error)), interrupted=True)
+            return StageOutcome(spec.name, "interrupted", time.monotonic() - started, run_id, fingerprint,
+                                error=KeyboardInterrupt())
         trace = "".join(traceback.format_exception(error))
         if (full := disk_full.no_space(error, work_dir or setup.state_dir, setup.sqlite_file)) is not None:
             full.__cause__, error = error, full
@@ -177,6 +188,8 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
         log_metrics=MlflowMetrics(setup.uri, run_id),
     )
     result = ray_session.run_stage(spec, ctx, local_inputs)
+    if ray_session.stopping.is_set():  # a stage that finished while the run was stopped is not published
+        raise KeyboardInterrupt("the run is being stopped")
 
     refs = store.publish(client, run_id, result.outputs, spec.register)
     logged = dict(result.metrics)
@@ -191,18 +204,25 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
 
 
 @contextmanager
-def work_dir_lock(work_dir: Path, stage: str):
+def work_dir_lock(work_dir: Path, stage: str, stopping: threading.Event):
     """One pipeline process at a time trains a given stage + fingerprint (they would share its work dir
     and checkpoints); a second one waits, then finds the first one's run in the cache. The (empty) lock
-    files stay: removing one while a process waits on it would let a third one in."""
+    files stay: removing one while a process waits on it would let a third one in. The wait ends when
+    the run is stopped (Ctrl-C)."""
     locks = work_dir.parent.parent / "locks"  # beside work/, in the state folder
     locks.mkdir(parents=True, exist_ok=True)
     with open(locks / f"{work_dir.name}.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"[{stage}] waiting: another pipeline run is running this stage with the same fingerprint", flush=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        waiting = False
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waiting:
+                    print(f"[{stage}] waiting: another pipeline run is running this stage with the same fingerprint", flush=True)
+                    waiting = True
+                if stopping.wait(LOCK_POLL_S):
+                    raise KeyboardInterrupt("the run is being stopped") from None
         try:
             yield
         finally:

@@ -16,6 +16,11 @@ def _no_metrics(metrics: dict[str, float], step: int) -> None:
     """Default sink when a stage runs outside a tracked pipeline."""
 
 
+def _never() -> bool:
+    """Default stop check: nothing asks the stage to stop."""
+    return False
+
+
 @dataclass
 class StageContext:
     """Everything a stage needs besides its inputs.
@@ -30,6 +35,9 @@ class StageContext:
     output_dir: Path
     work_dir: Path
     log_metrics: MetricsCallback = _no_metrics
+    # true once the run is being stopped (Ctrl-C): a driver stage, which runs in a thread of the flow
+    # process where no KeyboardInterrupt lands, checks it between steps
+    should_stop: Callable[[], bool] = _never
     rank: int = 0
     world_size: int = 1
 

@@ -24,12 +24,19 @@ from stages.contract import StageContext, StageResult, run_timed
 
 def start_local_cluster(num_cpus: int, log_to_driver: bool = True) -> None:
     """A fresh local Ray cluster (even when `ray start` left one running on this machine) whose workers
-    run at nice 0. Ray starts workers at nice 15 so that its daemons stay responsive; here the workers
-    are the job, and at nice 15 every nice-0 process (the flow's driver, a Prefect server, Ray's own
-    daemons, anything else on the machine) preempts their compute: a GRPO trial beside a test run read
-    18.5 and 19.4 samples/s at nice 15, 162.2 and 170.1 at nice 0."""
+    run at nice 0 and die with the driver's process group.
+
+    Ray starts workers at nice 15 so that its daemons stay responsive; here the workers are the job, and
+    at nice 15 every nice-0 process (the flow's driver, a Prefect server, Ray's own daemons, anything
+    else on the machine) preempts their compute: a GRPO trial beside a test run read 18.5 and 19.4
+    samples/s at nice 15, 162.2 and 170.1 at nice 0.
+
+    Ray also starts each worker in a process group of its own (to kill what a worker spawns when it
+    exits); a SIGKILL of the driver's group then kills the GCS and raylet, children of the driver, but not
+    the workers, which live on until they notice the raylet is gone, if ever. Kept in the driver's group,
+    they die with it."""
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
-             _system_config={"worker_niceness": 0})
+             _system_config={"worker_niceness": 0, "process_group_cleanup_enabled": False})
 
 
 @contextlib.contextmanager

@@ -213,7 +213,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     ckpt = {"policy": ctx.work_dir / "checkpoints" / "policy", "critic": ctx.work_dir / "checkpoints" / "critic"}
 
     rollout_engines.check(cfg, ray.cluster_resources().get("GPU", 0))
-    placement = Placement(cfg, estimator.needs_critic)
+    placement = Placement(cfg, estimator.needs_critic, stop=ctx.should_stop)
     actors = None
     try:
         actors = Actors(ctx, inputs, placement, total, estimator.needs_critic)
@@ -232,6 +232,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         progress = Progress("rl", total, start=start)
         last_eval, logs = before, {}
         for step in range(start, total):
+            if ctx.should_stop():  # Ctrl-C: the checkpoints so far stay in the work dir for the rerun
+                raise KeyboardInterrupt(f"stopped before step {step + 1}/{total}")
             timer = Timer()
             samples, scored, cursor, filtered = rollout(actors, tokenizer, prompts, stream, cursor, cfg, step, timer)
             with timer("experience"):

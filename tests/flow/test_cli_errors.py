@@ -213,3 +213,20 @@ def test_a_bad_reward_file_stops_the_run_before_any_work(cli, workdir, body, fra
     name = "missing.py" if body is None else "reward.py"
     assert_one_line_error(cli("run", f"reward.func_path={name}"), *fragments)
     assert_no_work_started(workdir)
+
+
+def test_overrides_after_an_option_are_read_as_overrides(cli, workdir):
+    assert_one_line_error(cli("run", "seed=7", "--force", "sft", "sft.lrr=3e-4"), "sft.lrr", "override")
+    assert_no_work_started(workdir)
+
+
+def test_a_failure_inside_the_flow_is_one_line_and_a_fresh_folder_keeps_no_store(workdir):
+    """The flow fails before any stage ran (a pinned input names no run): no Prefect traceback on the
+    terminal, the error last, and the store the run made for it is gone."""
+    pin = "inputs.rl_model=runs:/0123456789abcdef0123456789abcdef/rl_model"
+    result = run_cli(workdir, "run", "--only", "eval", pin, timeout=300)
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {pin}: no run 0123456789abcdef0123456789abcdef in sqlite:///"), result.stderr
+    assert not (workdir / ".rlhf").exists()

@@ -54,6 +54,34 @@ def stage_runs(ws, stage: str):
     return client.search_runs([exp.experiment_id], f"tags.`rlhf.stage` = '{stage}'")
 
 
+def cluster_processes(cli_pid: int) -> dict[psutil.Process, tuple[str, int]]:
+    """Every process a CLI run started (its Ray cluster's daemons and workers): process -> (title, group)."""
+    found = {}
+    for p in psutil.Process(cli_pid).children(recursive=True):
+        try:
+            found[p] = (" ".join(p.cmdline())[:60], os.getpgid(p.pid))
+        except (psutil.Error, ProcessLookupError):  # a short-lived helper that is gone already
+            pass
+    return found
+
+
+def assert_gone(processes, within_s: float) -> None:
+    def alive():
+        running = []
+        for p, (title, _) in processes.items():
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    running.append(title)
+            except psutil.Error:
+                pass
+        return running
+
+    deadline = time.monotonic() + within_s
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(), alive()
+
+
 def test_killed_during_sft_then_resumed(ws):
     proc = subprocess.Popen([*CLI, "run"], cwd=ws, env=cli_env(ws), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
@@ -64,8 +92,12 @@ def test_killed_during_sft_then_resumed(ws):
         latest = found[0] if found else None
         time.sleep(0.5)
     assert latest is not None, "SFT never wrote a checkpoint"
+    cluster = cluster_processes(proc.pid)
+    # the local Ray cluster is the run's process group: its workers too, not in groups of their own
+    assert cluster and {pgid for _, pgid in cluster.values()} == {proc.pid}, cluster
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
+    assert_gone(cluster, within_s=2)  # killed with the group, not left to notice their raylet died
     # Nothing of the killed SFT is published: no complete run, no registered version.
     sft_runs = stage_runs(ws, "sft")
     assert sft_runs and all(r.data.tags.get(store.TAG_STATUS) != store.COMPLETE for r in sft_runs)
@@ -399,8 +431,8 @@ def test_a_stage_that_raises_fails_the_flow_with_its_error_and_registers_nothing
     # no KL term: no reference actor to start for a run that fails at its first scoring
     result = run_cli(ws, "run", f"reward.func_path={boom}", "rl.max_steps=2", "rl.init_kl_coef=0")
     assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert errors == [f"error: reward_func in {boom} raised ValueError: no reward today"]
+    assert result.stderr.splitlines()[-1] == f"error: reward_func in {boom} raised ValueError: no reward today"
+    assert "Traceback" not in result.stdout + result.stderr  # it is in the stage's MLflow run, tag rlhf.error
     statuses = stage_statuses(ws)
     assert statuses.pop("rl") == "failed"
     assert statuses == dict.fromkeys(("data_prep", "sft", "rm", "prm", "dpo"), "cached")  # eval, lora_merge: never started
@@ -425,3 +457,40 @@ def test_two_pipeline_runs_at_once_on_one_store(ws):
     from stages.rewards.reward_model import load_reward_model
 
     load_reward_model(path)
+
+
+def test_ctrl_c_during_rl_stops_it_within_seconds_registers_nothing_and_keeps_its_checkpoints(ws, tmp_path):
+    """A Ctrl-C in the terminal (SIGINT to the whole process group) mid-RL: RL runs in the flow process's
+    task thread, where no KeyboardInterrupt lands; the flow stops it and its actors, marks its MLflow run
+    KILLED, registers nothing, and the process ends with 130 and one line saying how to go on. Its
+    checkpoints stay in the work dir, where a rerun resumes (tests/stage/test_rl_stage.py)."""
+    args = ["--only", "rl", "rl.max_steps=6", "rl.save_every=1", "rl.eval_every=6", "eval.max_samples=16",
+            "eval.samples_per_prompt=0"]
+    versions = len(mlflow_client(ws).search_model_versions("name = 'rlhf-rl'"))
+    before = set((ws / ".rlhf" / "work").glob("rl-*"))
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        proc = subprocess.Popen([*CLI, "run", *args], cwd=ws, env=cli_env(ws), stdout=stdout, stderr=stderr,
+                                start_new_session=True)
+    deadline = time.monotonic() + 300
+    saved = []
+    while time.monotonic() < deadline and not saved:
+        assert proc.poll() is None, out.read_text()[-3000:] + err.read_text()[-3000:]
+        saved = [d for d in (ws / ".rlhf" / "work").glob("rl-*") if d not in before and (d / "checkpoints" / "policy" / "latest").exists()]
+        time.sleep(0.2)
+    assert saved, "RL never wrote a checkpoint"
+    cluster = cluster_processes(proc.pid)
+    interrupted = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    took = time.monotonic() - interrupted
+    output = out.read_text() + err.read_text()
+    assert proc.returncode == 130, output[-3000:]
+    assert err.read_text().splitlines()[-1] == "interrupted: stopped during stage rl; rerun to resume"
+    assert "Traceback" not in output and "[rl] interrupted" in output
+    assert took < 30, f"{took:.1f} s from Ctrl-C to exit"
+    (run,) = [r for r in stage_runs(ws, "rl") if r.data.params.get("rl.max_steps") == "6"]
+    assert run.info.status == "KILLED" and run.data.tags[store.TAG_STATUS] == "interrupted"
+    assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-rl'")) == versions
+    assert (saved[0] / "checkpoints" / "policy" / "latest").exists()
+    assert_gone(cluster, within_s=10)

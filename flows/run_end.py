@@ -1,0 +1,125 @@
+"""How `rlhf run` ends, whatever ended it: Ctrl-C stops it within a bound, Prefect's temporary server
+and its event and log workers are stopped within a bound, a store the run made fresh is removed when
+it recorded no stage run, and a failure leaves one line on the terminal, not Prefect's traceback.
+
+A Ctrl-C raises KeyboardInterrupt in the main thread, where the flow waits for its stage threads; the
+flow then stops their work (`flows.ray_cluster.RaySession.stop`). A second Ctrl-C, or a stop that
+takes longer than FORCE_EXIT_S, ends the process at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+
+FORCE_EXIT_S = 60.0  # after the first Ctrl-C, the longest the orderly stop may take
+DRAIN_S = 10.0  # the longest Prefect's event and log workers get to deliver what they hold
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+
+@contextlib.contextmanager
+def bounded_interrupt():
+    """While the block runs, the first SIGINT raises KeyboardInterrupt (as Python's own handler does)
+    and arms a timer; a second SIGINT, or the timer, ends the process with status 130."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    timer: threading.Timer | None = None
+
+    def on_sigint(signum, frame):
+        nonlocal timer
+        if timer is not None:
+            force_exit("a second Ctrl-C")
+        timer = threading.Timer(FORCE_EXIT_S, force_exit, [f"still stopping after {FORCE_EXIT_S:.0f} s"])
+        timer.daemon = True
+        timer.start()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if timer is not None:
+            timer.cancel()
+
+
+def force_exit(why: str) -> None:
+    """End the process now. The local Ray cluster's daemons die with it (Ray ties them to this process)."""
+    if "prefect.server.api.server" in sys.modules:  # else no temporary server was started
+        with contextlib.suppress(Exception):
+            stop_temporary_server()
+    print(f"interrupted: {why}; stopped without waiting for the stages; rerun to resume", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
+def stop_temporary_server() -> None:
+    """Stop the temporary Prefect server this process started, if any (Prefect would at interpreter exit)."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # the one instance the flow's client and `start_prefect_server` use
+    if server.server_process is not None:
+        server.stop()
+
+
+def end_prefect(temporary_server: bool) -> None:
+    """Deliver the flow run's last events and logs within DRAIN_S, then stop the temporary server (its
+    'Stopping' line comes before the run's last line, and nothing is left to wait for at exit)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (EventsWorker, APILogWorker):
+        with contextlib.suppress(Exception):
+            worker.drain_all(timeout=DRAIN_S)
+    if temporary_server:
+        stop_temporary_server()
+
+
+class NoRunTracebacks(logging.Filter):
+    """Drops the flow and task runs' records that carry a traceback (Prefect's 'Encountered exception')."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and record.name.startswith(RUN_LOGGERS))
+
+
+def hide_run_tracebacks() -> None:
+    """On the terminal only: Prefect's own run logs (its UI) keep the traceback, the failed stage's MLflow
+    run keeps it in the tag `rlhf.error`, and the CLI prints the one `error:` line."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler) and not any(isinstance(f, NoRunTracebacks) for f in handler.filters):
+            handler.addFilter(NoRunTracebacks())
+
+
+def remove_if_unused(state_dir: Path, uri: str) -> bool:
+    """Remove a state folder this run created when no stage run was recorded in it (nothing to reuse or
+    resume); returns whether it did. Kept when it holds a stage's work dir or the store names a stage run,
+    or when the store cannot be read."""
+    if not state_dir.is_dir() or (state_dir / "work").exists():
+        return False
+    db = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+    if db is not None and db.is_relative_to(state_dir) and db.exists():
+        try:
+            if stage_runs_recorded(uri):
+                return False
+        except Exception:  # noqa: BLE001 - a store that cannot be read is the user's to look at
+            return False
+    shutil.rmtree(state_dir, ignore_errors=True)
+    return True
+
+
+def stage_runs_recorded(uri: str) -> bool:
+    from mlflow import MlflowClient
+
+    from artifacts.store import TAG_STAGE
+
+    client = MlflowClient(uri)
+    ids = [e.experiment_id for e in client.search_experiments()]
+    return bool(ids) and any(TAG_STAGE in r.data.tags for r in client.search_runs(ids, max_results=1000))
