@@ -56,7 +56,7 @@ def split_template_model(tmp_path):
 
 
 def test_a_template_that_renders_the_prompt_otherwise_before_a_response_is_one_line(split_template_model, tmp_path):
-    message = (rf"^sft_data/train row \d+: the chat template of {split_template_model} renders the prompt differently "
+    message = (rf"^{tmp_path}/sft.jsonl line \d+: the chat template of {split_template_model} renders the prompt differently "
                r"with and without the response \(the prompt with add_generation_prompt is not the start of the "
                r"conversation\); fix its chat_template, or set data\.sft\.apply_chat_template=false and a "
                r"data\.sft\.input_template$")
@@ -65,7 +65,7 @@ def test_a_template_that_renders_the_prompt_otherwise_before_a_response_is_one_l
     assert datasets_written(tmp_path / "sft") == []
 
     plain_sft = ["data.sft.apply_chat_template=false", "data.sft.input_template='Q {} A'"]
-    with pytest.raises(DataError, match=r"^pref_data/train row 0: .* set data\.preference\.apply_chat_template=false "
+    with pytest.raises(DataError, match=rf"^{tmp_path}/pref.jsonl line 1: .* set data\.preference\.apply_chat_template=false "
                                         r"and a data\.preference\.input_template$"):
         run_data_prep(files_config(split_template_model, tmp_path, *plain_sft), tmp_path / "pref")
 

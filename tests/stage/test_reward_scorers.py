@@ -261,7 +261,7 @@ def test_serve_rm_scores_concurrent_requests_in_turns(serve_rm):
         requests.post(f"{base}/get_reward", json={"query": ["Compute 1+2\n1+2=3\nAnswer: 3"] * n}, timeout=120).raise_for_status()
         done[name] = time.monotonic()
 
-    large = threading.Thread(target=post, args=("large", 600))  # 150 forward passes at --batch-size 4: seconds
+    large = threading.Thread(target=post, args=("large", 6000))  # 1,500 forward passes at --batch-size 4: seconds, even on an idle machine
     large.start()
     time.sleep(0.5)  # it has reached the server
     assert "large" not in done
