@@ -238,7 +238,7 @@ def test_dynamic_filtering_replaces_groups_whose_scores_are_all_equal(prepared, 
 
 
 def test_actor_groups_that_do_not_fit_the_cluster_fail_with_one_line(prepared, tmp_path):
-    with pytest.raises(PipelineError, match=r"stage rl needs 4 CPU .* the Ray cluster has 2 CPU .*rl.colocate_all: true"):
+    with pytest.raises(PipelineError, match=r"stage rl needs 8 CPU .* the Ray cluster has 2 CPU .*rl.colocate_all: true"):
         run_rl(prepared, tmp_path, ["rl.colocate_all=false"])
 
 
