@@ -9,6 +9,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Param, RunStatus
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import ExternalSignal
 from prefect.futures import wait
 from prefect.states import Cancelled, Completed, Failed
 
@@ -81,8 +82,8 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
                 spec.name in reused, pins,
             )
         wait(list(futures.values()))
-    except BaseException as exc:
-        # Ctrl-C (or Prefect's cancellation) lands here, in the main thread, not in the task threads the
+    except (KeyboardInterrupt, ExternalSignal) as exc:
+        # Ctrl-C (or Prefect's SIGTERM) lands here, in the main thread, not in the task threads the
         # stages run in: stop their work, and give them STOP_WAIT_S to record their runs as interrupted
         ray_session.stop()
         deadline = time.monotonic() + STOP_WAIT_S
