@@ -11,6 +11,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Param, RunStatus
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import ExternalSignal
 from prefect.futures import wait
 from prefect.states import Cancelled, Completed, Failed
 
@@ -101,8 +102,8 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
                     spec.name in reused, pins,
                 )
             wait(list(futures.values()))
-        except BaseException as exc:
-            # Ctrl-C (or Prefect's cancellation) lands here, in the main thread, not in the task threads the
+        except (KeyboardInterrupt, ExternalSignal) as exc:
+            # Ctrl-C (or Prefect's SIGTERM) lands here, in the main thread, not in the task threads the
             # stages run in: stop their work, and give them STOP_WAIT_S to record their runs as interrupted
             ray_session.stop()
             deadline = time.monotonic() + STOP_WAIT_S
@@ -145,7 +146,7 @@ def failing(client: MlflowClient, run_id: str, setup: tracking.TrackingSetup):
     try:
         with disk_full.reported(setup.state_dir, setup.sqlite_file):
             yield
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, ExternalSignal):
         raise  # the run is KILLED already
     except BaseException as exc:
         store.try_mark_failed(client, run_id, "".join(traceback.format_exception(exc)))

@@ -463,9 +463,10 @@ def test_ctrl_c_during_rl_stops_it_within_seconds_registers_nothing_and_keeps_it
     """A Ctrl-C in the terminal (SIGINT to the whole process group) mid-RL: RL runs in the flow process's
     task thread, where no KeyboardInterrupt lands; the flow stops it and its actors, marks its MLflow run
     KILLED, registers nothing, and the process ends with 130 and one line saying how to go on. Its
-    checkpoints stay in the work dir, where a rerun resumes (tests/stage/test_rl_stage.py)."""
-    args = ["--only", "rl", "rl.max_steps=6", "rl.save_every=1", "rl.eval_every=6", "eval.max_samples=16",
-            "eval.samples_per_prompt=0"]
+    checkpoints stay in the work dir of its fingerprint, where a rerun resumes (as SFT's above; RL's
+    resume itself: tests/stage/test_rl_stage.py)."""
+    args = ["--only", "rl", "rl.max_steps=4", "rl.save_every=1", "rl.eval_every=4", "rl.rollout_batch_size=8",
+            "rl.n_samples_per_prompt=4", "rl.train_batch_size=32", "eval.max_samples=16", "eval.samples_per_prompt=0"]
     versions = len(mlflow_client(ws).search_model_versions("name = 'rlhf-rl'"))
     before = set((ws / ".rlhf" / "work").glob("rl-*"))
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"
@@ -489,7 +490,7 @@ def test_ctrl_c_during_rl_stops_it_within_seconds_registers_nothing_and_keeps_it
     assert err.read_text().splitlines()[-1] == "interrupted: stopped during stage rl; rerun to resume"
     assert "Traceback" not in output and "[rl] interrupted" in output
     assert took < 30, f"{took:.1f} s from Ctrl-C to exit"
-    (run,) = [r for r in stage_runs(ws, "rl") if r.data.params.get("rl.max_steps") == "6"]
+    (run,) = [r for r in stage_runs(ws, "rl") if r.data.params.get("rl.max_steps") == "4"]
     assert run.info.status == "KILLED" and run.data.tags[store.TAG_STATUS] == "interrupted"
     assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-rl'")) == versions
     assert (saved[0] / "checkpoints" / "policy" / "latest").exists()
