@@ -7,6 +7,7 @@ import ast
 import functools
 import importlib.machinery
 import importlib.util
+import threading
 from pathlib import Path
 
 PROJECT_PACKAGES = ("artifacts", "configs", "flows", "stages")  # what pyproject installs; all else is a library
@@ -37,6 +38,11 @@ def module_file(name: str, dirs: dict[str, Path]) -> Path | None:
     return path.with_suffix(".py") if rest and path.with_suffix(".py").is_file() else None
 
 
+# The flow fingerprints stages from several task threads at once, and CPython 3.11's ast.parse is not safe
+# to run concurrently ("AST constructor recursion depth mismatch"): one parse at a time.
+PARSE_LOCK = threading.Lock()
+
+
 @functools.lru_cache(maxsize=1024)
 def imported_names(name: str, is_package: bool, source: bytes) -> frozenset[str]:
     """Every dotted name the module's source imports, anywhere (imports inside functions included), with
@@ -44,7 +50,9 @@ def imported_names(name: str, is_package: bool, source: bytes) -> frozenset[str]
     absolute, and `importlib.import_module("literal")` calls counted as imports. Kept per source text."""
     package = name if is_package else name.rpartition(".")[0]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(source, filename=name)):
+    with PARSE_LOCK:
+        tree = ast.parse(source, filename=name)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
