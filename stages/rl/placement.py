@@ -22,8 +22,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from configs.errors import PipelineError
 from configs.schema import PipelineConfig
-from stages.rl.layout import check_fits, group_sizes, hosts, pools
 from stages.common.ray_workers import thread_env
+from stages.rl.layout import check_fits, group_sizes, hosts, pools
 
 
 @dataclass
