@@ -34,9 +34,9 @@ SIZES = {
 
 
 def single_rank_env(device: str) -> None:
-    from stages.common import ray_workers
+    from stages.common import dist_env
 
-    os.environ.update(ray_workers.single_rank_env())
+    os.environ.update(dist_env.single_rank_env())
     if device == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
 

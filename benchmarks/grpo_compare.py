@@ -199,7 +199,8 @@ def trl_in_ray(cfg, data: dict[str, Path], work: Path) -> dict:
     are: the cost of the runtime alone, with TRL's loop unchanged."""
     import ray
 
-    from stages.common.ray_workers import local_cluster, prepare_process
+    from stages.common.dist_env import prepare_process
+    from stages.common.ray_workers import local_cluster
 
     threads = cfg.infra.num_cpus
     data, work = {name: path.resolve() for name, path in data.items()}, work.resolve()

@@ -9,9 +9,9 @@ from pathlib import Path
 
 def single_rank_env() -> None:
     """torch.distributed settings for one in-process DeepSpeed rank on the CPU."""
-    from stages.common import ray_workers
+    from stages.common import dist_env
 
-    os.environ.update(ray_workers.single_rank_env(), DS_ACCELERATOR="cpu")
+    os.environ.update(dist_env.single_rank_env(), DS_ACCELERATOR="cpu")
 
 
 def make_ctx(stage: str, cfg, root: Path, log=None):

@@ -31,7 +31,7 @@ def rollout(options: RunOptions) -> Report:
     from configs import load_config
     from flows import vllm_env
     from stages.common import checkpoint
-    from stages.common.ray_workers import local_cluster, thread_env
+    from stages.common.ray_workers import actor_class, local_cluster, thread_env
     from stages.data_prep import read_split
     from stages.rl import rollout_engines
     from stages.rl.vllm_engine import VLLMRolloutEngine, runtime_env
@@ -52,7 +52,7 @@ def rollout(options: RunOptions) -> Report:
         rollout_engines.check(cfg, cluster_gpus=0)
         print("[rollout] starting the engines ...", flush=True)
         engines = {
-            "hf": HFRolloutEngine.options(num_cpus=0, **thread_env(threads)).remote(cfg, policy, threads),
+            "hf": actor_class(HFRolloutEngine).options(num_cpus=0, **thread_env(threads)).remote(cfg, policy, threads),
             "vllm": VLLMRolloutEngine.options(num_cpus=0, runtime_env=runtime_env(rollout_engines.vllm_python(cfg), threads))
             .remote(policy, rollout_engines.vllm_options(cfg, 0), threads),
         }

@@ -39,7 +39,7 @@ def perplexity(model, rows: list[tuple[list[int], list[int]]], batch_size: int, 
     for i in range(0, len(rows), batch_size):
         batch = pad_batch(rows[i : i + batch_size], pad_id)
         n = int((batch["labels"][:, 1:] != -100).sum())
-        total_loss += float(model(**batch, use_cache=False).loss) * n
+        total_loss += float(model(**{k: v.to(model.device) for k, v in batch.items()}, use_cache=False).loss) * n
         total_tokens += n
     return math.exp(total_loss / max(total_tokens, 1))
 
@@ -49,8 +49,7 @@ def evaluate_model(model_dir: Path, cfg, prompts: list[dict], sft_eval: list[dic
     e, k = cfg.eval, cfg.eval.samples_per_prompt
     set_seed(cfg.seed)  # each model's sampled responses are drawn from the same seed
     tokenizer = checkpoint.load_tokenizer(model_dir)
-    model = checkpoint.load_causal_lm(model_dir, cfg.model)
-    model.eval()
+    model = checkpoint.load_frozen_lm(model_dir, cfg.model)
     texts, labels = [p["prompt"] for p in prompts], [p["label"] for p in prompts]
     generated = generate(model, tokenizer, texts, batch_size=e.batch_size, max_new_tokens=e.max_new_tokens)
     responses = [tokenizer.decode(ids, skip_special_tokens=True) for ids in generated]

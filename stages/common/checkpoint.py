@@ -79,6 +79,17 @@ def load_causal_lm(path: str | Path, model_cfg: ModelConfig, precision: str = "f
         raise CheckpointError(f"{source}: cannot load as a causal LM ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
 
 
+def default_device() -> str:
+    """Where a model that only scores or samples runs: this process's GPU where it has one (Ray gives a
+    worker its own through CUDA_VISIBLE_DEVICES)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_frozen_lm(path: str | Path, model_cfg: ModelConfig, precision: str = "fp32") -> PreTrainedModel:
+    """A causal LM that is never trained (reference, rollout engine, eval), in eval mode on `default_device`."""
+    return load_causal_lm(path, model_cfg, precision).to(default_device()).eval()
+
+
 def flash_attn_available() -> bool:
     if not torch.cuda.is_available():
         return False

@@ -330,7 +330,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     objective = None if d.iterative.rounds else make_objective(encode_pairs(tokenizer, read_split(inputs["pref_data"], "train")))
 
     def precompute() -> dict[str, torch.Tensor]:
-        reference = checkpoint.load_causal_lm(inputs["sft_model"], cfg.model).eval()
+        reference = checkpoint.load_frozen_lm(inputs["sft_model"], cfg.model, cfg.infra.precision)
         scored = {"eval": (evaluation, list(range(evaluation.n_rows)))}
         if objective is not None:
             scored["train"] = (objective, rows_trained_on(objective.n_rows, d, ctx.world_size, cfg.seed))

@@ -14,12 +14,11 @@ from typing import Literal
 import torch
 
 from configs.schema import ModelConfig
-from stages.common.checkpoint import load_causal_lm, load_tokenizer
+from stages.common.checkpoint import default_device, load_causal_lm, load_tokenizer
 from stages.common.checkpoint_paths import resolve, validate
 from stages.common.tokenization import pad_batch
 from stages.rewards.base import RewardBatch, check_batch
 from stages.rewards.errors import RewardError
-from stages.rewards.reward_model import default_device
 
 Aggregate = Literal["min", "mean", "last"]
 

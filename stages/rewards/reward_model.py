@@ -21,7 +21,7 @@ from transformers.utils import cached_file
 from transformers.utils import logging as hf_logging
 
 from configs.errors import CheckpointError, first_line
-from stages.common.checkpoint import DTYPES, load_tokenizer
+from stages.common.checkpoint import DTYPES, default_device, load_tokenizer
 from stages.common.checkpoint_paths import resolve, validate
 from stages.common.tokenization import last_token_index, pad_batch
 from stages.rewards.base import RewardBatch, check_batch
@@ -41,10 +41,6 @@ def rm_query(text: str, eos: str | None, pad: str | None) -> str:
         run = f"(?:{'|'.join(marks)})+"
         text = re.sub(f"^{run}|{run}$", "", text)
     return text + (eos or "")
-
-
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class RewardModel(torch.nn.Module):

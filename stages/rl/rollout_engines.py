@@ -17,6 +17,7 @@ import ray
 
 from configs.errors import ConfigError
 from configs.schema import CPU_KV_CACHE_MIB, PipelineConfig
+from stages.common.ray_workers import actor_class
 from stages.rl.placement import Slot
 from stages.rl.vllm_engine import VLLMRolloutEngine, runtime_env
 from stages.rl.workers import HFRolloutEngine
@@ -90,7 +91,7 @@ def vllm_options(cfg: PipelineConfig, cluster_gpus: float) -> dict:
 def start(cfg: PipelineConfig, model_path: str, slots: list[Slot]) -> list:
     """One engine actor per slot (not yet waited for: call `ready`)."""
     if cfg.rl.engine == "hf":
-        return [HFRolloutEngine.options(**s.options()).remote(cfg, model_path, s.threads) for s in slots]
+        return [actor_class(HFRolloutEngine).options(**s.options()).remote(cfg, model_path, s.threads) for s in slots]
     from transformers import AutoConfig
 
     options = vllm_options(cfg, ray.cluster_resources().get("GPU", 0))

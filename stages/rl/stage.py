@@ -7,6 +7,9 @@ Reads `sft_model`, `prompts`, `eval_data` (and `reward_model` / `prm` when the r
 the pipeline's own models); writes `rl_model`, an HF checkpoint of the trained policy. Every
 `rl.save_every` steps the policy, critic and the driver's counters are checkpointed under the
 work dir; a re-run with the same fingerprint resumes there.
+
+The driver reaches its workers through a backend: Ray actors in the pipeline (`run`), or objects in
+this process (`run_in_process`: one rank per model, no Ray).
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import ray
 import torch
 from transformers import set_seed
 
@@ -33,7 +35,7 @@ from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 from stages.eval_metrics import by_prompt, held_out_metrics
 from stages.rewards.base import RewardBatch, concat
-from stages.rl import rollout_engines, workers
+from stages.rl import workers
 from stages.rl.advantages import (
     ESTIMATORS,
     compute_advantages,
@@ -53,8 +55,6 @@ from stages.rl.losses import (
     approx_kl,
     masked_mean,
 )
-from stages.rl.layout import resolve_layout
-from stages.rl.placement import Placement, waves
 
 MAX_FILL_ROUNDS = 4  # dynamic filtering: extra rollouts tried before the batch is topped up with filtered groups
 
@@ -90,34 +90,32 @@ class Timer:
 
 
 class Actors:
-    """Every Ray actor of the stage, placed by `Placement`."""
+    """Every worker of the stage, started through `backend` (Ray actors, or objects in this process)."""
 
-    def __init__(self, ctx: StageContext, inputs: dict[str, Path], placement: Placement, total_steps: int, needs_critic: bool):
+    def __init__(self, ctx: StageContext, inputs: dict[str, Path], backend, total_steps: int, needs_critic: bool):
         cfg, rl = ctx.config, ctx.config.rl
-        self.placement = placement
-        slots, cwd, sft = placement.slots, os.getcwd(), str(inputs["sft_model"])
-        self.policy = [workers.PolicyWorker.options(**s.options()).remote(i, len(slots["actor"]), s.threads)
-                       for i, s in enumerate(slots["actor"])]
-        self.critic = [workers.CriticWorker.options(**s.options()).remote(i, len(slots["critic"]), s.threads)
-                       for i, s in enumerate(slots["critic"])] if needs_critic else []
+        self.backend = b = backend
+        sizes, cwd, sft = backend.sizes, os.getcwd(), str(inputs["sft_model"])
+        self.policy = [b.start(workers.PolicyWorker, "actor", i, i, sizes["actor"]) for i in range(sizes["actor"])]
+        self.critic = [b.start(workers.CriticWorker, "critic", i, i, sizes["critic"])
+                       for i in range(sizes["critic"])] if needs_critic else []
         self.hybrid = rl.engine == "hybrid"  # the policy ranks sample with their own weights and hold the reference
         if self.hybrid:
             self.ref = self.policy if rl.needs_reference else []
-        else:
-            self.ref = [workers.ReferenceWorker.options(**s.options()).remote(cfg, sft, s.threads)
-                        for s in slots.get("ref", [])]  # none without a KL coefficient
+        else:  # none without a KL coefficient
+            self.ref = [b.start(workers.ReferenceWorker, "ref", i, cfg, sft) for i in range(sizes.get("ref", 0))]
         own_rm, own_prm = (str(inputs[k]) if inputs.get(k) else None for k in ("reward_model", "prm"))
-        self.reward = [workers.RewardWorker.options(**s.options()).remote(s.threads) for s in slots["reward"]]
-        self.engines = self.policy if self.hybrid else rollout_engines.start(cfg, sft, slots["engine"])
+        self.reward = [b.start(workers.RewardWorker, "reward", i) for i in range(sizes["reward"])]
+        self.engines = self.policy if self.hybrid else b.start_engines(cfg, sft)
         # a bad reward config fails here, before any model loads
-        pending = [w.setup.remote(cfg, own_rm, own_prm, cwd) for w in self.reward]
-        ray.get(pending)
+        pending = [b.call(w, "setup", cfg, own_rm, own_prm, cwd) for w in self.reward]
+        b.get(pending)
         for group, optim in ((self.policy, rl.actor), (self.critic, rl.critic)):
             if group:
-                master = ray.get(group[0].master.remote())
-                pending += [w.setup.remote(cfg, sft, optim, total_steps, master, cwd) for w in group]
-        pending += [a.ready.remote() for a in [*self.engines, *self.ref]]
-        ray.get(pending)
+                master = b.get(b.call(group[0], "master"))
+                pending += [b.call(w, "setup", cfg, sft, optim, total_steps, master, cwd) for w in group]
+        pending += [b.call(a, "ready") for a in [*self.engines, *self.ref]]
+        b.get(pending)
 
     def all(self) -> list:
         if self.hybrid:
@@ -125,37 +123,37 @@ class Actors:
         return [*self.policy, *self.critic, *self.engines, *self.reward, *self.ref]
 
     def close(self) -> None:
-        try:
-            ray.get([w.close.remote() for w in [*self.policy, *self.critic]], timeout=30)
-        except (ray.exceptions.RayError, TimeoutError) as exc:  # the actors are killed next either way
-            print(f"[rl] closing process groups: {type(exc).__name__}", flush=True)
-        for actor in self.all():
-            ray.kill(actor)
+        self.backend.close([*self.policy, *self.critic], self.all())
+
+    def on_all(self, group: list, method: str, *args) -> list:
+        """`method` called on every worker of `group`, with the same arguments; their results."""
+        return self.backend.get([self.backend.call(w, method, *args) for w in group])
 
 
-def on_shards(group: list, method: str, batch: dict[str, torch.Tensor], *args) -> list:
-    """Launch `method` on every worker of an actor group with its equal slice of `batch` (object refs)."""
-    return [getattr(w, method).remote(s, *args) for w, s in zip(group, shard(batch, len(group)))]
+def on_shards(actors: Actors, group: list, method: str, batch: dict[str, torch.Tensor], *args) -> list:
+    """Launch `method` on every worker of a group with its equal slice of `batch` (pending results)."""
+    return [actors.backend.call(w, method, s, *args) for w, s in zip(group, shard(batch, len(group)))]
 
 
-def in_waves(placement: Placement, calls: dict[str, Callable[[], list]]) -> dict[str, list]:
-    """Run each actor group's calls (`group name -> launch`, returning the object refs); groups that
+def in_waves(actors: Actors, calls: dict[str, Callable[[], list]]) -> dict[str, list]:
+    """Run each group's calls (`group name -> launch`, returning the pending results); groups that
     share cores go one after another, the others at once. Returns each group's results."""
     results: dict[str, list] = {}
-    for wave in waves(placement.pools, list(calls), placement.hosts):
+    for wave in actors.backend.waves(list(calls)):
         launched = {group: calls[group]() for group in wave}
         for group, refs in launched.items():
-            results[group] = ray.get(refs)
+            results[group] = actors.backend.get(refs)
     return results
 
 
-def generate(engines: list, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
+def generate(actors: Actors, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
              top_p: float = 1.0) -> list[Sample]:
     """Spread the prompts over the engines (contiguous chunks, so groups stay together)."""
+    engines, b = actors.engines, actors.backend
     k = math.ceil(len(prompt_ids) / len(engines))
     chunks = [prompt_ids[i * k : (i + 1) * k] for i in range(len(engines))]
-    results = ray.get([e.generate.remote(c, seed + i, temperature, max_new_tokens, top_p)
-                       for i, (e, c) in enumerate(zip(engines, chunks)) if c])
+    results = b.get([b.call(e, "generate", c, seed + i, temperature, max_new_tokens, top_p)
+                     for i, (e, c) in enumerate(zip(engines, chunks)) if c])
     return [s for r in results for s in r]
 
 
@@ -170,10 +168,10 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
         # in batches of eval.batch_size, as the eval stage generates: the held-out set x k can be far
         # larger than a rollout
         samples = [s for i in range(0, len(asked), e.batch_size)
-                   for s in generate(actors.engines, [p.ids for p in asked[i : i + e.batch_size]], cfg.seed + i,
+                   for s in generate(actors, [p.ids for p in asked[i : i + e.batch_size]], cfg.seed + i,
                                      temperature, e.max_new_tokens)]
         responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
-        rewards = score(actors.reward, [p.text for p in asked], responses, [p.label for p in asked], cfg.reward).rewards.tolist()
+        rewards = score(actors.backend, actors.reward, [p.text for p in asked], responses, [p.label for p in asked], cfg.reward).rewards.tolist()
         return samples, responses, asked, rewards
 
     def correct(responses: list[str], asked: list[Prompt]) -> list[bool] | None:
@@ -189,17 +187,30 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
 
 def sync_weights(actors: Actors) -> None:
     """Every policy rank takes part in the gather (ZeRO-3); rank 0's state goes to the engines straight
-    from the object store, not through the driver. Hybrid: the policy ranks are the engines."""
+    from the object store (Ray), not through the driver. Hybrid: the policy ranks are the engines."""
     if actors.hybrid:
         return
-    states = [w.synced_state_dict.remote() for w in actors.policy]
-    ray.get([e.load_weights.remote(states[0]) for e in actors.engines] + states[1:])
+    b = actors.backend
+    states = [b.call(w, "synced_state_dict") for w in actors.policy]
+    b.get([b.call(e, "load_weights", states[0]) for e in actors.engines] + states[1:])
 
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
-    have = ray.cluster_resources()
-    # the flow resolves `rl.engine: auto` for a local cluster; on a named cluster it is resolved here
-    ctx = replace(ctx, config=resolve_layout(ctx.config, have.get("CPU", 0), have.get("GPU", 0)))
+    """The pipeline's RL stage: its workers are Ray actors on the cluster's placement groups."""
+    from stages.rl.ray_backend import RayActors
+
+    return run_with(RayActors(), ctx, inputs)
+
+
+def run_in_process(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+    """The same stage with its workers as objects in this process, one rank each, no Ray."""
+    from stages.rl.in_process import InProcess
+
+    return run_with(InProcess(), ctx, inputs)
+
+
+def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+    ctx = replace(ctx, config=backend.layout(ctx.config))
     cfg, rl = ctx.config, ctx.config.rl
     set_seed(cfg.seed)
     estimator = ESTIMATORS[rl.advantage_estimator]
@@ -212,17 +223,16 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     stream = SampleStream(len(prompts), 1, 0, 1, cfg.seed)
     ckpt = {"policy": ctx.work_dir / "checkpoints" / "policy", "critic": ctx.work_dir / "checkpoints" / "critic"}
 
-    rollout_engines.check(cfg, ray.cluster_resources().get("GPU", 0))
-    placement = Placement(cfg, estimator.needs_critic, stop=ctx.should_stop)
     actors = None
     try:
-        actors = Actors(ctx, inputs, placement, total, estimator.needs_critic)
-        resumed = ray.get([w.load.remote(str(ckpt["policy"])) for w in actors.policy])[0]
+        backend.reserve(cfg, estimator.needs_critic, ctx.should_stop)
+        actors = Actors(ctx, inputs, backend, total, estimator.needs_critic)
+        resumed = actors.on_all(actors.policy, "load", str(ckpt["policy"]))[0]
         start, cursor, kl_coef, before = 0, 0, rl.init_kl_coef, None
         if resumed:
             start, cursor, kl_coef, before = resumed["step"], resumed["cursor"], resumed["kl_coef"], resumed["before"]
             if actors.critic:
-                ray.get([w.load.remote(str(ckpt["critic"]), f"step{start}") for w in actors.critic])
+                actors.on_all(actors.critic, "load", str(ckpt["critic"]), f"step{start}")
             sync_weights(actors)
             print(f"[rl] resumed from step {start}/{total} ({ckpt['policy']})", flush=True)
         kl_ctl = AdaptiveKLController(kl_coef, rl.kl_target, rl.kl_horizon) if rl.kl_target else FixedKLController(kl_coef)
@@ -258,11 +268,11 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         if start >= total:
             last_eval = evaluate(actors, tokenizer, eval_prompts, cfg)
         out = ctx.output_dir / "rl_model"
-        ray.get([w.export.remote(str(out)) for w in actors.policy])
+        actors.on_all(actors.policy, "export", str(out))
     finally:
         if actors is not None:
             actors.close()
-        placement.release()
+        backend.release()
 
     print("[rl] held-out, before (SFT policy) -> after (RL policy)\n" + before_after(before, last_eval), flush=True)
     metrics = {f"eval_{k}": v for k, v in last_eval.items()} | {f"eval_{k}_before": v for k, v in before.items()}
@@ -278,11 +288,11 @@ def train(actors: Actors, batch: dict[str, torch.Tensor], step: int, use_kl_loss
     keys = ("input_ids", "attention_mask", "action_mask")
     kl_keys = ("ref_log_probs", "kl_coef") if use_kl_loss and actors.ref else ()
     actor_batch = {k: batch[k] for k in (*keys, "old_log_probs", "advantages", "rollout_log_probs", *kl_keys)}
-    calls = {"actor": lambda: on_shards(actors.policy, "train", actor_batch, step)}
+    calls = {"actor": lambda: on_shards(actors, actors.policy, "train", actor_batch, step)}
     if actors.critic:
         critic_batch = {k: batch[k] for k in (*keys, "values", "returns")}
-        calls["critic"] = lambda: on_shards(actors.critic, "train", critic_batch, step)
-    results = in_waves(actors.placement, calls)
+        calls["critic"] = lambda: on_shards(actors, actors.critic, "train", critic_batch, step)
+    results = in_waves(actors, calls)
     logs = {f"actor/{k}": v for k, v in results["actor"][0].items()}  # rank-averaged by the workers
     if actors.critic:
         logs |= {f"critic/{k}": v for k, v in results["critic"][0].items()}
@@ -301,12 +311,12 @@ def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStre
         picked = [prompts[stream.micro_batch(p)[0]] for p in range(cursor, cursor + want)]
         cursor += want
         with timer("generation"):
-            samples = generate(actors.engines, [p.ids for p in picked for _ in range(n)], cfg.seed * 100_003 + step * 101 + rounds,
+            samples = generate(actors, [p.ids for p in picked for _ in range(n)], cfg.seed * 100_003 + step * 101 + rounds,
                                rl.temperature, rl.generate_max_len, rl.top_p)
         with timer("reward"):
             responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
             flat = [p for p in picked for _ in range(n)]
-            scored = score(actors.reward, [p.text for p in flat], responses, [p.label for p in flat], cfg.reward)
+            scored = score(actors.backend, actors.reward, [p.text for p in flat], responses, [p.label for p in flat], cfg.reward)
         groups = [(samples[i * n : (i + 1) * n], picked[i], _slice(scored, i * n, (i + 1) * n)) for i in range(want)]
         if rl.dynamic_filtering:
             keep = varied_groups(scored.rewards, n).tolist()
@@ -327,20 +337,21 @@ def _slice(scored: RewardBatch, a: int, b: int) -> RewardBatch:
     return RewardBatch(rewards=scored.rewards[a:b], step_rewards=steps, extra_logs=scored.extra_logs)
 
 
-def score(scorers: list, prompts: list[str], responses: list[str], labels: list[str | None],
+def score(backend, scorers: list, prompts: list[str], responses: list[str], labels: list[str | None],
           reward: RewardConfig) -> RewardBatch:
     """Rewards from the reward workers, each scoring an equal contiguous share. A `reward_func` share not
     scored within `reward.timeout_s` ends the stage, and its workers are killed: nothing else stops a
     Python call (a remote source bounds its own requests; models take the time they take)."""
+    b = backend
     k = math.ceil(len(prompts) / len(scorers))
-    parts = [w.score.remote(prompts[i * k : (i + 1) * k], responses[i * k : (i + 1) * k], labels[i * k : (i + 1) * k])
+    parts = [b.call(w, "score", prompts[i * k : (i + 1) * k], responses[i * k : (i + 1) * k], labels[i * k : (i + 1) * k])
              for i, w in enumerate(scorers) if prompts[i * k : (i + 1) * k]]
     limit = reward.timeout_s if reward.source == "func" else None
     try:
-        return concat(ray.get(parts, timeout=limit))
-    except ray.exceptions.GetTimeoutError:
+        return concat(b.get(parts, timeout=limit))
+    except TimeoutError:
         for w in scorers:
-            ray.kill(w)
+            b.kill(w)
         raise RewardError(f"reward.func_path={reward.func_path}: reward_func did not return within reward.timeout_s="
                           f"{limit:g} s (a batch of {k} queries); fix the function or raise reward.timeout_s") from None
 
@@ -354,15 +365,15 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     calls = {}
     both = rl.recompute_old_log_probs and actors.hybrid and bool(actors.ref)  # one call to the policy ranks
     if both:
-        calls["actor"] = lambda: on_shards(actors.policy, "old_and_ref_log_probs", batch)
+        calls["actor"] = lambda: on_shards(actors, actors.policy, "old_and_ref_log_probs", batch)
     else:
         if rl.recompute_old_log_probs:
-            calls["actor"] = lambda: on_shards(actors.policy, "log_probs", batch)
+            calls["actor"] = lambda: on_shards(actors, actors.policy, "log_probs", batch)
         if actors.ref:
-            calls["ref"] = lambda: on_shards(actors.ref, "ref_log_probs", batch)
+            calls["ref"] = lambda: on_shards(actors, actors.ref, "ref_log_probs", batch)
     if actors.critic:
-        calls["critic"] = lambda: on_shards(actors.critic, "values", batch)
-    results = in_waves(actors.placement, calls)
+        calls["critic"] = lambda: on_shards(actors, actors.critic, "values", batch)
+    results = in_waves(actors, calls)
     if both:
         results["actor"], results["ref"] = map(list, zip(*results["actor"]))
     names = {"actor": "old", "ref": "ref", "critic": "values"}
@@ -400,6 +411,7 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
         "score": float(shaped.mean()) if dense is None else float((dense * mask).sum(-1).mean()),
         "kl": float(masked_mean(kl, mask)),
         "response_length": float(lengths.mean()),
+        "tokens": float(batch["attention_mask"].sum()),  # prompts and responses: what training reads
         "advantage_mean": float(advantages[valid].mean()),
         "advantage_std": float(advantages[valid].std()) if valid.sum() > 1 else 0.0,
         "return_mean": float(returns[valid].mean()),
@@ -413,10 +425,10 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
 def save(actors: Actors, ckpt: dict[str, Path], step: int, extra: dict) -> None:
     """Critic first (its older tag kept), then the policy, whose `latest` marks the step as complete."""
     if actors.critic:
-        ray.get([w.save.remote(str(ckpt["critic"]), step, None, False) for w in actors.critic])
-    ray.get([w.save.remote(str(ckpt["policy"]), step, extra) for w in actors.policy])
+        actors.on_all(actors.critic, "save", str(ckpt["critic"]), step, None, False)
+    actors.on_all(actors.policy, "save", str(ckpt["policy"]), step, extra)
     if actors.critic:
-        ray.get(actors.critic[0].prune.remote(str(ckpt["critic"]), step))
+        actors.on_all(actors.critic[:1], "prune", str(ckpt["critic"]), step)
 
 
 def before_after(before: dict[str, float], after: dict[str, float]) -> str:

@@ -34,7 +34,7 @@ class VLLMRolloutEngine:
         import torch
         from vllm import LLM
 
-        if torch.get_num_threads() != threads:  # as ray_workers.use_threads: set_num_threads costs MKL its dynamic mode
+        if torch.get_num_threads() != threads:  # as dist_env.use_threads: set_num_threads costs MKL its dynamic mode
             torch.set_num_threads(threads)
         self.llm = LLM(model=model_path, tokenizer=model_path, enforce_eager=True,
                        # log-probs of log_softmax(logits / T): what the trainer computes for the sampled ids

@@ -1,18 +1,19 @@
-"""The RL stage's Ray actors: the policy and critic (DeepSpeed engines, one actor per rank), the
-frozen reference model, the reward scorer, and HF rollout engines. The driver (stages/rl/stage.py)
-moves tensors between them; each actor holds one model and does one job, except with
-rl.engine=hybrid, where each policy rank also samples and holds the reference (verl's fused worker)."""
+"""The RL stage's workers: the policy and critic (DeepSpeed engines, one worker per rank), the frozen
+reference model, the reward scorer, and HF rollout engines. The driver (stages/rl/stage.py) moves
+tensors between them; each worker holds one model and does one job, except with rl.engine=hybrid,
+where each policy rank also samples and holds the reference (verl's fused worker). They are plain
+classes: the pipeline runs each as a Ray actor (stages/rl/ray_backend.py), a one-process run as an
+object in the driver (stages/rl/in_process.py)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-import ray
 import torch
 
 from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
-from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe, ray_workers
+from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, dist_env, lora, moe
 from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
 from stages.rl.experience import Sample, micro_batches, trim
@@ -32,7 +33,7 @@ class Worker:
     """Common set-up: CPU accelerator for DeepSpeed, the thread count of the cores this actor may use."""
 
     def __init__(self, threads: int):
-        ray_workers.prepare_process(threads)
+        dist_env.prepare_process(threads)
 
     def ready(self) -> bool:
         return True
@@ -89,7 +90,8 @@ class HoldsReference:
 
     @torch.no_grad()
     def ref_log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return per_micro_batch(lambda m: token_log_probs(self.reference, m, self.rl.temperature), batch, self.rl)
+        return per_micro_batch(lambda m: token_log_probs(self.reference, m, self.rl.temperature), batch, self.rl,
+                               self.reference.device)
 
 
 class TrainerWorker(Worker):
@@ -102,11 +104,11 @@ class TrainerWorker(Worker):
         self.rank, self.world = rank, world_size
 
     def master(self) -> tuple[str, int]:
-        return ray_workers.free_address()
+        return dist_env.free_address()
 
     def setup(self, cfg: PipelineConfig, model_path: str, optim: RLModelConfig, total_steps: int, master: tuple[str, int], cwd: str) -> None:
         os.chdir(cwd)
-        ray_workers.join_env(master, self.rank, self.world)
+        dist_env.join_env(master, self.rank, self.world)
         torch.manual_seed(cfg.seed + self.rank)
         deepspeed_engine.init_distributed()
         self.cfg, self.rl, self.optim = cfg, cfg.rl, optim
@@ -128,7 +130,7 @@ class TrainerWorker(Worker):
         gen = torch.Generator().manual_seed(self.cfg.seed * 7919 + step)
         logs: dict[str, list[float]] = {}
         for _ in range(self.rl.max_epochs):
-            micros = [trim(m) for m in micro_batches(batch, self.rl.micro_train_batch_size, gen)]
+            micros = [to_device(trim(m), self.engine.device) for m in micro_batches(batch, self.rl.micro_train_batch_size, gen)]
             for k, v in train_steps(self.engine, micros, self.grad_accum, self.world, self.loss).items():
                 logs.setdefault(k, []).extend(v)
         # a micro-batch's loss is its share of the step's: their mean over the micro-batches and ranks is
@@ -152,10 +154,9 @@ class TrainerWorker(Worker):
         return deepspeed_engine.full_state_dict(self.engine)
 
     def close(self) -> None:
-        ray_workers.leave_process_group()
+        dist_env.leave_process_group()
 
 
-@ray.remote
 class PolicyWorker(TrainerWorker, HoldsReference):
     def load_model(self, path: str):
         self.tokenizer = checkpoint.load_tokenizer(path)
@@ -165,7 +166,7 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         if self.rl.engine == "hybrid" and self.rl.needs_reference:
             # verl's fused actor/rollout/ref worker: the KL term's model scores in this hot process, with
             # no actor of its own (a reference actor took 1.2-1.6x as long for the same pass here)
-            self.reference = checkpoint.load_causal_lm(path, self.cfg.model, self.cfg.infra.precision).eval()
+            self.reference = checkpoint.load_frozen_lm(path, self.cfg.model, self.cfg.infra.precision)
         return model
 
     def synced_state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -178,7 +179,8 @@ class PolicyWorker(TrainerWorker, HoldsReference):
     @torch.no_grad()
     def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         self.engine.eval()
-        return per_micro_batch(lambda m: token_log_probs(self.engine, m, self.rl.temperature), batch, self.rl)
+        return per_micro_batch(lambda m: token_log_probs(self.engine, m, self.rl.temperature), batch, self.rl,
+                               self.engine.device)
 
     def old_and_ref_log_probs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """rl.engine=hybrid recomputing the old log-probs: both passes in one call, so the batch crosses
@@ -202,7 +204,6 @@ class PolicyWorker(TrainerWorker, HoldsReference):
             lora.save_trained(self.engine.module, self.tokenizer, Path(out_dir), state, self.signature)
 
 
-@ray.remote
 class CriticWorker(TrainerWorker):
     """Token-level values: the SFT backbone with a fresh scalar head (LlamaForTokenClassification et al.)."""
 
@@ -225,7 +226,7 @@ class CriticWorker(TrainerWorker):
     @torch.no_grad()
     def values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         self.engine.eval()
-        return per_micro_batch(self._values, batch, self.rl)
+        return per_micro_batch(self._values, batch, self.rl, self.engine.device)
 
     def loss(self, batch: dict[str, torch.Tensor], units: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         values = self._values(batch)
@@ -263,27 +264,30 @@ def actor_loss(model, batch: dict[str, torch.Tensor], rl, units: torch.Tensor,
     return moe.add_aux_loss(loss, aux, aux_loss_coef, metrics), metrics
 
 
-def per_micro_batch(fn, batch: dict[str, torch.Tensor], rl) -> torch.Tensor:
-    """`fn` ([b, t] per token) over `micro_rollout_batch_size` rows at a time, each trimmed of unused
-    padding and widened back with zeros, concatenated to the batch's [B, T-1]."""
+def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def per_micro_batch(fn, batch: dict[str, torch.Tensor], rl, device) -> torch.Tensor:
+    """`fn` ([b, t] per token) over `micro_rollout_batch_size` rows at a time on `device`, each trimmed of
+    unused padding and widened back with zeros, concatenated to the batch's [B, T-1] on the CPU (where
+    the driver makes experience)."""
     width, parts = batch["action_mask"].shape[1], []
     for micro in micro_batches(batch, rl.micro_rollout_batch_size):
-        out = fn(trim(micro)).float()
+        out = fn(to_device(trim(micro), device)).float().cpu()
         parts.append(torch.nn.functional.pad(out, (0, width - out.shape[1])))
     return torch.cat(parts)
 
 
-@ray.remote
 class ReferenceWorker(Worker, HoldsReference):
     """The frozen SFT policy in an actor of its own (rl.engine=hybrid keeps it in the policy ranks)."""
 
     def __init__(self, cfg: PipelineConfig, model_path: str, threads: int):
         super().__init__(threads)
         self.rl = cfg.rl
-        self.reference = checkpoint.load_causal_lm(model_path, cfg.model, cfg.infra.precision).eval()
+        self.reference = checkpoint.load_frozen_lm(model_path, cfg.model, cfg.infra.precision)
 
 
-@ray.remote
 class RewardWorker(Worker):
     """The shared scorer (RM, PRM, rule function or remote server) behind one actor."""
 
@@ -299,7 +303,6 @@ class RewardWorker(Worker):
         return self.scorer.score(prompts, responses, labels)
 
 
-@ray.remote
 class HFRolloutEngine(Worker):
     """Sampling with HF `generate`; returns the sampled ids and their log-probs (token in, token out)."""
 
@@ -307,7 +310,7 @@ class HFRolloutEngine(Worker):
         super().__init__(threads)
         self.rl = cfg.rl
         self.tokenizer = checkpoint.load_tokenizer(model_path)
-        self.model = checkpoint.load_causal_lm(model_path, cfg.model, cfg.infra.precision).eval()
+        self.model = checkpoint.load_frozen_lm(model_path, cfg.model, cfg.infra.precision)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """The policy's new weights. A ZeRO-3 gather lists tied weights once (e.g. lm_head tied to the
@@ -339,7 +342,8 @@ def sample(model, tok, rl, prompt_ids: list[list[int]], seed: int, temperature: 
         width = max(len(p) for p in chunk)
         input_ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in chunk])
         attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+        out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
+                             generation_config=config)
         new = out.sequences[:, width:]
         logits = torch.stack(out.logits, dim=1)  # raw logits: [b, new, vocab]
         log_probs = log_probs_from_logits(logits, new, temperature or 1.0)

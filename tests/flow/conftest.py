@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stages.common.ray_workers import free_port
+from stages.common.dist_env import free_port
 
 CLI = [sys.executable, "-m", "flows.cli"]
 

@@ -327,7 +327,7 @@ def test_served_deployments_run_the_pipeline_and_one_stage(ws, tmp_path):
     """`rlhf serve` starts a Prefect server and the MLflow UI and serves rlhf-pipeline/full and /stage;
     `prefect deployment run` drives them; stopping the serve stops both servers."""
     from flows.serve import answers
-    from stages.common.ray_workers import free_port
+    from stages.common.dist_env import free_port
 
     prefect_port, mlflow_port = free_port(), free_port()
     env = cli_env(ws) | {"PREFECT_RUNNER_POLL_FREQUENCY": "1"}

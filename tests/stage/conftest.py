@@ -8,7 +8,7 @@ import pytest
 
 from configs import load_config
 from stages import data_prep
-from stages.common import ray_workers
+from stages.common import dist_env, ray_workers
 from stages.contract import StageContext
 
 # Small enough that each stage runs in seconds; the flow tests run the real preset.
@@ -27,7 +27,7 @@ FAST = [
 @pytest.fixture(scope="session", autouse=True)
 def single_rank_env():
     """The torch.distributed environment a Ray worker would set for a one-rank stage."""
-    env = {**ray_workers.single_rank_env(), "DS_ACCELERATOR": "cpu"}
+    env = {**dist_env.single_rank_env(), "DS_ACCELERATOR": "cpu"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     yield

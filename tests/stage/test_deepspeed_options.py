@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from configs.schema import InfraConfig, TrainingConfig
 from stages.common import deepspeed_engine
-from stages.common.ray_workers import free_port
+from stages.common.dist_env import free_port
 
 
 def tiny_llama() -> LlamaForCausalLM:

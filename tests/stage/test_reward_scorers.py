@@ -25,7 +25,7 @@ from transformers import (
 from configs.errors import CheckpointError
 from configs.schema import RewardConfig, TinyModelConfig
 from stages.common import checkpoint
-from stages.common.ray_workers import free_port
+from stages.common.dist_env import free_port
 from stages.rewards import (
     ProcessRewardScorer,
     RemoteScorer,

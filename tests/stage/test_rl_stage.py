@@ -135,11 +135,12 @@ def test_hf_engine_in_calls_of_generate_batch_size_returns_every_prompt_in_order
 
     from stages.common import checkpoint
     from stages.data_prep import read_split
+    from stages.common.ray_workers import actor_class
     from stages.rl.workers import HFRolloutEngine
 
     tok = checkpoint.load_tokenizer(prepared["base_model"])
     prompts = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in read_split(prepared["eval_data"], "eval")[:7]]
-    engines = {per_call: HFRolloutEngine.options(num_cpus=0).remote(  # both start at once
+    engines = {per_call: actor_class(HFRolloutEngine).options(num_cpus=0).remote(  # both start at once
         load_config(None, [*RL_FAST, *([f"rl.generate_batch_size={per_call}"] if per_call else [])]),
         str(prepared["base_model"]), 1) for per_call in (None, 3)}
     answers = {per_call: ray.get(e.generate.remote(prompts, 0, None, 12)) for per_call, e in engines.items()}
@@ -273,16 +274,18 @@ def test_a_reward_func_that_never_returns_ends_the_stage_and_its_worker(tmp_path
     import psutil
     import ray
 
+    from stages.common.ray_workers import actor_class
     from stages.rewards.errors import RewardError
+    from stages.rl.ray_backend import RayActors
     from stages.rl.workers import RewardWorker
 
     (tmp_path / "stuck.py").write_text(STUCK_REWARD)
     cfg = load_config(None, ["reward.func_path=stuck.py", "reward.timeout_s=1.5"])
-    worker = RewardWorker.options(num_cpus=0, runtime_env={"env_vars": {"PID_FILE": str(tmp_path / "pid")}}).remote(1)
+    worker = actor_class(RewardWorker).options(num_cpus=0, runtime_env={"env_vars": {"PID_FILE": str(tmp_path / "pid")}}).remote(1)
     ray.get(worker.setup.remote(cfg, None, None, str(tmp_path)))  # the relative path resolved from the given cwd
     started = time.monotonic()
     with pytest.raises(RewardError) as err:
-        rl_stage.score([worker], ["p"] * 3, ["r"] * 3, [None] * 3, cfg.reward)
+        rl_stage.score(RayActors(), [worker], ["p"] * 3, ["r"] * 3, [None] * 3, cfg.reward)
     assert 1.5 <= time.monotonic() - started < 10
     assert str(err.value) == ("reward.func_path=stuck.py: reward_func did not return within reward.timeout_s=1.5 s "
                               "(a batch of 3 queries); fix the function or raise reward.timeout_s")
@@ -300,13 +303,14 @@ def test_a_reward_file_that_fails_to_load_in_the_worker_is_the_users_error(tmp_p
 
     from flows import retries
     from flows.stage_task import unwrap
+    from stages.common.ray_workers import actor_class
     from stages.rewards.errors import RewardError
     from stages.rl.workers import RewardWorker
 
     (tmp_path / "needs.py").write_text("import no_such_module_xyz\n\n\ndef reward_func(queries, prompts, labels):\n"
                                        "    return [0.0] * len(queries)\n")
     cfg = load_config(None, ["reward.func_path=needs.py"])
-    worker = RewardWorker.options(num_cpus=0).remote(1)
+    worker = actor_class(RewardWorker).options(num_cpus=0).remote(1)
     try:
         with pytest.raises(RewardError) as err:
             ray.get(worker.setup.remote(cfg, None, None, str(tmp_path)))

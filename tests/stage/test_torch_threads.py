@@ -1,5 +1,5 @@
 """Ray actors take torch's thread count from OMP_NUM_THREADS at process start rather than from
-`torch.set_num_threads`, which turns MKL's dynamic threading off (`ray_workers.use_threads`;
+`torch.set_num_threads`, which turns MKL's dynamic threading off (`dist_env.use_threads`;
 `python -m benchmarks run threads` measures what that costs)."""
 
 import json
@@ -8,7 +8,7 @@ import pytest
 import ray
 
 from benchmarks.__main__ import main
-from stages.common import ray_workers
+from stages.common import dist_env, ray_workers
 
 
 @ray.remote
@@ -25,7 +25,7 @@ class ThreadProbe:
 
         torch.set_num_threads = recording
         try:
-            ray_workers.prepare_process(threads)
+            dist_env.prepare_process(threads)
         finally:
             torch.set_num_threads = original
         return torch.get_num_threads(), calls

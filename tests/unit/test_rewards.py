@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request, Response
 
 import configs
 from configs.schema import RewardConfig
-from stages.common.ray_workers import free_port
+from stages.common.dist_env import free_port
 from stages.common.tokenization import last_token_index
 from stages.rewards import (
     FunctionScorer,

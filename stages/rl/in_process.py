@@ -1,0 +1,120 @@
+"""The RL stage's workers as plain objects in the driver's process: one rank per model, no Ray.
+
+For a machine where Ray cannot go (a bare GPU box checked with `benchmarks/gpu_stages.py`) and for
+stepping through the stage in a debugger. The driver's code is the pipeline's (stages/rl/stage.py);
+only how it reaches its workers differs from stages/rl/ray_backend.py: a call runs when its result is
+first asked for, in this process, as a Ray call would have run by then.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import torch
+
+from configs.errors import ConfigError
+from configs.schema import PipelineConfig
+from stages.rl import workers
+from stages.rl.layout import group_sizes
+
+
+class Pending:
+    """A call on an in-process worker, made once, when its result (or a call given it) is first needed."""
+
+    def __init__(self, fn, args: tuple):
+        self.fn, self.args = fn, args
+        self.done, self.value = False, None
+
+    def result(self) -> Any:
+        if not self.done:
+            # a Pending passed as an argument stands for its result, as an object ref does in Ray
+            self.value = self.fn(*(a.result() if isinstance(a, Pending) else a for a in self.args))
+            self.done = True
+        return self.value
+
+
+def layout(cfg: PipelineConfig) -> PipelineConfig:
+    """The config as one process runs it: `rl.engine: auto` becomes hybrid (an HF engine beside the policy
+    under ZeRO-3, whose partitions the policy cannot sample with); vLLM, which runs in processes of its own,
+    and more than one rank per model are refused in one line."""
+    rl = cfg.rl
+    if rl.engine == "vllm":
+        raise ConfigError("rl.engine=vllm: vLLM runs in processes of its own, which a one-process RL run does "
+                          "not start; use rl.engine: hybrid or hf")
+    for key, n in (("rl.actor.num_workers", rl.actor.num_workers), ("rl.critic.num_workers", rl.critic.num_workers)):
+        if n != 1:
+            raise ConfigError(f"{key}={n}: a one-process RL run has one rank per model; set it to 1")
+    if rl.engine != "auto":
+        return cfg
+    resolved = cfg.model_copy(deep=True)
+    resolved.rl.engine = "hybrid" if cfg.infra.zero_stage != 3 else "hf"
+    return resolved
+
+
+class InProcess:
+    """Starts, calls and stops the stage's workers in this process (the interface of RayActors)."""
+
+    name = "in-process"
+
+    def __init__(self):
+        self.sizes: dict[str, int] = {}
+        self.threads = torch.get_num_threads()
+
+    def resources(self) -> tuple[float, float]:
+        return float(os.cpu_count() or 1), float(torch.cuda.device_count())
+
+    def layout(self, cfg: PipelineConfig) -> PipelineConfig:
+        return layout(cfg)
+
+    def reserve(self, cfg: PipelineConfig, needs_critic: bool, stop) -> None:
+        self.sizes = group_sizes(cfg, needs_critic)
+
+    def start(self, cls: type, group: str, index: int, *args):
+        return cls(*args, self.threads)
+
+    def start_engines(self, cfg: PipelineConfig, model_path: str) -> list:
+        return [workers.HFRolloutEngine(cfg, model_path, self.threads) for _ in range(self.sizes["engine"])]
+
+    def call(self, worker, method: str, *args) -> Pending:
+        return Pending(getattr(worker, method), args)
+
+    def get(self, pending: Pending | list[Pending], timeout: float | None = None):
+        """The results of `pending`, in order. With `timeout`, a call still running after it raises
+        TimeoutError: it runs in a thread that is left behind (nothing stops a Python call), as the stage ends."""
+        if isinstance(pending, Pending):
+            return self.get([pending], timeout)[0]
+        if timeout is None:
+            return [p.result() for p in pending]
+        out: list = []
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                out.extend(p.result() for p in pending)
+            except BaseException as exc:  # re-raised in the caller's thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True, name="rl-call")
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            raise TimeoutError(f"calls still running after {timeout:g} s")
+        if failed:
+            raise failed[0]
+        return out
+
+    def waves(self, groups: list[str]) -> list[list[str]]:
+        return [[g] for g in groups]  # one process: one call at a time anyway
+
+    def kill(self, worker) -> None:
+        """Nothing to kill: a worker's memory goes with the last reference to it."""
+
+    def close(self, trainers: list, everyone: list) -> None:
+        for worker in trainers:
+            worker.close()
+
+    def release(self) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,68 @@
+"""The RL stage's workers as Ray actors, placed by `Placement`: how the pipeline runs the stage."""
+
+from __future__ import annotations
+
+import ray
+
+from configs.schema import PipelineConfig
+from stages.common.ray_workers import actor_class
+from stages.rl import rollout_engines
+from stages.rl.layout import resolve_layout
+from stages.rl.placement import Placement, waves
+
+
+class RayActors:
+    """Starts, calls and stops the stage's workers as Ray actors (the interface of InProcess)."""
+
+    name = "ray"
+
+    def __init__(self):
+        self.placement: Placement | None = None
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {group: len(slots) for group, slots in self.placement.slots.items()}
+
+    def resources(self) -> tuple[float, float]:
+        have = ray.cluster_resources()
+        return have.get("CPU", 0), have.get("GPU", 0)
+
+    def layout(self, cfg: PipelineConfig) -> PipelineConfig:
+        # the flow resolves `rl.engine: auto` for a local cluster; on a named cluster it is resolved here
+        return resolve_layout(cfg, *self.resources())
+
+    def reserve(self, cfg: PipelineConfig, needs_critic: bool, stop) -> None:
+        rollout_engines.check(cfg, self.resources()[1])
+        self.placement = Placement(cfg, needs_critic, stop=stop)
+
+    def start(self, cls: type, group: str, index: int, *args):
+        slot = self.placement.slots[group][index]
+        return actor_class(cls).options(**slot.options()).remote(*args, slot.threads)
+
+    def start_engines(self, cfg: PipelineConfig, model_path: str) -> list:
+        return rollout_engines.start(cfg, model_path, self.placement.slots["engine"])
+
+    def call(self, actor, method: str, *args):
+        return getattr(actor, method).remote(*args)
+
+    def get(self, refs, timeout: float | None = None):
+        """Ray's GetTimeoutError is a TimeoutError, as InProcess raises."""
+        return ray.get(refs, timeout=timeout)
+
+    def waves(self, groups: list[str]) -> list[list[str]]:
+        return waves(self.placement.pools, groups, self.placement.hosts)
+
+    def kill(self, actor) -> None:
+        ray.kill(actor)
+
+    def close(self, trainers: list, everyone: list) -> None:
+        try:
+            ray.get([w.close.remote() for w in trainers], timeout=30)
+        except (ray.exceptions.RayError, TimeoutError) as exc:  # the actors are killed next either way
+            print(f"[rl] closing process groups: {type(exc).__name__}", flush=True)
+        for actor in everyone:
+            ray.kill(actor)
+
+    def release(self) -> None:
+        if self.placement is not None:
+            self.placement.release()
