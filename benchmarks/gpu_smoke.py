@@ -147,6 +147,9 @@ def measure(stage: str, zero: int, args) -> dict:
            # the RL step's generation makes no training FLOPs worth counting: MFU over its whole time
            "mfu": round(6 * n_params * rate / peak, 3) if peak else None}
     del engine
+    from stages.common.deepspeed_engine import release_engines
+
+    release_engines()  # else the next row's peak memory counts this engine too
     if cuda:
         torch.cuda.empty_cache()
     return row
@@ -186,11 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     for zero in args.zero:
         for stage in args.stages:
             rows.append(measure(stage, zero, args))
-            print(f"[gpu_smoke] {stage} ZeRO-{zero}: {rows[-1]['tokens_per_s']} tokens/s", flush=True)
+            print(f"[gpu_smoke] {stage} ZeRO-{zero}: {rows[-1]}", flush=True)
+            with open(args.out, "w") as f:  # after every row: a run cut short keeps what it measured
+                json.dump({"device": device_name(), "date": time.strftime("%Y-%m-%d"), "args": vars(args), "rows": rows},
+                          f, indent=2)
     header = f"{device_name()}, torch {torch.__version__}, batch {args.batch} x {args.seq_len} tokens, {args.steps} steps"
     print(f"\n{header}\n\n{markdown(rows)}")
-    with open(args.out, "w") as f:
-        json.dump({"device": device_name(), "args": vars(args), "rows": rows}, f, indent=2)
     return 0
 
 

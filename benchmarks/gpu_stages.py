@@ -142,6 +142,7 @@ def run_chain(args, zero: int, config: Path, prepared: dict[str, Path], n_params
 
     from benchmarks.gpu_smoke import PEAK_BF16, device_name
     from configs import load_config
+    from stages.common import deepspeed_engine
     from stages.contract import StageContext
     from stages.dag import STAGES as SPECS
     from stages.rl.stage import run_in_process
@@ -193,7 +194,8 @@ def run_chain(args, zero: int, config: Path, prepared: dict[str, Path], n_params
             "metrics": {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))},
         })
         del result
-        gc.collect()  # the stage's engines hold reference cycles
+        deepspeed_engine.release_engines()  # as a pooled stage worker does between stages
+        gc.collect()
         if cuda:
             torch.cuda.empty_cache()
     return rows, errors

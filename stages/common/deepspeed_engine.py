@@ -3,9 +3,11 @@ resumable checkpoints (model, optimizer, scheduler, step, RNG) and HF export (Ze
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,9 @@ import torch
 from configs.schema import InfraConfig, TrainingConfig
 
 RESUME_TAG = "latest"
+# every engine this process made and has not released: DeepSpeed's hooks keep an engine (and its model,
+# gradients and optimizer state) reachable after the stage that made it returns, until `destroy`
+_ENGINES: weakref.WeakSet = weakref.WeakSet()
 SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's ShareMemCommBuilder.NAME
 
 
@@ -85,7 +90,21 @@ def initialize(model: torch.nn.Module, config: dict[str, Any]):
 
     import_muon_uncompiled()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    _ENGINES.add(engine)
     return engine
+
+
+def release_engines() -> int:
+    """Destroy every engine this process still holds, so that the next stage run in it (a pooled Ray
+    worker, or one process running stage after stage) starts with the memory free. Returns how many are
+    reachable all the same: ZeRO-3's parameter hooks keep its model alive inside DeepSpeed, so a process
+    that ran a ZeRO-3 stage should not run another."""
+    left = [weakref.ref(engine) for engine in _ENGINES]
+    _ENGINES.clear()
+    for ref in left:
+        ref().destroy()  # no local name keeps the engine
+    gc.collect()
+    return sum(ref() is not None for ref in left)
 
 
 def import_muon_uncompiled() -> None:

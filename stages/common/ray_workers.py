@@ -78,6 +78,7 @@ class StageWorker:
 
     def __init__(self, rank: int, world_size: int, num_threads: int):
         self.rank, self.world_size = rank, world_size
+        self.spent = False  # a stage left memory behind that this process cannot free
         prepare_process(num_threads)
 
     def rendezvous(self) -> tuple[str, int]:
@@ -91,8 +92,14 @@ class StageWorker:
         try:
             return run_timed(stage_fn, dataclasses.replace(ctx, rank=self.rank, world_size=self.world_size), inputs)
         finally:
+            from stages.common.deepspeed_engine import release_engines  # torch: only in the worker
+
+            self.spent = release_engines() > 0
             leave_process_group()
             free_memory()  # this process may run the next stage
+
+    def reusable(self) -> bool:
+        return not self.spent
 
 
 def check_resources(stage: str, n_workers: int, cpus: int, gpus: float) -> None:
@@ -237,7 +244,8 @@ def run_stage(entrypoint: str, ctx: StageContext, inputs: dict[str, Path], infra
     try:
         master = ray.get(ranks.workers[0].rendezvous.remote())
         results = ray.get([w.run.remote(entrypoint, ctx, inputs, master, os.getcwd()) for w in ranks.workers])
-        healthy = True
+        # a worker still holding a stage's model (ZeRO-3) is replaced, not kept for the next stage
+        healthy = all(ray.get([w.reusable.remote() for w in ranks.workers]))
         return results[0]
     finally:
         pool.release(ranks, healthy)

@@ -154,6 +154,7 @@ class TrainerWorker(Worker):
         return deepspeed_engine.full_state_dict(self.engine)
 
     def close(self) -> None:
+        deepspeed_engine.release_engines()
         dist_env.leave_process_group()
 
 

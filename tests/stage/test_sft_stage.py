@@ -91,3 +91,30 @@ def test_packed_batches_train_as_padded_ones(fast_config, prepared, trained, tmp
     full = load_file(trained[0].outputs["sft_model"] / "model.safetensors")
     again = load_file(packed.outputs["sft_model"] / "model.safetensors")
     assert max(float((full[k] - again[k]).abs().max()) for k in full) < 1e-4
+
+
+
+def test_a_finished_stage_leaves_no_engine_once_released(prepared, tmp_path):
+    """DeepSpeed's hooks keep an engine, its model and optimizer state reachable after the stage returns;
+    `release_engines`, which a pooled worker calls between stages, frees them (on a GPU: the memory the
+    next stage in the process needs)."""
+    import gc
+    import weakref
+
+    from configs import load_config
+    from stages.common import deepspeed_engine
+    from tests.stage.conftest import FAST
+
+    def engines() -> list:
+        gc.collect()
+        return [o for o in gc.get_objects() if type(o).__name__ == "DeepSpeedEngine"]
+
+    deepspeed_engine.release_engines()  # what earlier tests in this process left
+    cfg = load_config(None, [*FAST, "sft.max_steps=2", "sft.eval_every=2", "sft.save_every=100", "infra.zero_stage=2"])
+    sft.run(make_ctx("sft", cfg, tmp_path), {k: prepared[k] for k in ("base_model", "sft_data")})
+    left = engines()
+    assert len(left) == 1  # the stage returned, its ZeRO engine is still reachable
+    weight = weakref.ref(next(left[0].module.parameters()))
+    del left
+    assert deepspeed_engine.release_engines() == 0  # none left reachable
+    assert engines() == [] and weight() is None
