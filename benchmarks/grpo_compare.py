@@ -43,8 +43,8 @@ from pathlib import Path
 from benchmarks import trl_compare
 from benchmarks.report import Report, RunOptions
 
-# rollout steps per trial: a loop of 8 (about 4 s here) read 241.8 and 263.9 samples/s for the same
-# system within one run, so the machine's short swings decided the ratio
+# rollout steps per trial: with half as many, the machine's short swings decided the ratio (a system's
+# two trials within one run differed by more than the systems did)
 DEFAULT_STEPS = 16
 # Our stage's rows. `ours` runs as the tiny preset does; TRL recomputes the old log-probs with the policy
 # after sampling (its steps per generation exceed its gradient accumulation), which `ours_recompute`

@@ -12,8 +12,8 @@ once.
 
 Memory is the proportional set size (PSS: shared pages split among the processes that map them) of
 the CLI process and everything it starts (Prefect server, Ray, the stage workers), sampled once a
-second; a stage's peak is the largest sample while its MLflow run was open. (Reading PSS takes about
-40 ms per sample for the ten or so processes of a run: a few per cent of one core.)
+second; a stage's peak is the largest sample while its MLflow run was open. (Reading PSS for the ten
+or so processes of a run costs a few per cent of one core.)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ stages' Ray actors do: Ray sets it to an actor's `num_cpus`, `ray_workers.thread
 where it shares them, and `dist_env.use_threads` leaves it) or `torch.set_num_threads` (what they
 did before). The second also switches MKL's dynamic threading off for the life of the process, and
 MKL then opens a nested OpenMP region for every matmul inside torch's own parallel loops (SDPA's CPU
-attention kernels): each costs a futex call, about 12x as many as otherwise in a GRPO trial here.
+attention kernels): each costs a futex call.
 
 Each trial is a fresh process with OMP_NUM_THREADS set to the preset's cores, holding the tiny
 preset's base model: `--steps` training steps (forward, backward, AdamW) on micro-batches of

@@ -16,7 +16,8 @@ class Section(BaseModel):
 
 
 class TinyModelConfig(Section):
-    """A small Llama-style model built from scratch (used when `model.name_or_path` is empty)."""
+    """A small Llama-style model built from scratch (used when `model.name_or_path` is empty); the keys are
+    transformers' `LlamaConfig` fields."""
 
     hidden_size: int = Field(128, gt=0)
     intermediate_size: int = Field(384, gt=0)
@@ -32,18 +33,18 @@ class ModelConfig(Section):
     tiny: TinyModelConfig = TinyModelConfig()
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto", description="auto: flash_attention_2 on a CUDA GPU with flash-attn installed, else PyTorch sdpa")
-    trust_remote_code: bool = False
+    trust_remote_code: bool = Field(False, description="run the model repository's own modelling code (transformers' trust_remote_code)")
 
 
 class SyntheticTaskConfig(Section):
     """Multi-step arithmetic ("Compute 17+5-8") with worked, checkable answers."""
 
-    num_train: int = Field(4000, gt=0)
-    num_eval: int = Field(200, gt=0)
+    num_train: int = Field(4000, gt=0, description="training problems: the SFT rows, preference pairs and PRM rows")
+    num_eval: int = Field(200, gt=0, description="held-out problems: every dataset's eval split and eval's prompts")
     num_prompts: int = Field(1000, gt=0, description="RL prompts (with answers as labels)")
-    min_terms: int = Field(2, ge=2)
-    max_terms: int = Field(3, ge=2)
-    max_operand: int = Field(20, gt=1)
+    min_terms: int = Field(2, ge=2, description="fewest numbers in a problem")
+    max_terms: int = Field(3, ge=2, description="most numbers in a problem")
+    max_operand: int = Field(20, gt=1, description="largest number in a problem")
     flawed_share: float = Field(0.25, ge=0.0, lt=1.0, description="share of SFT solutions with an arithmetic slip")
     min_slip: int = Field(1, gt=0, description="smallest error a flawed step makes")
     max_slip: int = Field(2, gt=0, description="largest error a flawed step makes")
@@ -60,23 +61,23 @@ class SyntheticTaskConfig(Section):
 class DatasetConfig(Section):
     """A dataset read from files or the hub, mapped onto the pipeline's columns (OpenRLHF key names)."""
 
-    paths: list[str] = Field(min_length=1, description="hub names, .json/.jsonl/.parquet files, or json@DIR folders")
+    paths: list[str] = Field(min_length=1, description="hub names, .json/.jsonl/.parquet/.csv files, json@DIR or save_to_disk folders")
     probs: list[float] | None = Field(None, description="mixing probabilities, one per path")
     subset: str | None = Field(None, description="the hub dataset's config name, e.g. main for openai/gsm8k")
-    split: str = "train"
+    split: str = Field("train", description="the split read for training")
     eval_split: str | None = Field(None, description="a split of the same source used for eval")
     eval_ratio: float = Field(0.05, ge=0.0, lt=1.0, description="held-out share when eval_split is unset")
     eval_min_rows: int = Field(100, ge=0, description="with eval_ratio: hold out at least this many rows (shared by the "
                                                       "paths; never more than a fifth of a source)")
-    max_samples: int | None = Field(None, gt=0)
-    input_key: str = "input"
-    output_key: str = "output"
-    chosen_key: str = "chosen"
-    rejected_key: str = "rejected"
-    margin_key: str | None = None
-    label_key: str = "label"
+    max_samples: int | None = Field(None, gt=0, description="rows taken from each source; empty: all")
+    input_key: str = Field("input", description="the prompt column: text or a chat list (with multiturn, the whole conversation)")
+    output_key: str = Field("output", description="SFT: the response column")
+    chosen_key: str = Field("chosen", description="preference: the preferred response's column")
+    rejected_key: str = Field("rejected", description="preference: the other response's column")
+    margin_key: str | None = Field(None, description="preference: a column of margins the RM loss subtracts; empty: 0")
+    label_key: str = Field("label", description="prompts: the column passed to the reward as the label (e.g. the answer)")
     label_pattern: str | None = Field(None, description=r"regex whose first group, last match, is the reference answer in the label column, e.g. '####\s*(-?[\d,.]+)' for GSM8K")
-    apply_chat_template: bool = True
+    apply_chat_template: bool = Field(True, description="render prompts with the tokenizer's chat template")
     input_template: str | None = Field(None, description='e.g. "User: {}\\nAssistant: " when not using the chat template')
     multiturn: bool = Field(False, description="input_key holds a whole conversation; every assistant turn is trained")
 
@@ -100,11 +101,12 @@ class DatasetConfig(Section):
 
 
 class DataConfig(Section):
-    source: Literal["synthetic", "files"] = "synthetic"
+    source: Literal["synthetic", "files"] = Field("synthetic", description="synthetic: the arithmetic task; files: the "
+                                                                       "sft, preference and prompts datasets")
     synthetic: SyntheticTaskConfig = SyntheticTaskConfig()
-    sft: DatasetConfig | None = None
-    preference: DatasetConfig | None = None
-    prompts: DatasetConfig | None = None
+    sft: DatasetConfig | None = Field(None, description="files: SFT rows (prompt, response)")
+    preference: DatasetConfig | None = Field(None, description="files: preference pairs for rm and dpo; empty: both skipped")
+    prompts: DatasetConfig | None = Field(None, description="files: RL prompts with labels; eval's held-out prompts come from its eval split")
     max_len: int = Field(128, gt=0, description="rows longer than this many tokens are an error")
 
     @model_validator(mode="after")
@@ -118,10 +120,10 @@ class InfraConfig(Section):
     ray_address: str | None = Field(None, description="a running Ray cluster; empty starts a local one (RAY_ADDRESS overrides)")
     num_cpus: int | None = Field(None, gt=0, description="CPUs of the local Ray cluster (default: all)")
     num_workers: int = Field(1, gt=0, description="data-parallel training workers per stage")
-    cpus_per_worker: int = Field(2, gt=0)
-    gpus_per_worker: float = Field(0.0, ge=0.0)
-    zero_stage: Literal[0, 1, 2, 3] = 2
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    cpus_per_worker: int = Field(2, gt=0, description="CPUs of each worker's bundle (training rank, RL actor)")
+    gpus_per_worker: float = Field(0.0, ge=0.0, description="GPUs of each worker's bundle; 0: CPU only")
+    zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage of every trained model")
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="training and inference precision")
     offload_optimizer: bool = Field(False, description="ZeRO-Offload: optimizer state and step on the CPU (OpenRLHF --adam_offload)")
     offload_params: bool = Field(False, description="ZeRO-3 parameter offload to the CPU (zero_stage 3 only)")
     overlap_comm: bool = Field(False, description="overlap gradient reduction with the backward pass")
@@ -144,17 +146,17 @@ class InfraConfig(Section):
 class TrackingConfig(Section):
     state_dir: str = Field(".rlhf", description="project-local folder for the MLflow store, downloads and stage work dirs")
     uri: str | None = Field(None, description="MLflow tracking URI; default: SQLite under state_dir (MLFLOW_TRACKING_URI overrides)")
-    experiment: str = "rlhf-pipeline"
+    experiment: str = Field("rlhf-pipeline", description="MLflow experiment holding the pipeline's runs")
 
 
 class LoRAConfig(Section):
     """Low-rank adapters (peft). `rank: 0` trains the whole model; above 0 the stage trains and saves
     only the adapter, which records the path of the checkpoint it was trained on."""
 
-    rank: int = Field(0, ge=0)
-    alpha: int = Field(16, gt=0)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    rank: int = Field(0, ge=0, description="adapter rank r; 0: no adapter, the whole model trains")
+    alpha: int = Field(16, gt=0, description="scaling: the update is (alpha / rank) B A")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input")
+    target_modules: list[str] | Literal["all-linear"] = Field("all-linear", description="module names to adapt, or every linear layer")
     load_in_4bit: bool = Field(False, description="QLoRA: the frozen base in 4-bit NF4 (bitsandbytes, CUDA only)")
 
     @model_validator(mode="after")
@@ -171,21 +173,21 @@ class OptimConfig(Section):
     """Optimizer (AdamW) and learning-rate schedule of one trained model. Each stage's default `lr` is the
     one OpenRLHF's example scripts use for a pretrained model; the tiny preset states its own."""
 
-    lr: float = Field(5e-6, gt=0)
+    lr: float = Field(5e-6, gt=0, description="peak learning rate (AdamW)")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine decay floor as a share of lr (1.0 with no warm-up: constant)")
-    warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    grad_clip: float = Field(1.0, gt=0)
-    gradient_checkpointing: bool = False
+    warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0, description="share of the steps spent warming the lr up linearly")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW's decoupled weight decay")
+    grad_clip: float = Field(1.0, gt=0, description="the gradients' global norm is clipped to this")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass to save memory")
 
 
 class TrainingConfig(OptimConfig):
     """What every DeepSpeed training stage shares: optimizer, schedule, batching, eval and checkpoints."""
 
-    epochs: int = Field(1, gt=0)
+    epochs: int = Field(1, gt=0, description="passes over the training rows")
     max_steps: int | None = Field(None, gt=0, description="optimizer steps; overrides epochs")
-    micro_batch_size: int = Field(32, gt=0)
-    grad_accum_steps: int = Field(1, gt=0)
+    micro_batch_size: int = Field(32, gt=0, description="rows per rank per forward pass")
+    grad_accum_steps: int = Field(1, gt=0, description="micro-batches per optimizer step")
     eval_every: int = Field(50, gt=0, description="optimizer steps between eval passes")
     save_every: int = Field(50, gt=0, description="optimizer steps between resumable checkpoints")
     aux_loss_coef: float = Field(0.0, ge=0.0, description=AUX_LOSS)
@@ -205,7 +207,8 @@ class RewardModelConfig(TrainingConfig):
 
     lr: float = Field(9e-6, gt=0)
     micro_batch_size: int = Field(16, gt=0, description="preference pairs per micro-batch")
-    value_head_prefix: str = Field("score", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    value_head_prefix: str = Field("score", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="name of the scalar head's weights "
+                                   "in the checkpoint (OpenRLHF's value_head_prefix)")
     normalize_reward: bool = Field(False, description="scorers return (r - mean) / std with the eval-split statistics")
 
 
@@ -223,11 +226,11 @@ class IterativeDPOConfig(Section):
     ranks them with the reward scorer (the `reward` section) and trains on best-versus-worst pairs."""
 
     rounds: int = Field(0, ge=0, description="0: offline DPO on pref_data; N: N rounds sharing dpo.max_steps")
-    prompts_per_round: int = Field(64, gt=0)
+    prompts_per_round: int = Field(64, gt=0, description="fresh prompts sampled each round")
     samples_per_prompt: int = Field(4, ge=2, description="responses sampled per prompt; the best and the worst make a pair")
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(64, gt=0)
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest set of tokens holding this much probability")
+    max_new_tokens: int = Field(64, gt=0, description="most tokens sampled per response")
     generate_batch_size: int = Field(64, gt=0, description="sequences per generate call")
 
 
@@ -262,10 +265,11 @@ class DPOConfig(TrainingConfig):
 class RewardConfig(Section):
     """Where rewards come from for later stages (one scorer interface over all sources)."""
 
-    source: Literal["rm", "prm", "func", "remote"] = "func"
+    source: Literal["rm", "prm", "func", "remote"] = Field("func", description="rm: reward models; prm: a process reward "
+                                                        "model; func: a reward_func file; remote: an HTTP reward server")
     rm_paths: list[str] = Field(default_factory=list, description="RM checkpoints, combined by mean; empty: the pipeline's own")
     prm_path: str | None = Field(None, description="PRM checkpoint; empty: the pipeline's own")
-    prm_aggregate: Literal["min", "mean", "last"] = "min"
+    prm_aggregate: Literal["min", "mean", "last"] = Field("min", description="how a PRM's step scores make a response's reward")
     func_path: str = Field("rewards/arithmetic.py", description="a file defining reward_func(queries, prompts, labels); relative paths are tried from the working directory, then from configs/")
     url: str | None = Field(None, description="remote reward server, e.g. http://127.0.0.1:5001/get_reward")
     timeout_s: float = Field(10.0, gt=0, description="func: longest an RL reward worker's reward_func call may take (one "
@@ -292,7 +296,9 @@ class RLConfig(Section):
     """Online RL from the SFT policy (OpenRLHF's PPO family). Batch sizes count sequences
     (prompts x samples) except `rollout_batch_size`, which counts prompts, as in OpenRLHF."""
 
-    advantage_estimator: Literal["gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"] = "group_norm"
+    advantage_estimator: Literal["gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"] = Field(
+        "group_norm", description="gae: PPO with a critic; reinforce: REINFORCE++; reinforce_baseline; rloo; group_norm: "
+                                 "GRPO; dr_grpo: Dr. GRPO")
     actor: RLModelConfig = RLModelConfig(lr=5e-7)
     critic: RLModelConfig = RLModelConfig(lr=9e-6)
     # rollouts
@@ -301,7 +307,7 @@ class RLConfig(Section):
                             "samples with HF generate on its own training weights (no engine actors, no weight sync) "
                             "and holds the reference model (no reference actors); auto: hf where the cluster has "
                             "bundles for every actor group, else hybrid with colocate_all (hf with ZeRO-3)")
-    num_engines: int = Field(1, gt=0)
+    num_engines: int = Field(1, gt=0, description="rollout engine actors (engine hf or vllm); each samples an equal share")
     ref_num_workers: int = Field(1, gt=0, description="reference model actors (engine hf or vllm); each scores an equal share of a rollout")
     reward_num_workers: int = Field(1, gt=0, description="reward scorer copies; each scores an equal share of a rollout")
     vllm_python: str | None = Field(None, description="Python of the env holding vLLM (`rlhf vllm-env`); empty: the pipeline's own")
@@ -309,32 +315,32 @@ class RLConfig(Section):
     vllm_kv_cache_mib: int | None = Field(None, gt=0, description=f"vLLM KV cache size; empty: set by vllm_gpu_memory_utilization on a GPU, {CPU_KV_CACHE_MIB} MiB on CPU")
     enable_prefix_caching: bool = Field(False, description="vLLM reuses the KV cache of shared prompt prefixes")
     rollout_batch_size: int = Field(32, gt=0, description="prompts per rollout step")
-    n_samples_per_prompt: int = Field(4, gt=0)
+    n_samples_per_prompt: int = Field(4, gt=0, description="responses sampled per prompt (a group)")
     micro_rollout_batch_size: int = Field(32, gt=0, description="sequences per forward pass while making experience")
     generate_batch_size: int | None = Field(None, gt=0, description="HF engine: prompts per generate call; empty: an engine's whole share in one call")
     train_batch_size: int = Field(128, gt=0, description="sequences per optimizer step")
-    micro_train_batch_size: int = Field(32, gt=0)
+    micro_train_batch_size: int = Field(32, gt=0, description="sequences per rank per training forward pass")
     max_epochs: int = Field(1, gt=0, description="passes over each rollout batch")
     num_episodes: int = Field(1, gt=0, description="passes over the prompt set")
     max_steps: int | None = Field(None, gt=0, description="rollout steps; overrides num_episodes")
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1.0)
-    prompt_max_len: int = Field(64, gt=0)
-    generate_max_len: int = Field(40, gt=0)
+    temperature: float = Field(1.0, gt=0, description="sampling temperature (the log-probs trained on are at it too)")
+    top_p: float = Field(1.0, gt=0, le=1.0, description="nucleus sampling: the smallest set of tokens holding this much probability")
+    prompt_max_len: int = Field(64, gt=0, description="longest prompt in tokens; a longer one is an error")
+    generate_max_len: int = Field(40, gt=0, description="most tokens sampled per response")
     # objective
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount (gae, reinforce); the group estimators take 1 only")
     lambd: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
     advantage_std_norm: bool = Field(True, description="divide whitened advantages by their std (gae, reinforce, reinforce_baseline)")
     init_kl_coef: float = Field(0.01, ge=0.0, description="0 with use_kl_loss off: no reference model")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="the KL approximation (Schulman's k1, k2, k3)")
     use_kl_loss: bool = Field(False, description="KL as a loss term (GRPO) instead of a per-token reward penalty")
     kl_target: float | None = Field(None, gt=0, description="adaptive KL coefficient toward this KL; empty: fixed")
-    kl_horizon: int = Field(10000, gt=0)
-    eps_clip_low: float = Field(0.2, gt=0, lt=1)
-    eps_clip_high: float = Field(0.2, gt=0)
-    dual_clip: float | None = Field(None, gt=1.0)
-    value_clip: float | None = Field(0.5, gt=0)
-    entropy_coef: float = Field(0.0, ge=0.0)
+    kl_horizon: int = Field(10000, gt=0, description="adaptive KL: samples over which the coefficient adapts")
+    eps_clip_low: float = Field(0.2, gt=0, lt=1, description="PPO clip: the ratio's floor is 1 - eps_clip_low")
+    eps_clip_high: float = Field(0.2, gt=0, description="PPO clip: the ratio's ceiling is 1 + eps_clip_high")
+    dual_clip: float | None = Field(None, gt=1.0, description="dual-clip PPO: a negative advantage's loss is bounded by this times it")
+    value_clip: float | None = Field(0.5, gt=0, description="critic: new values stay within this of the old ones; empty: no clip")
+    entropy_coef: float = Field(0.0, ge=0.0, description="weight of the entropy bonus in the policy loss")
     reward_clip: float = Field(10.0, gt=0, description="scores, after a group estimator's baseline, are clipped to "
                                                        "[-reward_clip, reward_clip]")
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] | None = Field(
@@ -342,15 +348,15 @@ class RLConfig(Section):
                           "KL terms: always tokens); empty: seq_mean_token_sum_norm for dr_grpo, token_mean otherwise")
     dynamic_filtering: bool = Field(False, description="drop groups whose scores are all equal (DAPO)")
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong penalty over the last this many tokens; 0: off")
-    overlong_penalty_factor: float = Field(1.0, ge=0.0)
+    overlong_penalty_factor: float = Field(1.0, ge=0.0, description="DAPO overlong penalty at the last token")
     rollout_is_cap: float | None = Field(None, gt=0, description="truncated importance weights against the engine's log-probs")
     recompute_old_log_probs: bool = Field(
         True, description="the policy recomputes the old log-probs; false: the engine's sampled log-probs stand in "
                           "(one policy forward pass less per rollout; exact only where the engine computes as the trainer: "
                           "the HF engine at the trainer's precision)")
     # placement
-    colocate_actor_ref: bool = False
-    colocate_critic_reward: bool = False
+    colocate_actor_ref: bool = Field(False, description="the reference actors share the policy's bundles")
+    colocate_critic_reward: bool = Field(False, description="the reward scorers share the critic's bundles")
     colocate_all: bool = Field(False, description="every actor group and engine shares the policy's bundles")
     eval_every: int = Field(10, gt=0, description="rollout steps between held-out evals")
     save_every: int = Field(10, gt=0, description="rollout steps between resumable checkpoints")
@@ -406,9 +412,9 @@ class EvalConfig(Section):
     """Every model scored on the held-out prompts by the `reward` section's source (the eval stage and
     the RL stage's periodic evals)."""
 
-    max_samples: int = Field(200, gt=0)
-    batch_size: int = Field(64, gt=0)
-    max_new_tokens: int = Field(48, gt=0)
+    max_samples: int = Field(200, gt=0, description="held-out prompts scored per model")
+    batch_size: int = Field(64, gt=0, description="prompts per generate call, rows per perplexity pass")
+    max_new_tokens: int = Field(48, gt=0, description="most tokens generated per response")
     sample_temperature: float = Field(1.0, gt=0, description="sampled metrics: responses drawn at this temperature")
     samples_per_prompt: int = Field(4, ge=0, description="responses drawn per prompt for sampled_reward, pass_at_k "
                                                          "and sampled_accuracy; 0: greedy only")
@@ -441,10 +447,11 @@ PIN = r"^(runs:/[0-9a-f]+/[\w.-]+|models:/[\w.-]+(@[\w-]+|/\d+|/latest))$"
 
 
 class PipelineConfig(Section):
-    seed: int = 42
-    # pinned inputs: an artifact name (e.g. sft_model) -> an existing artifact that stands in for the
-    # producing stage's output: runs:/<run_id>/<name>, models:/<name>/<version> or models:/<name>@<alias>
-    inputs: dict[str, Annotated[str, Field(pattern=PIN)]] = Field(default_factory=dict)
+    seed: int = Field(42, description="drives data generation, model init, sampling and the shuffling order")
+    inputs: dict[str, Annotated[str, Field(pattern=PIN)]] = Field(
+        default_factory=dict, description="pinned inputs: an artifact name (e.g. sft_model) to an existing artifact that "
+                                          "stands in for the producing stage's output: runs:/<run_id>/<name>, "
+                                          "models:/<name>/<version> or models:/<name>@<alias>")
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     infra: InfraConfig = InfraConfig()

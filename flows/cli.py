@@ -99,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def start_prefect_server() -> threading.Thread | None:
     """Without PREFECT_API_URL, calling the flow starts Prefect's temporary server: a process that imports
-    the server and creates its database (5-10 s here). Starting it first, in a thread, lets the flow's
+    the server and creates its database (seconds). Starting it first, in a thread, lets the flow's
     imports and the early Ray start run meanwhile; the flow then finds it running."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
@@ -301,8 +301,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The `rlhf` program: `main`, then an exit that skips the garbage collector's last pass over every
-    object torch, Ray, MLflow and Prefect made (seconds on a busy machine: Ctrl-C during RL to exit took
-    11.8-14.7 s with it, 3.6 s without, on a 2-core machine at load 10)."""
+    object torch, Ray, MLflow and Prefect made (seconds on a busy machine, which a Ctrl-C would wait for)."""
     code = main()
     gc.freeze()
     sys.exit(code)

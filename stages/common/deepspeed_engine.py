@@ -29,8 +29,8 @@ def init_distributed() -> None:
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
-    # DeepSpeed would compile its shared-memory all-reduce kernel here (31-53 s a build on the 2-core CPU,
-    # again for every new virtualenv path); it serves only inference_all_reduce (AutoTP inference),
+    # DeepSpeed would compile its shared-memory all-reduce kernel here (a long build, again for every new
+    # virtualenv path); it serves only inference_all_reduce (AutoTP inference),
     # while training's collectives go through torch.distributed. DeepSpeed keeps edits to this dict.
     deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
@@ -59,7 +59,7 @@ def engine_config(infra: InfraConfig, train: TrainingConfig, total_steps: int) -
         "optimizer": {
             "type": "AdamW",
             "params": {"lr": train.lr, "weight_decay": train.weight_decay, "betas": [0.9, 0.95], "torch_adam": True,
-                       "fused": True},  # one kernel for all tensors: 1-6 % faster SFT steps here at ZeRO-0
+                       "fused": True},  # one kernel for all tensors (TRL's adamw_torch_fused): faster steps
         },
         # with offload, DeepSpeed's CPU Adam (a compiled op) is faster, but torch's runs everywhere
         "zero_force_ds_cpu_optimizer": False,
@@ -111,8 +111,8 @@ def import_muon_uncompiled() -> None:
     """Import DeepSpeed's Muon optimizer without wrapping its kernels in torch.compile.
 
     Every ZeRO engine imports Muon (to check the optimizer's type), and Muon's module compiles its
-    kernels at import: 1.0-1.3 s of each training process's start here (engine set-up 2.5-2.7 s ->
-    1.4-1.6 s). Our engines always use AdamW, so those kernels never run."""
+    kernels at import, which lengthens every training process's start. Our engines always use AdamW, so
+    those kernels never run."""
     from deepspeed.runtime import compiler
 
     if "deepspeed.runtime.zero.muon.original_muon" in sys.modules:

@@ -23,8 +23,8 @@ def use_threads(num_threads: int) -> None:
     """torch's intra-op thread count, set only where OMP_NUM_THREADS (which Ray sets to an actor's
     `num_cpus`, `thread_env` to its cores) has not already made it so. `torch.set_num_threads` also turns
     MKL's dynamic threading off for the life of the process, and MKL then opens a nested OpenMP region
-    for every matmul inside torch's own parallel loops (SDPA's CPU kernels): 12x the futex calls in the
-    RL policy rank, and 1.03-1.15x the time per training step of the tiny model (`benchmarks/threads.py`)."""
+    for every matmul inside torch's own parallel loops (SDPA's CPU kernels), each a futex call: slower
+    training steps (`benchmarks/threads.py` measures it)."""
     import torch
 
     if torch.get_num_threads() != num_threads:

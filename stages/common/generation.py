@@ -11,7 +11,7 @@ def sampling_config(tokenizer: PreTrainedTokenizerBase, max_new_tokens: int, tem
     """What `generate` samples with: greedy when `temperature` is None, else the whole temperature-scaled
     (top-p) distribution (top_k=0, not HF's default top 50), which is what a trainer's log-probs describe.
     Passed to `generate` whole: without one, every call rebuilds the model's config to check it for
-    legacy generation settings (15% of a tiny model's rollout time)."""
+    legacy generation settings (a sizeable share of a small model's rollout time)."""
     sampling = {"do_sample": False} if temperature is None else \
         {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
     return GenerationConfig(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,

@@ -28,8 +28,8 @@ def start_local_cluster(num_cpus: int, log_to_driver: bool = True) -> None:
 
     Ray starts workers at nice 15 so that its daemons stay responsive; here the workers are the job, and
     at nice 15 every nice-0 process (the flow's driver, a Prefect server, Ray's own daemons, anything
-    else on the machine) preempts their compute: a GRPO trial beside a test run read 18.5 and 19.4
-    samples/s at nice 15, 162.2 and 170.1 at nice 0.
+    else on the machine) preempts their compute, which slows a stage many times over on a busy machine
+    (docs/benchmarks.md).
 
     Ray also starts each worker in a process group of its own (to kill what a worker spawns when it
     exits); a SIGKILL of the driver's group then kills the GCS and raylet, children of the driver, but not
@@ -147,9 +147,9 @@ class WorkerSet:
 
 class WorkerPool:
     """Stage workers kept alive between the stages of one flow run, on a cluster the run owns: the
-    next stage of the same shape runs in the same processes instead of starting fresh ones (each
-    fresh one imports torch, transformers and DeepSpeed: 4.3 s here). A stage that waits for the
-    CPUs another stage's workers hold takes those workers when that stage is done.
+    next stage of the same shape runs in the same processes instead of starting fresh ones (each fresh
+    one spends seconds importing torch, transformers and DeepSpeed). A stage that waits for the CPUs
+    another stage's workers hold takes those workers when that stage is done.
 
     An idle set holds its resources, so it is killed when a stage of another shape needs them, while
     work outside the pool runs (the RL stage's own actors), after a stage failed in it, and at the end."""

@@ -47,9 +47,8 @@ class Slot:
 
 def waves(pools: list[list[str]], groups: list[str], hosts: dict[str, str] | None = None) -> list[list[str]]:
     """`groups` in waves whose members share no pool: a wave's groups may run at once, the waves one
-    after another. Colocated groups running at once would oversubscribe the cores they share (on the
-    2-core tiny preset, experience making took 0.69 s per step with the policy's and the reference's
-    forward passes at once, 0.26 s in turn). `hosts` names the group whose actors a group runs in
+    after another. Colocated groups running at once would oversubscribe the cores they share, and both
+    would take longer than the two in turn. `hosts` names the group whose actors a group runs in
     (hybrid: the reference lives in the policy ranks)."""
     hosts = hosts or {}
 

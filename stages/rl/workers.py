@@ -43,7 +43,7 @@ def token_log_probs(model, batch: dict[str, torch.Tensor], temperature: float, w
                     entropy_grad: bool = False, aux: list | None = None):
     """Log-probs of each next token [B, T-1] (and the per-position entropy, in the autograd graph only
     when `entropy_grad`: a logged entropy needs none). No KV cache: nothing is generated from this pass,
-    and building one cost 10-20 % of a log-prob pass here. `aux`: where an MoE model's router
+    and building one costs time on every log-prob pass. `aux`: where an MoE model's router
     load-balancing loss is appended (stages.common.moe)."""
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
                 **moe.router_kwargs(aux))
@@ -166,7 +166,7 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         moe.check(model.config, self.optim.aux_loss_coef, "rl.actor.aux_loss_coef")
         if self.rl.engine == "hybrid" and self.rl.needs_reference:
             # verl's fused actor/rollout/ref worker: the KL term's model scores in this hot process, with
-            # no actor of its own (a reference actor took 1.2-1.6x as long for the same pass here)
+            # no actor of its own (a reference actor takes longer for the same pass)
             self.reference = checkpoint.load_frozen_lm(path, self.cfg.model, self.cfg.infra.precision)
         return model
 
@@ -185,7 +185,7 @@ class PolicyWorker(TrainerWorker, HoldsReference):
 
     def old_and_ref_log_probs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """rl.engine=hybrid recomputing the old log-probs: both passes in one call, so the batch crosses
-        to this rank once (two calls cost about 5 ms more a rollout here)."""
+        to this rank once."""
         return self.log_probs(batch), self.ref_log_probs(batch)
 
     def generate(self, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
@@ -332,8 +332,8 @@ class HFRolloutEngine(Worker):
 def sample(model, tok, rl, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
            top_p: float = 1.0) -> list[Sample]:
     """Samples at `temperature` (None: greedy) with HF `generate`, with each sampled token's log-prob;
-    `rl.generate_batch_size` prompts per `generate` call (all of them when it is empty: on a CPU one call
-    of 128 took 0.45 s where two of 64 took 0.69 s)."""
+    `rl.generate_batch_size` prompts per `generate` call (all of them when it is empty: one large call
+    beats several small ones on a CPU)."""
     torch.manual_seed(seed)
     config = sampling_config(tok, max_new_tokens, temperature, top_p, return_dict_in_generate=True, output_logits=True)
     per_call = rl.generate_batch_size or len(prompt_ids)

@@ -93,9 +93,9 @@ assert compiler.compile() is torch.compile  # DeepSpeed's own decorator is back 
 
 
 def test_engines_start_without_compiling_deepspeeds_kernels():
-    """Every ZeRO engine imports DeepSpeed's Muon optimizer; compiling its kernels cost 1.0-1.3 s of each
-    training process. DeepSpeed's shared-memory all-reduce op (inference only) took 31-53 s to build at
-    the first process group of each virtualenv. A fresh process, so no earlier import in this one
+    """Every ZeRO engine imports DeepSpeed's Muon optimizer; compiling its kernels lengthened each training
+    process's start. DeepSpeed's shared-memory all-reduce op (inference only) was built at the first
+    process group of each virtualenv, a long compile. A fresh process, so no earlier import in this one
     decides the outcome."""
     root = Path(__file__).resolve().parents[2]
     # a port of its own: this process's rendezvous port is taken by its in-process engines

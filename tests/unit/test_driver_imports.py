@@ -1,6 +1,6 @@
 """The flow's driver (the `rlhf run` process) checks the config and orchestrates; the stages' libraries
-load where a stage runs. With them, the driver's imports took 15.7-19.6 s on two cores, without them
-6.6-8.2 s: time a fully cached run would otherwise pay for nothing."""
+load where a stage runs. Importing them in the driver would cost seconds that a fully cached run pays
+for nothing."""
 
 from __future__ import annotations
 
