@@ -129,9 +129,9 @@ def rates(stage: str, logged: list[tuple[dict, int]], cfg) -> tuple[float | None
         steps = [m for m, _ in logged if "time/training" in m]
         if not steps:
             return None, None
-        trained = sum(m["tokens"] * cfg.rl.max_epochs for m in steps) / sum(m["time/training"] for m in steps)
+        trained = sum(m["rollout/tokens"] * cfg.rl.max_epochs for m in steps) / sum(m["time/training"] for m in steps)
         samples = cfg.rl.rollout_batch_size * cfg.rl.n_samples_per_prompt
-        generated = sum(m["response_length"] * samples for m in steps) / sum(m["time/generation"] for m in steps)
+        generated = sum(m["train/response_length"] * samples for m in steps) / sum(m["time/generation"] for m in steps)
         return trained, generated
     return None, None
 

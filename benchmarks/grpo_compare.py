@@ -143,12 +143,12 @@ def ours(cfg, data: dict[str, Path], work: Path) -> dict:
     from stages.rl import stage as rl_stage
 
     steps: list[dict] = []
-    ctx = make_ctx("rl", cfg, work, lambda metrics, step: steps.append(metrics) if "samples_per_s" in metrics else None)
+    ctx = make_ctx("rl", cfg, work, lambda metrics, step: steps.append(metrics) if "rollout/samples_per_s" in metrics else None)
     with local_cluster(cfg.infra.num_cpus, log_to_driver=False):  # as the flow starts one
         rl_stage.run(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
     per_step = cfg.rl.rollout_batch_size * cfg.rl.n_samples_per_prompt
     parts = {f"{p}_s": sum(m.get(f"time/{p}", 0.0) for m in steps) for p in PARTS}
-    return {"samples": per_step * len(steps), "response_tokens": sum(m["response_length"] * per_step for m in steps),
+    return {"samples": per_step * len(steps), "response_tokens": sum(m["train/response_length"] * per_step for m in steps),
             "seconds": sum(parts.values()), **parts, "zero_stage": cfg.infra.zero_stage}
 
 

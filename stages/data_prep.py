@@ -321,8 +321,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     for name, splits_of in datasets_by_name.items():  # written once every dataset is checked
         for split, rows in splits_of.items():
             write_split(ctx.output_dir / name, split, rows)
-            metrics[f"{name}_{split}_rows"] = float(len(rows))
+            metrics[f"rows/{name}/{split}"] = float(len(rows))
         outputs[name] = ctx.output_dir / name
-    print("[data_prep] " + ", ".join(f"{k}={int(v)}" for k, v in metrics.items()), flush=True)
+    print("[data_prep] rows: " + ", ".join(f"{k.removeprefix('rows/')}={int(v)}" for k, v in metrics.items()), flush=True)
     ctx.log_metrics(metrics, 0)
     return StageResult(outputs=outputs, metrics=metrics)

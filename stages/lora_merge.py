@@ -116,6 +116,6 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
             print(f"[lora_merge] {name}: merged ({out / name}); max |logit diff| vs the adapter model {diffs[name]:.2e}", flush=True)
     if not diffs:
         raise CheckpointError("lora_merge: none of this pipeline's models is a LoRA adapter")
-    metrics = {f"{name}_max_logit_diff": d for name, d in diffs.items()}
-    metrics |= {"max_logit_diff": max(diffs.values()), "merged_models": float(len(diffs))}
+    metrics = {f"merge/{name}/max_logit_diff": d for name, d in diffs.items()}
+    metrics |= {"merge/max_logit_diff": max(diffs.values()), "merge/models": float(len(diffs))}
     return StageResult(outputs={"merged_models": out}, metrics=metrics)

@@ -84,7 +84,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
                      **moe.router_kwargs(aux))
         moe.record(aux, engine, out, batch["attention_mask"])
         loss, correct = prm_loss(out.logits, batch["labels"], reward_ids)
-        logs = {"step_acc": float(correct.mean())}
+        logs = {"step_accuracy": float(correct.mean())}
         return moe.add_aux_loss(loss, aux, p.aux_loss_coef, logs), logs, int(batch["attention_mask"].sum())
 
     def evaluate(engine) -> dict[str, float]:
@@ -98,7 +98,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         if ctx.world_size > 1:
             dist.all_reduce(sums)
         n = max(float(sums[2]), 1.0)
-        return {"loss": float(sums[0]) / n, "step_acc": float(sums[1]) / n}
+        return {"loss": float(sums[0]) / n, "step_accuracy": float(sums[1]) / n}
 
     engine, outcome = fit(
         ctx, model, p, train_rows, collate=lambda rows: pad_batch(rows, pad_id), loss_fn=loss_fn, evaluate=evaluate
@@ -109,7 +109,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         fields = {"prm_placeholder_token": p.placeholder_token, "prm_reward_tokens": list(p.reward_tokens),
                   "prm_step_separator": p.step_separator}
         lora.save_trained(engine.module, tokenizer, out, state, signature, fields)
-    metrics = {"eval_step_acc": outcome.last_eval["step_acc"], "eval_loss": outcome.last_eval["loss"]}
+    metrics = {f"eval/{k}": v for k, v in outcome.last_eval.items()}
     if outcome.start_step:
         metrics["resumed_from_step"] = float(outcome.start_step)
     return StageResult(outputs={"prm": out}, metrics=metrics)

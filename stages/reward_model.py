@@ -96,7 +96,7 @@ def bt_loss(engine, batch: dict, aux_loss_coef: float = 0.0) -> tuple[torch.Tens
     margin = batch["margin"] if bool(batch["margin"].any()) else None
     loss = pairwise_loss(chosen, rejected, margin)
     diff = (chosen - rejected).detach()
-    logs = {"acc": float((diff > 0).float().mean()), "margin": float(diff.mean())}
+    logs = {"accuracy": float((diff > 0).float().mean()), "margin": float(diff.mean())}
     return moe.add_aux_loss(loss, aux, aux_loss_coef, logs), logs, int(batch["attention_mask"].sum())
 
 
@@ -117,7 +117,7 @@ def eval_pairs(engine, rows: list[PairRow], batch_size: int, pad_id: int, rank: 
     if world > 1:
         dist.all_reduce(sums)
     n = max(float(sums[3]), 1.0)
-    metrics = {"acc": float(sums[0]) / n, "margin": float(sums[1]) / n, "loss": float(sums[2]) / n}
+    metrics = {"accuracy": float(sums[0]) / n, "margin": float(sums[1]) / n, "loss": float(sums[2]) / n}
     return metrics, torch.cat(seen) if seen else torch.zeros(0)
 
 
@@ -190,8 +190,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         lora.save_adapter(hf_model, tokenizer, out, state, signature, stats)
     elif ctx.is_main:
         save_reward_model(hf_model, tokenizer, out, state, r.value_head_prefix, r.normalize_reward, mean, std)
-    metrics = {"eval_acc": final["acc"], "eval_margin": final["margin"], "eval_loss": final["loss"],
-               "reward_mean": mean, "reward_std": std}
+    metrics = {f"eval/{k}": v for k, v in final.items()} | {"eval/reward_mean": mean, "eval/reward_std": std}
     if outcome.start_step:
         metrics["resumed_from_step"] = float(outcome.start_step)
     return StageResult(outputs={"reward_model": out}, metrics=metrics)

@@ -77,7 +77,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     out = ctx.output_dir / "sft_model"
     if ctx.is_main:
         lora.save_trained(engine.module, tokenizer, out, state, signature)
-    metrics = {"eval_loss": outcome.last_eval["loss"], "train_loss": outcome.last_train.get("loss", float("nan"))}
+    metrics = {"eval/loss": outcome.last_eval["loss"], "train/loss": outcome.last_train.get("loss", float("nan"))}
     if outcome.start_step:
         metrics["resumed_from_step"] = float(outcome.start_step)
     return StageResult(outputs={"sft_model": out}, metrics=metrics)

@@ -256,7 +256,7 @@ class KTOObjective:
 
 def pair_logs(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
     return {
-        "reward_acc": float((chosen > rejected).float().mean()),
+        "reward_accuracy": float((chosen > rejected).float().mean()),
         "chosen_reward": float(chosen.mean()),
         "rejected_reward": float(rejected.mean()),
         "margin": float((chosen - rejected).mean()),
@@ -265,7 +265,7 @@ def pair_logs(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
 
 def eval_pairs(engine, objective: PairObjective, ref: torch.Tensor, batch_size: int, rank: int, world: int) -> dict[str, float]:
     """Held-out pairs: implicit reward accuracy, rewards and margin; the pair loss and chosen NLL."""
-    keys = ("loss", "reward_acc", "chosen_reward", "rejected_reward", "margin", "nll")
+    keys = ("loss", "reward_accuracy", "chosen_reward", "rejected_reward", "margin", "nll")
     sums = torch.zeros(len(keys) + 1, dtype=torch.float64)
     for chunk, weight in eval_batches(list(range(objective.n_rows)), rank, world, batch_size):
         batch = to_device(objective.collate(ref, chunk), engine.device)
@@ -355,8 +355,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     out = ctx.output_dir / "dpo_model"
     if ctx.is_main:
         lora.save_trained(engine.module, tokenizer, out, state, signature)
-    metrics = {f"eval_{k}": v for k, v in outcome.last_eval.items()}
-    metrics["train_loss"] = outcome.last_train.get("loss", float("nan"))
+    metrics = {f"eval/{k}": v for k, v in outcome.last_eval.items()}
+    metrics["train/loss"] = outcome.last_train.get("loss", float("nan"))
     if outcome.start_step:
         metrics["resumed_from_step"] = float(outcome.start_step)
     return StageResult(outputs={"dpo_model": out}, metrics=metrics)

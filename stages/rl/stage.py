@@ -55,6 +55,7 @@ from stages.rl.losses import (
     approx_kl,
     masked_mean,
 )
+from stages.rl.step_metrics import step_metrics
 
 MAX_FILL_ROUNDS = 4  # dynamic filtering: extra rollouts tried before the batch is topped up with filtered groups
 
@@ -238,7 +239,7 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
         kl_ctl = AdaptiveKLController(kl_coef, rl.kl_target, rl.kl_horizon) if rl.kl_target else FixedKLController(kl_coef)
         if before is None:
             before = evaluate(actors, tokenizer, eval_prompts, cfg)
-            ctx.log_metrics({f"eval/{k}": v for k, v in before.items()}, 0)
+        ctx.log_metrics({f"eval/{k}": v for k, v in before.items()}, 0)  # a resumed run's MLflow run gets it too
         progress = Progress("rl", total, start=start)
         last_eval, logs = before, {}
         for step in range(start, total):
@@ -257,7 +258,7 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
             step_s = sum(timer.seconds.values())
             logs |= {f"time/{k}": v for k, v in timer.seconds.items()}
             logs |= {"kl_coef": kl_ctl.value, "filtered_groups": filtered, "samples_per_s": len(samples) / step_s}
-            ctx.log_metrics(logs, done)
+            ctx.log_metrics(step_metrics(logs, rl), done)
             progress.update(done, reward=logs["reward"], kl=logs["kl"], len=logs["response_length"])
             if done % rl.eval_every == 0 or done == total:
                 last_eval = evaluate(actors, tokenizer, eval_prompts, cfg)
@@ -275,9 +276,7 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
         backend.release()
 
     print("[rl] held-out, before (SFT policy) -> after (RL policy)\n" + before_after(before, last_eval), flush=True)
-    metrics = {f"eval_{k}": v for k, v in last_eval.items()} | {f"eval_{k}_before": v for k, v in before.items()}
-    # the last step's training reward and KL, under names of their own (the per-step series are `reward`, `kl`)
-    metrics |= {f"train_{k}": logs[k] for k in ("reward", "kl") if k in logs}
+    metrics = {f"eval/{k}": v for k, v in last_eval.items()}  # the `eval/*` series' last points; step 0 is the SFT policy's
     if start:
         metrics["resumed_from_step"] = float(start)
     return StageResult(outputs={"rl_model": out}, metrics=metrics)

@@ -43,10 +43,10 @@ def test_two_ranks_with_zero3(workdir, monkeypatch, prefect_server):
     (rl,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "rl"]
     assert "critic/value_loss" in rl.data.metrics
     (dpo,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "dpo"]
-    assert {"train/kl", "eval/reward_acc", "round/pairs"} <= set(dpo.data.metrics)
+    assert {"train/kl", "eval/reward_accuracy", "round/pairs"} <= set(dpo.data.metrics)
     assert dpo.data.tags[store.TAG_INPUT_PREFIX + "reward_model"].startswith("runs:/")
     (merge,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "lora_merge"]
-    assert merge.data.metrics["merged_models"] == 1 and merge.data.metrics["max_logit_diff"] < 1e-4
+    assert merge.data.metrics["merge/models"] == 1 and merge.data.metrics["merge/max_logit_diff"] < 1e-4
     adapter = store.download(store.ArtifactRef("sft_model", sft.info.run_id), workdir / "dl")
     assert (adapter / "adapter_config.json").is_file() and not (adapter / "model.safetensors").exists()
     merged = store.download(store.ArtifactRef("merged_models", merge.info.run_id), workdir / "dl") / "sft_model"

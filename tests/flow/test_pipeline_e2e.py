@@ -128,7 +128,7 @@ def test_grpo_beats_sft_on_sampled_held_out_accuracy(ws):
     assert m["rl/sampled_accuracy"] >= m["sft/sampled_accuracy"] + 0.10
     assert m["rl/accuracy"] >= m["sft/accuracy"] - 0.05  # sharpening the samples does not cost greedy accuracy
     (rl_run,) = [r for r in stage_runs(ws, "rl") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
-    history = mlflow_client(ws).get_metric_history(rl_run.info.run_id, "reward")
+    history = mlflow_client(ws).get_metric_history(rl_run.info.run_id, "train/reward")
     assert sorted(m.step for m in history) == list(range(1, 31))  # one point per rollout step of the preset
 
 
@@ -138,12 +138,12 @@ def test_dpo_beats_sft_on_sampled_held_out_accuracy_and_reports_reward_accuracy(
     (dpo_run,) = [r for r in stage_runs(ws, "dpo") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
     d = dpo_run.data.metrics
     print(f"dpo: held-out accuracy greedy {m['dpo/accuracy']:.3f} / sampled {m['dpo/sampled_accuracy']:.3f} "
-          f"(sft {m['sft/accuracy']:.3f} / {m['sft/sampled_accuracy']:.3f}); eval reward accuracy {d['eval_reward_acc']:.3f}, "
-          f"margin {d['eval_margin']:.3f}")
+          f"(sft {m['sft/accuracy']:.3f} / {m['sft/sampled_accuracy']:.3f}); eval reward accuracy {d['eval/reward_accuracy']:.3f}, "
+          f"margin {d['eval/margin']:.3f}")
     assert m["dpo/sampled_accuracy"] >= m["sft/sampled_accuracy"] + 0.10
     assert m["dpo/accuracy"] >= m["sft/accuracy"] - 0.05
-    assert d["eval_reward_acc"] >= 0.9 and d["eval_margin"] > 0
-    assert {"eval/reward_acc", "eval/chosen_reward", "eval/rejected_reward", "train/margin"} <= set(d)
+    assert d["eval/reward_accuracy"] >= 0.9 and d["eval/margin"] > 0
+    assert {"eval/reward_accuracy", "eval/chosen_reward", "eval/rejected_reward", "train/margin"} <= set(d)
     (version,) = mlflow_client(ws).search_model_versions("name = 'rlhf-dpo'")
     assert version.run_id == dpo_run.info.run_id
 
@@ -248,9 +248,9 @@ def test_reward_models_are_accurate_and_registered(ws):
         (runs[stage],) = [r for r in stage_runs(ws, stage) if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
         assert version.run_id == runs[stage].info.run_id
     rm, prm = runs["rm"].data.metrics, runs["prm"].data.metrics
-    assert "eval/acc" in rm and "eval/margin" in rm and "eval/step_acc" in prm
-    print(f"rm eval pairwise accuracy {rm['eval_acc']:.3f}, prm eval step accuracy {prm['eval_step_acc']:.3f}")
-    assert rm["eval_acc"] >= 0.9 and prm["eval_step_acc"] >= 0.9
+    assert "eval/accuracy" in rm and "eval/margin" in rm and "eval/step_accuracy" in prm
+    print(f"rm eval pairwise accuracy {rm['eval/accuracy']:.3f}, prm eval step accuracy {prm['eval/step_accuracy']:.3f}")
+    assert rm["eval/accuracy"] >= 0.9 and prm["eval/step_accuracy"] >= 0.9
 
 
 @pytest.mark.parametrize("source", ["prm"])  # PPO on the RM: tests/stage/test_rl_stage.py (CI time)
@@ -261,8 +261,8 @@ def test_ppo_with_the_pipelines_reward_model_raises_reward_with_bounded_kl(ws, s
     client = mlflow_client(ws)
     (run,) = [r for r in stage_runs(ws, "rl") if r.data.params.get("reward.source") == source
               and r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
-    reward = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "reward"), key=lambda m: m.step)]
-    kl = [m.value for m in client.get_metric_history(run.info.run_id, "kl")]
+    reward = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "train/reward"), key=lambda m: m.step)]
+    kl = [m.value for m in client.get_metric_history(run.info.run_id, "train/kl")]
     first, last = sum(reward[:3]) / 3, sum(reward[-3:]) / 3
     print(f"PPO with the {source}: mean reward, first 3 steps {first:.3f}, last 3 steps {last:.3f}; max KL {max(kl):.4f}")
     assert last > first
@@ -294,7 +294,7 @@ def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws):
     newest, oldest = parents[0].info.run_id, parents[-1].info.run_id
     compared = run_cli(ws, "compare", oldest, newest)
     assert compared.returncode == 0, compared.stderr
-    assert "sft: eval_loss" in compared.stdout and "eval sft/accuracy" in compared.stdout
+    assert "sft: eval/loss" in compared.stdout and "eval sft/accuracy" in compared.stdout
     assert "(cached)" in compared.stdout and "(ran)" in compared.stdout
     missing = run_cli(ws, "compare", "not-a-run")
     assert missing.returncode == 2 and missing.stderr.strip() == f"error: run not-a-run: no such MLflow run in {client.tracking_uri}"

@@ -34,14 +34,14 @@ def trained(prepared, tmp_path_factory):
 
 def test_dpo_logs_reward_metrics_per_eval_step_and_separates_the_pairs(trained):
     result, rec = trained
-    evals = [(s, m) for s, m in rec.rows if "eval/reward_acc" in m]
+    evals = [(s, m) for s, m in rec.rows if "eval/reward_accuracy" in m]
     assert [s for s, _ in evals] == [4, 8]
     assert {"eval/loss", "eval/margin", "eval/chosen_reward", "eval/rejected_reward", "eval/nll"} <= set(evals[-1][1])
     train = [m for _, m in rec.rows if "train/loss" in m][-1]
-    assert {"train/reward_acc", "train/margin", "train/chosen_reward", "train/nll", "train/lr"} <= set(train)
+    assert {"train/reward_accuracy", "train/margin", "train/chosen_reward", "train/nll", "train/lr"} <= set(train)
     # 8 steps from log 2: the implicit reward now prefers the correct solutions
-    assert result.metrics["eval_loss"] < math.log(2) - 0.03
-    assert result.metrics["eval_margin"] > 0 and result.metrics["eval_reward_acc"] > 0.6
+    assert result.metrics["eval/loss"] < math.log(2) - 0.03
+    assert result.metrics["eval/margin"] > 0 and result.metrics["eval/reward_accuracy"] > 0.6
 
 
 def test_dpo_checkpoint_loads_with_plain_transformers(trained, prepared):
@@ -224,7 +224,7 @@ def test_each_round_pairs_the_policys_best_and_worst_samples(iterative, prepared
             assert prompt == prompt2
             # the length reward: the chosen response is the longer text
             assert len(tokenizer.decode(chosen, skip_special_tokens=True)) > len(tokenizer.decode(rejected, skip_special_tokens=True))
-    assert {"eval/reward_acc", "eval/margin"} <= set(rec.rows[-1][1])
+    assert {"eval/reward_accuracy", "eval/margin"} <= set(rec.rows[-1][1])
     assert AutoModelForCausalLM.from_pretrained(result.outputs["dpo_model"]) is not None
 
 

@@ -61,7 +61,7 @@ def test_stage_with_lora_saves_only_an_adapter_on_its_base(adapters, prepared, s
 def test_merge_stage_merges_every_adapter_and_reports_the_logit_check(merged):
     out = merged.outputs["merged_models"]
     assert sorted(p.name for p in out.iterdir()) == ["dpo_model", "prm", "reward_model", "sft_model"]  # rl_model: a full model
-    assert merged.metrics["merged_models"] == 4 and merged.metrics["max_logit_diff"] < 1e-4
+    assert merged.metrics["merge/models"] == 4 and merged.metrics["merge/max_logit_diff"] < 1e-4
 
 
 @pytest.mark.parametrize("stage", ["sft", "prm", "dpo"])

@@ -175,7 +175,7 @@ def test_sft(family):
     logged = []
     result = run_stage(family, sft, "sft", {"base_model": family.data["base_model"], "sft_data": family.data["sft_data"]},
                        logged=logged)
-    assert torch.isfinite(torch.tensor(result.metrics["eval_loss"]))
+    assert torch.isfinite(torch.tensor(result.metrics["eval/loss"]))
     assert ("train/aux_loss" in logged_keys(logged)) == (family.name in MOE)
     model = AutoModelForCausalLM.from_pretrained(result.outputs["sft_model"])
     assert type(model) is type(AutoModelForCausalLM.from_pretrained(family.model))
@@ -185,7 +185,7 @@ def test_rm(family):
     logged = []
     result = run_stage(family, reward_model, "rm", {"sft_model": family.data["base_model"], "pref_data": family.data["pref_data"]},
                        logged=logged)
-    assert torch.isfinite(torch.tensor([result.metrics["eval_loss"], result.metrics["reward_std"]])).all()
+    assert torch.isfinite(torch.tensor([result.metrics["eval/loss"], result.metrics["eval/reward_std"]])).all()
     assert ("train/aux_loss" in logged_keys(logged)) == (family.name in MOE)
 
 
@@ -201,7 +201,7 @@ def test_prm_on_synthetic_steps(family):
     logged = []
     result = run_stage(family, prm, "prm", {"sft_model": prepared["base_model"], "prm_data": prepared["prm_data"]}, overrides,
                        logged=logged)
-    assert torch.isfinite(torch.tensor(result.metrics["eval_loss"]))
+    assert torch.isfinite(torch.tensor(result.metrics["eval/loss"]))
     assert ("train/aux_loss" in logged_keys(logged)) == (family.name in MOE)
 
 
@@ -209,7 +209,7 @@ def test_dpo(family):
     logged = []
     result = run_stage(family, dpo, "dpo", {"sft_model": family.data["base_model"], "pref_data": family.data["pref_data"]},
                        logged=logged)
-    assert torch.isfinite(torch.tensor(result.metrics["train_loss"]))
+    assert torch.isfinite(torch.tensor(result.metrics["train/loss"]))
     assert ("train/aux_loss" in logged_keys(logged)) == (family.name in MOE)
 
 
@@ -248,7 +248,7 @@ def lora_sft(family):
 
 
 def test_lora_and_merge(lora_sft):
-    assert lora_sft.metrics["max_logit_diff"] < 1e-4
+    assert lora_sft.metrics["merge/max_logit_diff"] < 1e-4
     assert AutoModelForCausalLM.from_pretrained(lora_sft.outputs["merged_models"] / "sft_model") is not None
 
 

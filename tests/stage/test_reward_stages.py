@@ -34,7 +34,7 @@ def test_rm_logs_pairwise_accuracy_and_margin_per_eval_step(rm_result):
     result, logged = rm_result
     assert [s for s, m in logged if "eval/acc" in m] == [5, 10]
     assert {"eval/acc", "eval/margin", "eval/loss"} <= set(logged[-1][1])
-    assert 0.0 <= result.metrics["eval_acc"] <= 1.0
+    assert 0.0 <= result.metrics["eval/accuracy"] <= 1.0
     assert result.metrics["reward_std"] > 0
 
 
@@ -75,7 +75,7 @@ def test_prm_stage_writes_a_checkpoint_the_step_scorer_reads(prepared, tmp_path)
     logged = []
     result = prm.run(make_ctx("prm", cfg, tmp_path, lambda m, s: logged.append((s, m))),
                      {"sft_model": prepared["base_model"], "prm_data": prepared["prm_data"]})
-    assert [s for s, m in logged if "eval/step_acc" in m] == [5, 10]
+    assert [s for s, m in logged if "eval/step_accuracy" in m] == [5, 10]
     path = result.outputs["prm"]
     config = json.loads((path / "config.json").read_text())
     assert config["prm_placeholder_token"] == "<|step|>" and config["prm_reward_tokens"] == ["+", "-"]
@@ -108,7 +108,7 @@ def test_rm_with_lora_trains_and_saves_only_an_adapter_that_peft_loads(prepared,
             return float(model(**tok(text, return_tensors="pt", add_special_tokens=False)).logits[0, 0])
         acc = sum(reward(r["prompt"] + r["chosen"]) > reward(r["prompt"] + r["rejected"]) for r in rows) / len(rows)
     # the reloaded adapter scores the eval pairs exactly as the stage's final eval did
-    assert acc == pytest.approx(result.metrics["eval_acc"])
+    assert acc == pytest.approx(result.metrics["eval/accuracy"])
 
 
 def test_a_placeholder_the_tokenizer_lacks_is_added_by_data_prep_and_the_prm_trains_on_it(tmp_path):

@@ -23,9 +23,9 @@ RL_FAST = [
 ]
 # Rewards that differ between samples of the untrained model, so every estimator has a signal.
 LENGTH_REWARD = "def reward_func(queries, prompts, labels):\n    return [len(q) - len(p) for q, p in zip(queries, prompts)]\n"
-STEP_KEYS = {"reward", "reward_std", "kl", "actor/entropy", "actor/policy_loss", "actor/clip_frac", "advantage_mean",
-             "advantage_std", "response_length", "time/generation", "time/reward", "time/experience", "time/training",
-             "time/weight_sync", "samples_per_s", "kl_coef", "rollout_logprob_gap"}
+STEP_KEYS = {"train/reward", "rollout/reward_std", "train/kl", "actor/entropy", "actor/policy_loss", "actor/clip_frac",
+             "rollout/advantage_mean", "rollout/advantage_std", "train/response_length", "time/generation", "time/reward",
+             "time/experience", "time/training", "time/weight_sync", "rollout/samples_per_s", "rollout/logprob_gap"}
 
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -43,7 +43,7 @@ def run_rl(prepared, root, overrides, fail_at: int | None = None, extra_inputs=N
     logged = []
 
     def log(metrics, step):
-        if fail_at is not None and step == fail_at and "reward" in metrics:
+        if fail_at is not None and step == fail_at and "train/reward" in metrics:
             raise RuntimeError(f"killed at step {step}")
         logged.append((step, metrics))
 
@@ -66,15 +66,16 @@ def grpo(prepared, grpo_args, tmp_path_factory):
 
 def test_grpo_logs_every_step_metric_and_evals(grpo):
     result, logged = grpo
-    steps = [(s, m) for s, m in logged if "reward" in m]
+    steps = [(s, m) for s, m in logged if "train/reward" in m]
     assert [s for s, _ in steps] == [1, 2]
     for _, m in steps:
         assert STEP_KEYS <= set(m), STEP_KEYS - set(m)
+        assert not {"rollout/kl_coef", "rollout/filtered_groups"} & set(m)  # fixed by the config: no flat lines
     assert [s for s, m in logged if "eval/accuracy" in m] == [0, 1, 2]
     # the eval stage's metrics (stages.eval_metrics): no pass@k, since the length reward is not 0/1
     assert {"eval/sampled_accuracy", "eval/reward", "eval/sampled_reward", "eval/response_length"} <= set(logged[-1][1])
     assert "eval/pass_at_k" not in logged[-1][1]
-    assert {"eval_reward", "eval_reward_before", "eval_accuracy", "eval_sampled_accuracy"} <= set(result.metrics)
+    assert {"eval/reward", "eval/accuracy", "eval/sampled_accuracy"} <= set(result.metrics)
 
 
 def test_grpo_trains_the_policy_and_syncs_the_engine(grpo, prepared):
@@ -82,11 +83,11 @@ def test_grpo_trains_the_policy_and_syncs_the_engine(grpo, prepared):
     before = load_file(prepared["base_model"] / "model.safetensors")
     after = load_file(result.outputs["rl_model"] / "model.safetensors")
     assert max((after[k] - before[k]).abs().max().item() for k in before) > 1e-4
-    step2 = next(m for s, m in logged if s == 2 and "reward" in m)
+    step2 = next(m for s, m in logged if s == 2 and "train/reward" in m)
     # step 2 samples from the engine after the step-1 update: had the sync failed, the engine's
     # log-probs would be the old policy's, not the ones the trainer computes
-    assert step2["kl"] > 0
-    assert step2["rollout_logprob_gap"] < 1e-4
+    assert step2["train/kl"] > 0
+    assert step2["rollout/logprob_gap"] < 1e-4
     model = AutoModelForCausalLM.from_pretrained(result.outputs["rl_model"])
     assert model.config.vocab_size > 0
 
@@ -98,11 +99,11 @@ def test_sampling_log_probs_stand_in_for_the_old_ones_when_not_recomputed(grpo, 
     recompute."""
     _, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.recompute_old_log_probs=false", "rl.max_steps=1",
                                             f"rl.engine={engine}"])
-    fast = next(m for s, m in logged if s == 1 and "reward" in m)
-    full = next(m for s, m in grpo[1] if s == 1 and "reward" in m)
-    assert "rollout_logprob_gap" not in fast
-    assert (fast["reward"], fast["response_length"]) == (full["reward"], full["response_length"])
-    for key in ("kl", "actor/policy_loss", "actor/clip_frac", "actor/kl_loss", "advantage_std"):
+    fast = next(m for s, m in logged if s == 1 and "train/reward" in m)
+    full = next(m for s, m in grpo[1] if s == 1 and "train/reward" in m)
+    assert "rollout/logprob_gap" not in fast
+    assert (fast["train/reward"], fast["train/response_length"]) == (full["train/reward"], full["train/response_length"])
+    for key in ("train/kl", "actor/policy_loss", "actor/clip_frac", "actor/kl_loss", "rollout/advantage_std"):
         assert fast[key] == pytest.approx(full[key], abs=1e-5), key
 
 
@@ -113,18 +114,18 @@ def test_hybrid_engine_samples_as_the_engine_does_without_engine_actors_or_weigh
     the updated policy itself, so its log-probs are the trainer's, nothing is synced, and its KL against
     the rank's reference is the one the reference actor gave the engine's run."""
     result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.engine=hybrid"])
-    steps = {s: m for s, m in logged if "reward" in m}
-    engine = next(m for s, m in grpo[1] if s == 1 and "reward" in m)
-    assert (steps[1]["reward"], steps[1]["response_length"]) == (engine["reward"], engine["response_length"])
-    assert steps[2]["rollout_logprob_gap"] < 1e-4
+    steps = {s: m for s, m in logged if "train/reward" in m}
+    engine = next(m for s, m in grpo[1] if s == 1 and "train/reward" in m)
+    assert (steps[1]["train/reward"], steps[1]["train/response_length"]) == (engine["train/reward"], engine["train/response_length"])
+    assert steps[2]["rollout/logprob_gap"] < 1e-4
     # the reference the policy rank holds scores as the reference actor does: the same KL from the updated
     # policy (0.062 here; the policy's current weights as the reference would read 0)
-    engine2 = next(m for s, m in grpo[1] if s == 2 and "reward" in m)
-    assert steps[2]["kl"] > 0.01
-    for key in ("reward", "kl", "actor/kl_loss", "actor/policy_loss"):
+    engine2 = next(m for s, m in grpo[1] if s == 2 and "train/reward" in m)
+    assert steps[2]["train/kl"] > 0.01
+    for key in ("train/reward", "train/kl", "actor/kl_loss", "actor/policy_loss"):
         assert steps[2][key] == pytest.approx(engine2[key], abs=1e-6), key
-    assert all(m["time/weight_sync"] < 0.01 for m in steps.values())
-    assert {"eval_accuracy", "eval_sampled_accuracy"} <= set(result.metrics)
+    assert not any("time/weight_sync" in m for m in steps.values())  # nothing to sync: no flat line of zeros
+    assert {"eval/accuracy", "eval/sampled_accuracy"} <= set(result.metrics)
     assert AutoModelForCausalLM.from_pretrained(result.outputs["rl_model"]).config.vocab_size > 0
 
 
@@ -161,8 +162,8 @@ def test_ppo_with_lora_actor_and_critic_syncs_merged_weights_and_saves_the_adapt
     result, logged = run_rl(prepared, tmp_path, ["rl.advantage_estimator=gae", f"reward.func_path={length_reward}",
                                                  "rl.actor.lora.rank=4", "rl.actor.lora.alpha=8", "rl.critic.lora.rank=4",
                                                  "rl.actor.lr=5e-3", "rl.init_kl_coef=0"])
-    step2 = next(m for s, m in logged if s == 2 and "reward" in m)
-    assert step2["rollout_logprob_gap"] < 1e-4 and "critic/value_loss" in step2
+    step2 = next(m for s, m in logged if s == 2 and "train/reward" in m)
+    assert step2["rollout/logprob_gap"] < 1e-4 and "critic/value_loss" in step2
     out = result.outputs["rl_model"]
     assert checkpoint_paths.is_adapter(out) and not (out / "model.safetensors").exists()
     base = AutoModelForCausalLM.from_pretrained(prepared["base_model"])
@@ -185,7 +186,7 @@ def test_ppo_with_critic_and_reward_model(prepared, tmp_path):
     rm = quick_reward_model("rm", reward_model, "pref_data", "reward_model", prepared, tmp_path)
     result, logged = run_rl(prepared, tmp_path / "rl", ["rl.advantage_estimator=gae", "reward.source=rm"],
                             extra_inputs={"reward_model": rm})
-    steps = [m for _, m in logged if "reward" in m]
+    steps = [m for _, m in logged if "train/reward" in m]
     assert all("critic/value_loss" in m for m in steps)
     assert steps[0]["reward_std"] > 0  # the RM scores differ between samples
     assert result.outputs["rl_model"].is_dir()
@@ -195,7 +196,7 @@ def test_reinforce_with_dense_process_rewards(prepared, tmp_path):
     prm_dir = quick_reward_model("prm", prm, "prm_data", "prm", prepared, tmp_path)
     result, logged = run_rl(prepared, tmp_path / "rl", ["rl.advantage_estimator=reinforce", "reward.source=prm"],
                             extra_inputs={"prm": prm_dir})
-    steps = [m for _, m in logged if "reward" in m]
+    steps = [m for _, m in logged if "train/reward" in m]
     assert all("reward/prm/steps" in m for m in steps)
     assert result.outputs["rl_model"].is_dir()
 
@@ -209,12 +210,13 @@ def test_killed_rl_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(
     assert (tmp_path / "work" / "checkpoints" / "policy" / "latest").read_text() == "step1"
     resumed, logged = run_rl(prepared, tmp_path, grpo_args)
     assert resumed.metrics["resumed_from_step"] == 1.0
-    assert [s for s, m in logged if "reward" in m] == [2]
+    first_eval = [m for s, m in logged if s == 0 and "eval/accuracy" in m]
+    assert [s for s, m in logged if "train/reward" in m] == [2]
     a = load_file(whole.outputs["rl_model"] / "model.safetensors")
     b = load_file(resumed.outputs["rl_model"] / "model.safetensors")
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
-    # the before/after table still compares against the policy RL started from
-    assert resumed.metrics["eval_accuracy_before"] == whole.metrics["eval_accuracy_before"]
+    # the resumed run's MLflow run still holds the held-out eval of the policy RL started from (step 0)
+    assert first_eval == [m for s, m in grpo[1] if s == 0 and "eval/accuracy" in m]
 
 
 def test_reference_and_reward_groups_of_two_workers_match_one_worker(prepared, length_reward, tmp_path):
@@ -223,9 +225,9 @@ def test_reference_and_reward_groups_of_two_workers_match_one_worker(prepared, l
             "infra.cpus_per_worker=1", "rl.use_kl_loss=true", "rl.kl_estimator=k3"]
     _, single = run_rl(prepared, tmp_path / "one", args)
     _, sharded = run_rl(prepared, tmp_path / "two", [*args, "rl.ref_num_workers=2", "rl.reward_num_workers=2"])
-    (one,), (two,) = ([m for _, m in logged if "reward" in m] for logged in (single, sharded))
-    assert two["reward"] == one["reward"] and two["response_length"] == one["response_length"]  # same samples, same scores
-    assert two["kl"] == pytest.approx(one["kl"], rel=1e-4, abs=1e-7)  # each reference copy scored half the rollout
+    (one,), (two,) = ([m for _, m in logged if "train/reward" in m] for logged in (single, sharded))
+    assert two["train/reward"] == one["train/reward"] and two["train/response_length"] == one["train/response_length"]  # same samples, same scores
+    assert two["train/kl"] == pytest.approx(one["train/kl"], rel=1e-4, abs=1e-7)  # each reference copy scored half the rollout
     evals = [[m["eval/reward"] for _, m in logged if "eval/reward" in m] for logged in (single, sharded)]
     assert evals[0] == evals[1] and len(evals[0]) == 2  # held-out evals before and after, scored in two shares
 
@@ -233,8 +235,8 @@ def test_reference_and_reward_groups_of_two_workers_match_one_worker(prepared, l
 def test_dynamic_filtering_replaces_groups_whose_scores_are_all_equal(prepared, tmp_path):
     # the untrained model never answers, so the rule reward is 0 for every sample: every group is filtered
     result, logged = run_rl(prepared, tmp_path, ["rl.dynamic_filtering=true", "rl.max_steps=1"])
-    (step,) = [m for _, m in logged if "reward" in m]
-    assert step["filtered_groups"] == 4 * (1 + rl_stage.MAX_FILL_ROUNDS)
+    (step,) = [m for _, m in logged if "train/reward" in m]
+    assert step["rollout/filtered_groups"] == 4 * (1 + rl_stage.MAX_FILL_ROUNDS)
     assert result.outputs["rl_model"].is_dir()
 
 

@@ -85,9 +85,9 @@ def test_grpo_runs_on_the_vllm_engine(prepared, vllm_python, tmp_path):
     reward.write_text("def reward_func(queries, prompts, labels):\n    return [float(len(q) - len(p)) for q, p in zip(queries, prompts)]\n")
     result, logged = run_rl(prepared, tmp_path, ["rl.engine=vllm", f"rl.vllm_python={vllm_python}",
                                                  "rl.vllm_kv_cache_mib=64", f"reward.func_path={reward}"])
-    steps = {s: m for s, m in logged if "reward" in m}
+    steps = {s: m for s, m in logged if "train/reward" in m}
     assert sorted(steps) == [1, 2]
     # step 2 samples after the step-1 update reached the engine
-    assert steps[2]["kl"] > 0 and steps[2]["rollout_logprob_gap"] < 1e-4
-    assert {"eval_accuracy", "eval_sampled_accuracy"} <= set(result.metrics)
+    assert steps[2]["train/kl"] > 0 and steps[2]["rollout/logprob_gap"] < 1e-4
+    assert {"eval/accuracy", "eval/sampled_accuracy"} <= set(result.metrics)
     assert (result.outputs["rl_model"] / "model.safetensors").exists()

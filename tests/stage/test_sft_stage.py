@@ -31,7 +31,7 @@ def test_loss_falls_and_metrics_are_logged_per_step(trained):
     assert [s for s, _ in losses] == [10, 20, 30]
     assert losses[-1][1] < losses[0][1] - 1.0  # from ~3.4 to ~2.0 in 30 steps
     assert [s for s, m in rec.rows if "eval/loss" in m] == [10, 20, 30]
-    assert result.metrics["eval_loss"] < 2.0
+    assert result.metrics["eval/loss"] < 2.0
 
 
 def test_checkpoint_loads_with_plain_transformers_and_generates(trained):

@@ -197,16 +197,16 @@ def test_editing_a_module_changes_the_code_version_of_the_stages_that_import_it(
 
 def test_distributed_and_metrics():
     assert [s.name for s in STAGES if s.distributed] == ["sft", "rm", "prm", "dpo"]
-    assert BY_NAME["dpo"].register == ("dpo_model",) and BY_NAME["dpo"].key_metric == "eval_reward_acc"
+    assert BY_NAME["dpo"].register == ("dpo_model",) and BY_NAME["dpo"].key_metric == "eval/reward_accuracy"
     assert BY_NAME["sft"].register == ("sft_model",)
     assert BY_NAME["rm"].register == ("reward_model",) and BY_NAME["prm"].register == ("prm",)
-    assert BY_NAME["rm"].key_metric == "eval_acc" and BY_NAME["prm"].key_metric == "eval_step_acc"
-    assert BY_NAME["data_prep"].key_metric == "sft_data_train_rows"
-    assert BY_NAME["sft"].key_metric == "eval_loss"
+    assert BY_NAME["rm"].key_metric == "eval/accuracy" and BY_NAME["prm"].key_metric == "eval/step_accuracy"
+    assert BY_NAME["data_prep"].key_metric == "rows/sft_data/train"
+    assert BY_NAME["sft"].key_metric == "eval/loss"
     assert BY_NAME["eval"].key_metric == "score"  # the last model's eval.metric
     assert [s.name for s in STAGES if s.driver] == ["rl"]
-    assert BY_NAME["rl"].register == ("rl_model",) and BY_NAME["rl"].key_metric == "eval_reward"
-    assert BY_NAME["lora_merge"].register == ("merged_models",) and BY_NAME["lora_merge"].key_metric == "max_logit_diff"
+    assert BY_NAME["rl"].register == ("rl_model",) and BY_NAME["rl"].key_metric == "eval/reward"
+    assert BY_NAME["lora_merge"].register == ("merged_models",) and BY_NAME["lora_merge"].key_metric == "merge/max_logit_diff"
 
 
 def test_lora_merge_runs_only_when_a_stage_trains_an_adapter():

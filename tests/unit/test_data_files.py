@@ -670,7 +670,7 @@ def test_run_on_files_writes_every_dataset_and_a_base_model_pointer(model_dir, t
     assert sorted(int(r["label"]) for r in prompt_train + prompt_eval) == list(range(8))
 
     assert result.metrics == {
-        "sft_data_train_rows": 8.0, "sft_data_eval_rows": 2.0, "prompts_train_rows": 6.0, "eval_data_eval_rows": 2.0,
+        "rows/sft_data/train": 8.0, "rows/sft_data/eval": 2.0, "rows/prompts/train": 6.0, "rows/eval_data/eval": 2.0,
     }
 
 
