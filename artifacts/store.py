@@ -17,8 +17,8 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import RunStatus
 
-from artifacts import disk_full
-from artifacts.registry import model_version, register_model, registered_name
+from artifacts import disk_full, registry
+from artifacts.registry import CheckpointInfo, model_version, register_model, registered_name
 from configs.errors import PipelineError
 
 TAG_STAGE = "rlhf.stage"
@@ -90,16 +90,26 @@ def run_inputs(run) -> dict[str, str]:
     return {k.removeprefix(TAG_INPUT_PREFIX): v for k, v in sorted(run.data.tags.items()) if k.startswith(TAG_INPUT_PREFIX)}
 
 
-def publish(client: MlflowClient, run_id: str, outputs: dict[str, Path], register: tuple[str, ...]) -> dict[str, ArtifactRef]:
-    """Log each output directory under its name, register model outputs, then mark the run complete."""
-    refs = {}
+def publish(client: MlflowClient, run_id: str, outputs: dict[str, Path], register: tuple[str, ...],
+            info: CheckpointInfo | None = None, linked: tuple[list[str], object] = ([], None)) -> dict[str, ArtifactRef]:
+    """Log each output directory under its name, register model outputs, then mark the run complete.
+    With `info`, each model output is first a logged model of the run (an `MLmodel` file in its folder
+    gives the registry its schema), its version is described and tagged with `info`, and the run's
+    `linked` metric names (on the dataset given) are attached to it."""
+    refs, models = {}, {}
     for name, path in outputs.items():
+        if info is not None and name in register:
+            models[name] = registry.log_checkpoint(client, info, name, run_id).model_id
+            registry.write_mlmodel(path, name, run_id, models[name], info)
         client.log_artifacts(run_id, str(path), name)
         refs[name] = ArtifactRef(name, run_id)
     artifact_uri = client.get_run(run_id).info.artifact_uri
     for name in register:
         if name in outputs:
-            register_model(client, registered_name(name), f"{artifact_uri}/{name}", run_id)
+            register_model(client, registered_name(name), f"{artifact_uri}/{name}", run_id, info, models.get(name))
+    for model_id in models.values():
+        registry.link_metrics(client, run_id, model_id, *linked)
+        client.finalize_logged_model(model_id, "READY")
     client.set_tag(run_id, TAG_OUTPUTS, ",".join(outputs))
     client.set_tag(run_id, TAG_STATUS, COMPLETE)
     return refs

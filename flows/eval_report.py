@@ -1,25 +1,35 @@
-"""What a finished eval run adds to the store: the registry's `champion` aliases (by `eval.metric`) and
-comparison plots (held-out rewards and accuracies per model; the RL policy's reward and KL curves) as
-PNG artifacts of the eval run."""
+"""What a finished eval run adds to the store: the registry's `champion` aliases (by `eval.metric`), a
+child run per evaluated model with the same `eval/*` keys (selected together, the MLflow UI charts the
+models side by side; each links its logged model and holds its samples as an MLflow table), and a
+titled comparison plot; and, for the RL run, its headline curves as a plot of its own."""
 
 from __future__ import annotations
 
+import json
+import time
+
 from matplotlib.figure import Figure
 from mlflow import MlflowClient
+from mlflow.entities import Metric, RunStatus
+from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
-from artifacts import registry
+from artifacts import registry, run_owner, store
+from artifacts.datasets import context
 from artifacts.store import ArtifactRef
 from stages.eval_results import model_inputs, per_model
 
 BAR_METRICS = ("reward", "sampled_reward", "accuracy", "sampled_accuracy")  # plotted where present
-RL_CURVES = ("reward", "kl")
+RL_CURVES = ("train/reward", "train/kl", "train/response_length")  # the RL run's headline curves
 PLOT = "plots/eval_by_model.png"
+RL_PLOT = "plots/rl_curves.png"
+SAMPLES_TABLE = "eval_samples.json"  # in each model's child run: the Evaluation view compares them by prompt
+KIND_EVAL_MODEL = "eval_model"
 
 
 def metrics_figure(models: dict[str, dict[str, float]], ranked_by: str) -> Figure:
     """Grouped bars: each model's `ranked_by` metric first, then its greedy and sampled held-out reward
     and accuracy where present."""
-    fig = Figure(figsize=(2.0 * len(models) + 2, 3.6))
+    fig = Figure(figsize=(2.0 * len(models) + 2, 3.8))
     ax = fig.subplots()
     wanted = dict.fromkeys((ranked_by, *BAR_METRICS))
     shown = [m for m in wanted if any(m in values for values in models.values())]
@@ -32,19 +42,21 @@ def metrics_figure(models: dict[str, dict[str, float]], ranked_by: str) -> Figur
     ax.axhline(0, color="black", linewidth=0.5)  # rewards from an RM can be negative
     ax.set_ylabel("held-out score")
     ax.set_title(f"champion by {ranked_by.replace('_', ' ')}", fontsize=9)
+    fig.suptitle("Held-out eval by model")
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     return fig
 
 
-def curves_figure(curves: dict[str, list[tuple[int, float]]]) -> Figure:
+def curves_figure(curves: dict[str, list[tuple[int, float]]], title: str = "RL training curves") -> Figure:
     """One panel per metric history, against the training step."""
-    fig = Figure(figsize=(4.2 * len(curves), 3.2))
+    fig = Figure(figsize=(4.2 * len(curves), 3.4))
     axes = fig.subplots(1, len(curves), squeeze=False)[0]
     for ax, (name, points) in zip(axes, curves.items()):
         ax.plot([s for s, _ in points], [v for _, v in points], marker=".")
         ax.set_xlabel("step")
-        ax.set_title(f"RL {name}")
+        ax.set_title(name)
+    fig.suptitle(title)
     fig.tight_layout()
     return fig
 
@@ -53,24 +65,79 @@ def history(client: MlflowClient, run_id: str, metric: str) -> list[tuple[int, f
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, metric))
 
 
+def log_rl_curves(client: MlflowClient, rl_run_id: str) -> None:
+    """The RL run's reward, KL and response length per step, as `plots/rl_curves.png` of that run."""
+    curves = {name: points for name in RL_CURVES if (points := history(client, rl_run_id, name))}
+    if curves:
+        client.log_figure(rl_run_id, curves_figure(curves), RL_PLOT)
+
+
+def logged_model_of(client: MlflowClient, experiment_id: str, identity: str) -> str | None:
+    """The logged model of a checkpoint artifact (`runs:/<run>/<name>`), if its run logged one."""
+    ref = ArtifactRef.parse(identity)
+    found = client.search_logged_models([experiment_id], filter_string=f"source_run_id = '{ref.run_id}' AND name = '{ref.name}'",
+                                        max_results=1)
+    return found[0].model_id if found else None
+
+
+def samples(client: MlflowClient, eval_run_id: str, model: str) -> dict[str, list] | None:
+    """A model's scored generations (`eval_report/samples_<model>.jsonl`) as table columns."""
+    import mlflow
+
+    try:
+        text = mlflow.artifacts.load_text(f"{client.get_run(eval_run_id).info.artifact_uri}/eval_report/samples_{model}.jsonl")
+    except Exception:  # noqa: BLE001 - an eval run without samples still gets its metrics
+        return None
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return {key: [row.get(key) for row in rows] for key in dict.fromkeys(k for row in rows for k in row)} if rows else None
+
+
+def log_model_runs(client: MlflowClient, eval_run_id: str, inputs: dict[str, str], metrics: dict[str, float]) -> dict[str, str]:
+    """A child run of the eval run per model (`eval · sft`): its metrics as `eval/<metric>` (the keys the RL
+    run's periodic evals use), linked to the model's logged model and the held-out dataset, its samples as
+    an MLflow table. Returns `{model: child run id}`."""
+    run = client.get_run(eval_run_id)
+    experiment_id = run.info.experiment_id
+    held_out = [i for i in (run.inputs.dataset_inputs if run.inputs else []) if context(i) == "eval" and i.dataset.name == "eval_data"]
+    dataset = held_out[0].dataset if held_out else None
+    identities = model_inputs(inputs)
+    children = {}
+    now = int(time.time() * 1000)
+    for model, values in per_model(metrics, inputs).items():
+        identity = identities[model]
+        model_id = logged_model_of(client, experiment_id, identity)
+        note = (f"**{model}** (`{identity}`) on the held-out prompts, from eval run "
+                f"[{run.info.run_name}](#/experiments/{experiment_id}/runs/{eval_run_id}). Select several of these runs "
+                f"to chart their `eval/*` metrics side by side; `{SAMPLES_TABLE}` holds the responses.\n")
+        child = client.create_run(experiment_id, run_name=f"eval · {model}", tags={
+            store.TAG_PARENT: eval_run_id, "rlhf.kind": KIND_EVAL_MODEL, "rlhf.model": model, "rlhf.model_source": identity,
+            MLFLOW_RUN_NOTE: note, **run_owner.owner_tags()}).info.run_id
+        client.log_batch(child, metrics=[Metric(f"eval/{k}", v, now, 0, model_id=model_id,
+                                                dataset_name=dataset.name if dataset else None,
+                                                dataset_digest=dataset.digest if dataset else None) for k, v in values.items()])
+        if held_out:
+            client.log_inputs(child, datasets=held_out)
+        if (table := samples(client, eval_run_id, model)) is not None:
+            client.log_table(child, table, SAMPLES_TABLE)
+        client.set_terminated(child, RunStatus.to_string(RunStatus.FINISHED))
+        children[model] = child
+    return children
+
+
 def publish(client: MlflowClient, eval_run_id: str, inputs: dict[str, str], metrics: dict[str, float],
-            ranked_by: str) -> dict[str, str]:
-    """Tag each evaluated registered version with its `ranked_by` score (`eval.metric`), move `champion`
-    where it won, and log the plots to the eval run. Returns `{registered model: version}` for each
-    champion moved."""
+            ranked_by: str) -> dict[str, tuple[str, str]]:
+    """Tag each evaluated registered version with its `ranked_by` score (`eval.metric`) and hold the
+    champion contest (`registry.promote_champions`), add a child run per model and log the comparison
+    plot to the eval run. Returns `{registered model: (version, verdict)}` for each version scored."""
     scored = []
     for model, identity in model_inputs(inputs).items():
         key = f"{model}/{ranked_by}"
         if key in metrics:
             ref = ArtifactRef.parse(identity)
             scored.append((ref.name, ref.run_id, metrics[key]))
-    moved = registry.promote_champions(client, scored, ranked_by, eval_run_id)
+    verdicts = registry.promote_champions(client, scored, ranked_by, eval_run_id)
     models = per_model(metrics, inputs)
     if models:
+        log_model_runs(client, eval_run_id, inputs, metrics)
         client.log_figure(eval_run_id, metrics_figure(models, ranked_by), PLOT)
-    if "rl_model" in inputs:
-        rl_run = ArtifactRef.parse(inputs["rl_model"]).run_id
-        curves = {name: points for name in RL_CURVES if (points := history(client, rl_run, name))}
-        if curves:
-            client.log_figure(eval_run_id, curves_figure(curves), "plots/rl_curves.png")
-    return moved
+    return verdicts

@@ -1,5 +1,7 @@
-"""The registry's `champion` alias, the eval run's plots, and the summary's lineage column and held-out table."""
+"""The registry's `champion` alias, the eval run's child runs and plots, and the summary's lineage column and
+held-out table."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,19 +21,40 @@ def champion(client, name):
     return str(client.get_model_version_by_alias(name, registry.CHAMPION).version)
 
 
-def test_champion_moves_only_to_a_version_that_beats_it(client, tmp_path):
+def test_champion_goes_only_to_a_version_that_beats_the_others(client, tmp_path):
     first, second, third = (stage_run(client, tmp_path, register=True) for _ in range(3))
     eval_run = client.create_run(client.exp).info.run_id
-    assert registry.promote_champions(client, [("sft_model", first, 0.80)], "accuracy", eval_run) == {"rlhf-sft": "1"}
-    assert registry.promote_champions(client, [("sft_model", second, 0.75)], "accuracy", eval_run) == {}
-    assert champion(client, "rlhf-sft") == "1"
-    assert registry.promote_champions(client, [("sft_model", third, 0.80)], "accuracy", eval_run) == {}  # a tie keeps it
-    assert registry.promote_champions(client, [("sft_model", second, 0.90)], "accuracy", eval_run) == {"rlhf-sft": "2"}
+
+    def promote(run_id, score):
+        return registry.promote_champions(client, [("sft_model", run_id, score)], "accuracy", eval_run)
+
+    assert promote(first, 0.80) == {"rlhf-sft": ("1", "no contest: the only version scored on accuracy")}
+    with pytest.raises(MlflowException):  # one version alone is not crowned
+        champion(client, "rlhf-sft")
+    assert promote(second, 0.75) == {"rlhf-sft": ("2", "behind version(s) 1 on accuracy (0.75 < 0.8)")}
+    assert champion(client, "rlhf-sft") == "1"  # now it beats another
+    assert promote(third, 0.80) == {"rlhf-sft": ("3", "tied on accuracy with version(s) 1")}
+    assert champion(client, "rlhf-sft") == "1"  # a tie keeps it
+    assert promote(second, 0.90) == {"rlhf-sft": ("2", "champion: beats version(s) 1, 3 on accuracy")}
     assert champion(client, "rlhf-sft") == "2"
     version = client.get_model_version("rlhf-sft", "2")
-    assert version.tags == {"rlhf.eval.accuracy": "0.9", "rlhf.eval.run": eval_run}
+    assert version.tags == {"rlhf.eval.accuracy": "0.9", "rlhf.eval.run": eval_run,
+                            "rlhf.eval.verdict": "champion: beats version(s) 1, 3 on accuracy"}
     # an output that was never registered (the base model) is scored by nobody
     assert registry.promote_champions(client, [("base_model", first, 1.0)], "accuracy", eval_run) == {}
+
+
+@pytest.mark.parametrize("scores, current, expected", [
+    ({}, None, None),
+    ({"1": 0.5}, None, None),
+    ({"1": 0.5, "2": 0.7}, "1", "2"),
+    ({"1": 0.7, "2": 0.7}, None, None),  # a tie with no champion crowns nobody
+    ({"1": 0.7, "2": 0.7, "3": 0.1}, "2", "2"),
+    ({"1": -0.2, "2": -0.1}, None, "2"),  # an RM's rewards can be negative
+])
+def test_contest(scores, current, expected):
+    champion, verdicts = registry.contest(scores, current, "reward")
+    assert champion == expected and set(verdicts) == set(scores)
 
 
 def test_latest_is_the_newest_version(client, tmp_path):
@@ -41,22 +64,37 @@ def test_latest_is_the_newest_version(client, tmp_path):
         assert registry.model_version(client, name).run_id == newest
 
 
-def test_eval_report_moves_champions_and_logs_the_plots(client, tmp_path):
+def test_eval_report_adds_a_child_run_per_model_with_the_same_keys_and_the_plot(client, tmp_path):
     sft = stage_run(client, tmp_path, register=True)
     rl = stage_run(client, tmp_path, register=True, artifact="rl_model")
-    client.log_batch(rl, metrics=[Metric("reward", r, 0, step) for step, r in enumerate((0.2, 0.5, 0.7))]
-                     + [Metric("kl", k, 0, step) for step, k in enumerate((0.0, 0.01, 0.02))])
-    eval_run = client.create_run(client.exp).info.run_id
+    eval_run = client.create_run(client.exp, run_name="eval · tiny").info.run_id
+    client.log_text(eval_run, '{"prompt": "p1", "response": "r1", "reward": 1.0}\n', "eval_report/samples_sft.jsonl")
     inputs = {"base_model": f"runs:/{sft}/base_model", "sft_model": f"runs:/{sft}/sft_model",
               "rl_model": f"runs:/{rl}/rl_model", "eval_data": f"runs:/{sft}/eval_data"}
     metrics = {"score": 0.9, "base/reward": 0.1, "sft/reward": 0.8, "sft/sampled_reward": 0.6,
-               "rl/reward": 0.9, "rl/sampled_reward": 0.85}
-    moved = eval_report.publish(client, eval_run, inputs, metrics, "reward")
-    assert moved == {"rlhf-sft": "1", "rlhf-rl": "1"}
-    plots = {a.path for a in client.list_artifacts(eval_run, "plots")}
-    assert plots == {"plots/eval_by_model.png", "plots/rl_curves.png"}
-    png = Path(client.download_artifacts(eval_run, "plots/rl_curves.png", str(tmp_path)))
+               "rl/reward": 0.9, "rl/sampled_reward": 0.85, "time/compute_s": 3.0}
+    verdicts = eval_report.publish(client, eval_run, inputs, metrics, "reward")
+    assert verdicts == {"rlhf-sft": ("1", "no contest: the only version scored on reward"),
+                        "rlhf-rl": ("1", "no contest: the only version scored on reward")}
+    assert {a.path for a in client.list_artifacts(eval_run, "plots")} == {"plots/eval_by_model.png"}
+    children = {r.data.tags["rlhf.model"]: r for r in client.search_runs([client.exp], f"tags.`mlflow.parentRunId` = '{eval_run}'")}
+    assert {m: r.info.run_name for m, r in children.items()} == {"base": "eval · base", "sft": "eval · sft", "rl": "eval · rl"}
+    assert children["rl"].data.metrics == {"eval/reward": 0.9, "eval/sampled_reward": 0.85}
+    assert children["base"].data.metrics == {"eval/reward": 0.1}
+    assert all(store.TAG_STAGE not in r.data.tags for r in children.values())  # no cache entries
+    table = client.download_artifacts(children["sft"].info.run_id, eval_report.SAMPLES_TABLE, str(tmp_path))
+    assert json.loads(Path(table).read_text())["data"] == [["p1", "r1", 1.0]]
+
+
+def test_the_rl_run_gets_its_headline_curves(client, tmp_path):
+    rl = stage_run(client, tmp_path, register=True, artifact="rl_model")
+    client.log_batch(rl, metrics=[Metric("train/reward", r, 0, step) for step, r in enumerate((0.2, 0.5, 0.7))]
+                     + [Metric("train/kl", k, 0, step) for step, k in enumerate((0.0, 0.01, 0.02))])
+    eval_report.log_rl_curves(client, rl)
+    png = Path(client.download_artifacts(rl, eval_report.RL_PLOT, str(tmp_path)))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = eval_report.curves_figure({"train/reward": [(1, 0.2), (2, 0.5)]})
+    assert fig._suptitle.get_text() == "RL training curves" and fig.axes[0].get_title() == "train/reward"
 
 
 def test_the_champion_is_chosen_by_eval_metric(client, tmp_path):
@@ -72,16 +110,20 @@ def test_the_champion_is_chosen_by_eval_metric(client, tmp_path):
         metrics = {"sft/reward": scores[i][0], "sft/accuracy": scores[i][1], "reward/reward": 9.0}
         return eval_report.publish(client, eval_run, inputs, metrics, metric)
 
-    assert evaluate(0, "reward") == {"rlhf-sft": "1"}  # the first one scored
-    assert evaluate(1, "reward") == {}  # more accurate, less rewarded
-    assert evaluate(2, "reward") == {"rlhf-sft": "3"}
+    assert evaluate(0, "reward")["rlhf-sft"][1].startswith("no contest")  # the first one scored
+    assert evaluate(1, "reward")["rlhf-sft"][1].startswith("behind")  # more accurate, less rewarded
+    assert champion(client, "rlhf-sft") == "1"
+    assert evaluate(2, "reward")["rlhf-sft"][1].startswith("champion")
+    assert champion(client, "rlhf-sft") == "3"
     assert client.get_model_version("rlhf-sft", "2").tags["rlhf.eval.reward"] == "0.4"
     assert "rlhf.eval.reward" not in client.get_model_version("rlhf-reward", "1").tags
     with pytest.raises(MlflowException):
         client.get_model_version_by_alias("rlhf-reward", registry.CHAMPION)
-    # by accuracy (a version scored by another metric has no score to defend: the first scored by it wins)
-    assert evaluate(1, "accuracy") == {"rlhf-sft": "2"}
-    assert evaluate(0, "accuracy") == {}
+    # by accuracy (a version scored by another metric only is no contender)
+    assert evaluate(1, "accuracy")["rlhf-sft"][1].startswith("no contest")
+    assert champion(client, "rlhf-sft") == "3"
+    assert evaluate(0, "accuracy")["rlhf-sft"][1].startswith("behind")
+    assert champion(client, "rlhf-sft") == "2"
 
 
 def test_metrics_figure_has_a_bar_per_model_and_metric_the_ranking_one_first():

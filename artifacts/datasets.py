@@ -1,0 +1,87 @@
+"""Datasets as MLflow run inputs (`MlflowClient.log_inputs`, what `mlflow.log_input` logs): each split file
+a stage reads (`sft_data/train.jsonl`, ...) as a dataset named by its artifact, with its split as the
+context, a digest of its content, its row count and its columns. The runs list's Dataset column, the
+dataset filter and a logged model's "datasets used" read them."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+from mlflow import MlflowClient
+from mlflow.data.dataset_source_registry import resolve_dataset_source
+from mlflow.entities import Dataset, DatasetInput, InputTag
+from mlflow.exceptions import MlflowException
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+from artifacts.file_hashes import FileHashes
+from artifacts.store import ArtifactRef
+
+DIGEST_CHARS = 8  # as MLflow's own dataset digests
+SPLIT_SUFFIX = ".jsonl"
+RUN_ARTIFACT_SOURCE = "mlflow_run_artifact"  # where no MLflow dataset source reads the artifact store's scheme
+
+
+def split_files(folder: Path) -> dict[str, Path]:
+    """`{"train": <folder>/train.jsonl, "eval": ...}`: the splits of a dataset artifact, in name order."""
+    return {f.name.removesuffix(SPLIT_SUFFIX): f for f in sorted(folder.glob(f"*{SPLIT_SUFFIX}"))}
+
+
+def columns(first_row: dict) -> str | None:
+    """The MLflow column schema of a JSONL row (`{"mlflow_colspec": [...]}`), None for a row it cannot type."""
+    from mlflow.models import infer_signature
+
+    try:
+        return json.dumps({"mlflow_colspec": infer_signature([first_row]).inputs.to_dict()})
+    except Exception:  # noqa: BLE001 - a schema is a nicety; the digest and row count are what matter
+        return None
+
+
+def source_of(uri: str, ref: ArtifactRef, split_file: str) -> tuple[str, str]:
+    """(source type, source JSON) of a split file: MLflow's own source for the artifact store's URI
+    (`local` for a file URI, `s3`, `gs`, ...), else the `runs:/` URI that loads it."""
+    try:
+        with warnings.catch_warnings():  # MLflow registers the local source twice and says so, every time
+            warnings.simplefilter("ignore", UserWarning)
+            source = resolve_dataset_source(uri)
+        return source._get_source_type(), source.to_json()
+    except MlflowException:
+        return RUN_ARTIFACT_SOURCE, json.dumps({"uri": f"{ref.identity}/{split_file}"})
+
+
+def dataset(name: str, split: Path, ref: ArtifactRef, artifact_uri: str, hashes: FileHashes) -> Dataset:
+    """The MLflow dataset entity of one split file of artifact `name` (run `ref`), whose artifact folder
+    lies at `artifact_uri` in the store."""
+    digest = hashes.digest(split).partition(":")[2][:DIGEST_CHARS]
+    with open(split, encoding="utf-8") as f:
+        first = f.readline()
+        rows = (1 if first.strip() else 0) + sum(1 for line in f if line.strip())
+    source_type, source = source_of(f"{artifact_uri}/{split.name}", ref, split.name)
+    return Dataset(name=name, digest=digest, source_type=source_type, source=source,
+                   schema=columns(json.loads(first)) if first.strip() else None, profile=json.dumps({"num_rows": rows}))
+
+
+def dataset_inputs(local: dict[str, Path], refs: dict[str, ArtifactRef], artifact_uris: dict[str, str],
+                   hash_cache: Path | None = None) -> list[DatasetInput]:
+    """One input per split file of each dataset artifact in `local` (its downloaded folder), the split
+    as its context (`train`, `eval`)."""
+    hashes = FileHashes(hash_cache)
+    found = [DatasetInput(dataset(name, path, refs[name], artifact_uris[name], hashes), [InputTag(MLFLOW_DATASET_CONTEXT, split)])
+             for name, folder in local.items() for split, path in split_files(folder).items()]
+    hashes.save()
+    return found
+
+
+def context(dataset_input: DatasetInput) -> str:
+    return next((t.value for t in dataset_input.tags if t.key == MLFLOW_DATASET_CONTEXT), "")
+
+
+def digests(inputs: list[DatasetInput]) -> dict[str, str]:
+    """`{"sft_data/train": "1a2b3c4d", ...}` of logged dataset inputs: what a checkpoint was trained on."""
+    return {f"{i.dataset.name}/{context(i)}": i.dataset.digest for i in inputs}
+
+
+def log(client: MlflowClient, run_id: str, inputs: list[DatasetInput]) -> None:
+    if inputs:
+        client.log_inputs(run_id, datasets=inputs)
