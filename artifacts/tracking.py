@@ -18,6 +18,7 @@ class TrackingSetup:
     uri: str
     experiment: str
     state_dir: Path
+    system_metrics: bool = True
 
     @property
     def artifact_root(self) -> str:
@@ -43,7 +44,7 @@ def resolve(cfg: TrackingConfig) -> TrackingSetup:
     uri = resolve_uri(cfg)
     # The registry follows the tracking store; set both for every MLflow client in this process.
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    setup = TrackingSetup(uri=uri, experiment=cfg.experiment, state_dir=state_dir)
+    setup = TrackingSetup(uri=uri, experiment=cfg.experiment, state_dir=state_dir, system_metrics=cfg.system_metrics)
     quiet_store_errors()
     if setup.sqlite_file is not None:
         sqlite_store.check(setup.sqlite_file)

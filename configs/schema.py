@@ -147,6 +147,8 @@ class TrackingConfig(Section):
     state_dir: str = Field(".rlhf", description="project-local folder for the MLflow store, downloads and stage work dirs")
     uri: str | None = Field(None, description="MLflow tracking URI; default: SQLite under state_dir (MLFLOW_TRACKING_URI overrides)")
     experiment: str = Field("rlhf-pipeline", description="MLflow experiment holding the pipeline's runs")
+    system_metrics: bool = Field(True, description="log MLflow's system metrics (CPU, memory, disk, network, GPU) of "
+                                                   "the pipeline's host to each stage run while it runs")
 
 
 class LoRAConfig(Section):

@@ -142,7 +142,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from configs import load_config
 
     setup = tracking.resolve(load_config(args.config).tracking)
-    print(f"MLflow UI on http://127.0.0.1:{args.port}  ({setup.uri})", flush=True)
+    print(f"MLflow UI on http://127.0.0.1:{args.port}/#/experiments?workflowType=machine_learning  ({setup.uri})", flush=True)
     from flows.serve import mlflow_ui_command
 
     return subprocess.call(mlflow_ui_command(setup.uri, args.port))

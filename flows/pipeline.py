@@ -8,7 +8,8 @@ import traceback
 from contextlib import contextmanager
 
 from mlflow import MlflowClient
-from mlflow.entities import Param, RunStatus
+from mlflow.entities import Metric, Param, RunStatus
+from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import ExternalSignal
@@ -20,7 +21,7 @@ from artifacts import disk_full, registry, run_owner, store, tracking
 from configs import load_config
 from configs.errors import PipelineError, first_line
 from configs.schema import PipelineConfig
-from flows import eval_report, retries
+from flows import eval_report, retries, run_views
 from flows.ray_cluster import RaySession, session_for
 from flows.stage_task import StageOutcome, execute_stage
 from flows.summary import markdown, print_summary, summary_rows
@@ -35,9 +36,9 @@ STOP_WAIT_S = 20.0  # after Ctrl-C, how long the stage threads get to record the
 @task(name="stage", cache_policy=NO_CACHE)
 def stage_task(stage: str, cfg: PipelineConfig, setup, experiment_id: str, parent_run_id: str,
                upstream: dict[str, StageOutcome], force: bool, ray_session: RaySession, reuse_only: bool = False,
-               pins: dict | None = None):
+               pins: dict | None = None, label: tuple[str, str] = ("", "")):
     outcome = execute_stage(dag.BY_NAME[stage], cfg, setup, experiment_id, parent_run_id, upstream, force, ray_session,
-                            reuse_only, pins)
+                            reuse_only, pins, label)
     if outcome.status == "failed":
         return Failed(message=f"{stage}: {outcome.error}", data=outcome)
     if outcome.status == "interrupted":  # Cancelled, not Failed: never retried
@@ -78,9 +79,10 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
         if closed := run_owner.close_orphans(client, experiment_id):
             print(f"[mlflow] marked FAILED {len(closed)} run(s) left RUNNING by a process that ended: {', '.join(closed)}",
                   flush=True)
+        label = run_views.config_label(config, overrides)
         parent = client.create_run(
             experiment_id,
-            run_name=f"pipeline {config}",
+            run_name=run_views.pipeline_run_name(label),
             tags={"rlhf.kind": "pipeline", "rlhf.config": config, "rlhf.overrides": " ".join(overrides or []),
                   "rlhf.force": ",".join(force or []), "rlhf.only": ",".join(only or []), **run_owner.owner_tags()},
         )
@@ -99,7 +101,7 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
                 options = retries.task_options(cfg, spec.name)
                 futures[spec.name] = stage_task.with_options(name=spec.name, task_run_name=spec.name, **options).submit(
                     spec.name, cfg, setup, experiment_id, parent_id, upstream, spec.name in forced, ray_session,
-                    spec.name in reused, pins,
+                    spec.name in reused, pins, label,
                 )
             wait(list(futures.values()))
         except (KeyboardInterrupt, ExternalSignal) as exc:
@@ -109,6 +111,8 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
             deadline = time.monotonic() + STOP_WAIT_S
             for future in futures.values():
                 future.wait(timeout=max(0.0, deadline - time.monotonic()))
+            client.update_run(parent_id, name=run_views.pipeline_run_name(label, {
+                name: "interrupted" for name, future in futures.items() if future.state.is_cancelled()}))
             client.set_terminated(parent_id, RunStatus.to_string(RunStatus.KILLED))
             if isinstance(exc, KeyboardInterrupt):
                 raise KeyboardInterrupt(interrupted_message(futures)) from None
@@ -127,17 +131,35 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
             client.set_tag(parent_id, f"stage.{outcome.stage}", f"{outcome.status} {outcome.run_id or ''}".strip())
         evaluated = outcomes.get("eval")
         if evaluated is not None and evaluated.status == "ran":
-            moved = eval_report.publish(client, evaluated.run_id, evaluated.inputs, evaluated.metrics, cfg.eval.metric)
-            for name, version in moved.items():
-                print(f"[eval] {name} version {version} is the new champion: models:/{name}@{registry.CHAMPION}", flush=True)
+            verdicts = eval_report.publish(client, evaluated.run_id, evaluated.inputs, evaluated.metrics, cfg.eval.metric)
+            for name, (version, verdict) in verdicts.items():
+                where = f" (models:/{name}@{registry.CHAMPION})" if verdict.startswith(registry.CHAMPION) else ""
+                print(f"[eval] {name} version {version}: {verdict}{where}", flush=True)
         rows = summary_rows(outcomes)
         client.log_text(parent_id, markdown(rows), "summary.md")
+        record_outcomes(client, experiment_id, parent_id, label, outcomes, rows, time.monotonic() - started)
         failed = [o for o in outcomes.values() if o.status == "failed"]
         client.set_terminated(parent_id, RunStatus.to_string(RunStatus.FAILED if failed else RunStatus.FINISHED))
-        print_summary(rows, parent_id, setup.ui_command(), time.monotonic() - started, evaluated, cfg.eval.metric)
+        ui = f"{setup.ui_command()}, then http://127.0.0.1:5000/{run_views.ui_page(experiment_id)}"
+        print_summary(rows, parent_id, ui, time.monotonic() - started, evaluated, cfg.eval.metric)
         if failed:
             raise stage_failure(failed[0])
         return rows
+
+
+def record_outcomes(client: MlflowClient, experiment_id: str, parent_id: str, label: tuple[str, str],
+                    outcomes: dict[str, StageOutcome], rows: list[dict[str, str]], total_s: float) -> None:
+    """What the pipeline run shows in the MLflow UI: a name saying what happened (`tiny · all cached`), the
+    summary table with links to its stage runs as its description, and each stage's headline metrics
+    (`sft/eval/loss`, `eval/rl/sampled_accuracy`), so that two pipeline runs compare side by side."""
+    name = run_views.pipeline_run_name(label, {stage: o.status for stage, o in outcomes.items() if o.status != "skipped"})
+    table = markdown(rows, lambda run_id: run_views.run_link(experiment_id, run_id))
+    client.update_run(parent_id, name=name)
+    client.set_tag(parent_id, MLFLOW_RUN_NOTE, run_views.pipeline_description(name, table, total_s))
+    now = int(time.time() * 1000)
+    headline = {k: v for o in outcomes.values() for k, v in run_views.headline_metrics(o.stage, o.metrics).items()}
+    if headline:
+        client.log_batch(parent_id, metrics=[Metric(k, v, now, 0) for k, v in headline.items()])
 
 
 @contextmanager

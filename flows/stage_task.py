@@ -16,14 +16,16 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 from mlflow.entities import Param, RunStatus
+from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
 import configs
-from artifacts import disk_full, run_owner, store
+from artifacts import datasets, disk_full, registry, run_owner, store
 from artifacts import fingerprint as fp
 from artifacts.metrics import MlflowMetrics
 from artifacts.tracking import TrackingSetup
 from configs.errors import PipelineError, first_line
 from configs.schema import PipelineConfig
+from flows import run_views
 from flows.ray_cluster import RaySession
 from stages import dag
 from stages.common import checkpoint_paths
@@ -99,9 +101,10 @@ def execute_stage(
     ray_session: RaySession,
     reuse_only: bool = False,
     pins: dict[str, store.ArtifactRef] | None = None,
+    label: tuple[str, str] = ("", ""),
 ) -> StageOutcome:
     """Reuse a cached run or run the stage on Ray (`reuse_only`: a cache miss is an error); never
-    raises (a failure is an outcome)."""
+    raises (a failure is an outcome). `label`: the pipeline run's config and overrides, for run names."""
     started = time.monotonic()
     client = MlflowClient(setup.uri)
     run_id = fingerprint = work_dir = None
@@ -120,6 +123,7 @@ def execute_stage(
             if cached is None:
                 return None
             print(f"[{spec.name}] cached: reusing MLflow run {cached.info.run_id}", flush=True)
+            run_views.record_reuse(client, experiment_id, parent_run_id, spec.name, cached)
             return StageOutcome(
                 spec.name, "cached", time.monotonic() - started, cached.info.run_id, fingerprint,
                 outputs={n: store.ArtifactRef(n, cached.info.run_id) for n in cached.data.tags[store.TAG_OUTPUTS].split(",")},
@@ -135,10 +139,12 @@ def execute_stage(
         with work_dir_lock(work_dir, spec.name, ray_session.stopping):
             if (outcome := reuse()) is not None:  # another pipeline run finished it while we waited
                 return outcome
+            identities = {n: ref.identity for n, ref in inputs.items()}
             run_id = client.create_run(
                 experiment_id,
-                run_name=spec.name,
+                run_name=run_views.stage_run_name(spec.name, label),
                 tags={
+                    MLFLOW_RUN_NOTE: run_views.stage_description(spec, experiment_id, parent_run_id, fingerprint, identities),
                     store.TAG_PARENT: parent_run_id,
                     store.TAG_STAGE: spec.name,
                     store.TAG_FINGERPRINT: fingerprint,
@@ -147,7 +153,8 @@ def execute_stage(
                     **run_owner.owner_tags(),
                 },
             ).info.run_id
-            refs, metrics = run_and_publish(spec, cfg, setup, client, run_id, fingerprint, inputs, work_dir, ray_session)
+            refs, metrics = run_and_publish(spec, cfg, setup, client, run_id, fingerprint, inputs, work_dir, ray_session,
+                                            experiment_id, parent_run_id)
         return StageOutcome(spec.name, "ran", time.monotonic() - started, run_id, fingerprint, refs, metrics,
                             inputs={n: ref.identity for n, ref in inputs.items()})
     except BaseException as exc:  # noqa: BLE001 - reported as the stage's outcome, re-raised by the flow
@@ -168,14 +175,18 @@ def execute_stage(
 
 
 def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSetup, client: MlflowClient, run_id: str,
-                    fingerprint: str, inputs: dict[str, store.ArtifactRef], work_dir: Path,
-                    ray_session: RaySession) -> tuple[dict[str, store.ArtifactRef], dict[str, float]]:
-    """Run the stage on Ray in its work dir (where a rerun finds its checkpoints) and publish its outputs."""
+                    fingerprint: str, inputs: dict[str, store.ArtifactRef], work_dir: Path, ray_session: RaySession,
+                    experiment_id: str = "", parent_run_id: str = "") -> tuple[dict[str, store.ArtifactRef], dict[str, float]]:
+    """Run the stage on Ray in its work dir (where a rerun finds its checkpoints) and publish its outputs:
+    the datasets it read as the run's inputs, its checkpoints as logged models (registered where the DAG
+    says) recording where they came from."""
     params = fp.flatten(fp.config_subset(cfg, spec.wanted_config(spec.config_keys, cfg)))
     client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
     print(f"[{spec.name}] running (MLflow run {run_id}, fingerprint {fingerprint})", flush=True)
 
     local_inputs = {n: store.download(ref, setup.state_dir / "downloads") for n, ref in inputs.items()}
+    read = dataset_inputs(client, inputs, local_inputs, setup.state_dir / HASH_CACHE)
+    datasets.log(client, run_id, read)
     if not spec.takes_adapters and any(checkpoint_paths.is_adapter(p) for p in local_inputs.values()):
         from stages import lora_merge  # peft and torch: in this process only when there is an adapter to merge
 
@@ -187,20 +198,68 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
         stage=spec.name, config=cfg, output_dir=output_dir, work_dir=work_dir,
         log_metrics=MlflowMetrics(setup.uri, run_id),
     )
-    result = ray_session.run_stage(spec, ctx, local_inputs)
+    with system_metrics(setup, run_id):
+        result = ray_session.run_stage(spec, ctx, local_inputs)
     if ray_session.stopping.is_set():  # a stage that finished while the run was stopped is not published
         raise KeyboardInterrupt("the run is being stopped")
 
-    refs = store.publish(client, run_id, result.outputs, spec.register)
-    logged = dict(result.metrics)
+    # the result's keys are the last points of the stage's own series (`eval/loss`): only those it did not log
+    held = set(client.get_run(run_id).data.metrics)
+    logged = {k: v for k, v in result.metrics.items() if k not in held}
     if result.compute_span is not None:  # what the stage computed vs its run's length: the orchestration cost
         start, end = result.compute_span
         logged[store.METRIC_COMPUTE_S] = end - start
         client.set_tag(run_id, store.TAG_COMPUTE_SPAN, f"{start:.3f} {end:.3f}")
     MlflowMetrics(setup.uri, run_id)(logged, 0)
+    info = registry.CheckpointInfo(
+        experiment_id=experiment_id, stage=spec.name, summary=spec.summary, fingerprint=fingerprint, config=params,
+        pipeline_run=parent_run_id, data=datasets.digests(read),
+        parents={n: ref.identity for n, ref in inputs.items() if n not in dag.DATASETS},
+    ) if experiment_id else None
+    refs = store.publish(client, run_id, result.outputs, spec.register, info, linked=checkpoint_metrics(result.metrics, read))
+    if spec.name == "rl":
+        from flows import eval_report  # matplotlib: in this process only when there is a plot to draw
+
+        eval_report.log_rl_curves(client, run_id)
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
     shutil.rmtree(work_dir, ignore_errors=True)
-    return refs, result.metrics
+    return refs, result.metrics | {k: v for k, v in logged.items() if k == store.METRIC_COMPUTE_S}
+
+
+def dataset_inputs(client: MlflowClient, inputs: dict[str, store.ArtifactRef], local: dict[str, Path],
+                   hash_cache: Path) -> list:
+    """The MLflow dataset inputs of the dataset artifacts among a stage's inputs (their downloaded copies)."""
+    names = [n for n in local if n in dag.DATASETS]
+    uris = {n: f"{client.get_run(inputs[n].run_id).info.artifact_uri}/{n}" for n in names}
+    return datasets.dataset_inputs({n: local[n] for n in names}, {n: inputs[n] for n in names}, uris, hash_cache)
+
+
+def checkpoint_metrics(metrics: dict[str, float], read: list) -> tuple[list[str], object]:
+    """What a stage's checkpoint is measured by in the Models tab: its held-out results (`eval/*`), on the
+    held-out split it read (the dataset input of context `eval`; none for the eval stage's own inputs)."""
+    held_out = [i.dataset for i in read if datasets.context(i) == "eval"]
+    return [k for k in metrics if k.startswith("eval/")], held_out[0] if len(held_out) == 1 else None
+
+
+@contextmanager
+def system_metrics(setup: TrackingSetup, run_id: str):
+    """MLflow's system metrics (`system/*`: CPU, memory, disk, network, GPU where NVML sees one) of this
+    host while the stage runs, every MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL seconds (MLflow's default 10),
+    unless `tracking.system_metrics` is off."""
+    if not setup.system_metrics:
+        yield
+        return
+    import logging
+
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # not a line per stage on the terminal
+    monitor = SystemMetricsMonitor(run_id, tracking_uri=setup.uri)
+    monitor.start()
+    try:
+        yield
+    finally:
+        monitor.finish()
 
 
 @contextmanager

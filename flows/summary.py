@@ -3,6 +3,8 @@ and its lineage (where each consumed artifact came from)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.console import Console
 from rich.table import Table
 
@@ -43,9 +45,13 @@ def summary_rows(outcomes: dict[str, StageOutcome]) -> list[dict[str, str]]:
     return rows
 
 
-def markdown(rows: list[dict[str, str]]) -> str:
+def markdown(rows: list[dict[str, str]], link: Callable[[str], str] | None = None) -> str:
+    """The table as markdown; `link(run_id)` writes the MLflow run column (a link to the run's page)."""
+    def cell(r: dict[str, str], key: str) -> str:
+        return link(r[key]) if key == "run" and link is not None and r[key] != "-" else r[key]
+
     lines = ["| " + " | ".join(COLUMNS.values()) + " |", "|---" * len(COLUMNS) + "|"]
-    lines += ["| " + " | ".join(r[key] for key in COLUMNS) + " |" for r in rows]
+    lines += ["| " + " | ".join(cell(r, key) for key in COLUMNS) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -22,6 +22,7 @@ class StageSpec:
     outputs: tuple[str, ...]
     config_keys: tuple[str, ...]  # dotted config paths that determine the result (fingerprinted)
     key_metric: str
+    summary: str = ""  # what the stage makes, in a line: the descriptions of its MLflow runs and registered models
     distributed: bool = False  # a DeepSpeed stage: runs on infra.num_workers workers
     register: tuple[str, ...] = ()  # outputs registered as MLflow models
     optional_outputs: tuple[str, ...] = ()  # may be absent (e.g. no PRM data); consumers are then skipped
@@ -31,6 +32,7 @@ class StageSpec:
     # config keys and local sources that count only when the config uses them (the reward for iterative DPO)
     config_when: dict[str, Callable] = field(default_factory=dict)
     optional_inputs: tuple[str, ...] = ()  # used when upstream made them, not needed (eval's candidate models)
+    datasets: tuple[str, ...] = ()  # outputs that are datasets (split files): logged as MLflow dataset inputs of their consumers
     driver: bool = False  # the entrypoint runs in the flow process and starts its own Ray actors
     run_when: Callable | None = None  # the stage runs only when this holds for the config (else skipped)
     takes_adapters: bool = False  # inputs that are LoRA adapters reach it as they are, not merged
@@ -97,6 +99,8 @@ STAGES: tuple[StageSpec, ...] = (
         config_keys=("seed", "model", "data", "prm.placeholder_token"),
         local_sources=("model.name_or_path", "data.sft.paths", "data.preference.paths", "data.prompts.paths"),
         key_metric="rows/sft_data/train",
+        summary="the base model and every dataset the later stages train and evaluate on",
+        datasets=("sft_data", "pref_data", "prm_data", "prompts", "eval_data"),
     ),
     StageSpec(
         name="sft",
@@ -105,6 +109,7 @@ STAGES: tuple[StageSpec, ...] = (
         outputs=("sft_model",),
         config_keys=("seed", "model.attn_implementation", "sft", *TRAINING_INFRA),
         key_metric="eval/loss",
+        summary="the SFT policy: the base model fine-tuned on the SFT data",
         distributed=True,
         register=("sft_model",),
     ),
@@ -115,6 +120,7 @@ STAGES: tuple[StageSpec, ...] = (
         outputs=("reward_model",),
         config_keys=("seed", "model.attn_implementation", "rm", *TRAINING_INFRA),
         key_metric="eval/accuracy",
+        summary="the reward model: a Bradley-Terry scorer trained from the SFT model on the preference pairs",
         distributed=True,
         register=("reward_model",),
     ),
@@ -125,6 +131,7 @@ STAGES: tuple[StageSpec, ...] = (
         outputs=("prm",),
         config_keys=("seed", "model.attn_implementation", "prm", *TRAINING_INFRA),
         key_metric="eval/step_accuracy",
+        summary="the process reward model: a per-step scorer trained from the SFT model on labelled solution steps",
         distributed=True,
         register=("prm",),
     ),
@@ -138,6 +145,7 @@ STAGES: tuple[StageSpec, ...] = (
                      "infra.zero_stage", "infra.precision"),
         local_sources=REWARD_SOURCES,
         key_metric="eval/reward",
+        summary="the RL policy: the SFT model trained on its own samples, scored by the reward section's source",
         driver=True,
         register=("rl_model",),
     ),
@@ -152,6 +160,7 @@ STAGES: tuple[StageSpec, ...] = (
         local_sources=REWARD_SOURCES,
         config_when=dict.fromkeys(("reward", "prm.step_separator", *REWARD_SOURCES), iterative_dpo),
         key_metric="eval/reward_accuracy",
+        summary="the DPO policy: the SFT model trained on preference pairs (or its own ranked samples)",
         distributed=True,
         register=("dpo_model",),
     ),
@@ -163,6 +172,7 @@ STAGES: tuple[StageSpec, ...] = (
         outputs=("merged_models",),
         config_keys=("seed", *(f"{section}.lora" for section in ADAPTER_SECTIONS)),
         key_metric="merge/max_logit_diff",
+        summary="full checkpoints of the LoRA adapters the run trained, each merged into its base",
         run_when=trains_adapters,
         takes_adapters=True,
         register=("merged_models",),
@@ -178,10 +188,12 @@ STAGES: tuple[StageSpec, ...] = (
         config_keys=("seed", "model.attn_implementation", "eval", "reward"),
         local_sources=REWARD_SOURCES,
         key_metric=SCORE,
+        summary="every policy scored on the held-out prompts: the report the champion is chosen by",
     ),
 )
 
 BY_NAME = {spec.name: spec for spec in STAGES}
+DATASETS = tuple(name for spec in STAGES for name in spec.datasets)  # the artifacts that are datasets, not models
 
 
 def producer(artifact: str) -> StageSpec:

@@ -30,3 +30,50 @@ def test_rl_step_metrics_keep_a_series_the_config_lets_vary(override, kept):
     named = step_metrics(RAW, rl_section("rl.engine=hybrid", override) if override != "rl.engine=hf" else rl_section(override))
     assert kept in named
     assert len(named) == 14  # the 13 above and this one
+
+
+def test_every_stage_key_metric_follows_the_scheme():
+    from stages.dag import STAGES
+
+    assert {s.name: s.key_metric.partition("/")[0] for s in STAGES} == {
+        "data_prep": "rows", "sft": "eval", "rm": "eval", "prm": "eval", "rl": "eval", "dpo": "eval",
+        "lora_merge": "merge", "eval": "score"}
+
+
+def test_a_pipeline_run_carries_each_stages_results_not_its_training_series():
+    from flows.run_views import headline_metrics
+
+    sft = {"train/loss": 0.4, "train/lr": 1e-3, "eval/loss": 0.5, "time/compute_s": 9.0, "system/cpu_utilization_percentage": 80.0}
+    assert headline_metrics("sft", sft) == {"sft/eval/loss": 0.5, "sft/time/compute_s": 9.0}
+    rl = {"train/reward": 0.7, "rollout/tokens": 10.0, "actor/entropy": 2.0, "eval/reward": 0.8, "eval/accuracy": 0.9}
+    assert headline_metrics("rl", rl) == {"rl/eval/accuracy": 0.9, "rl/eval/reward": 0.8}
+    ev = {"score": 0.8, "sft/accuracy": 0.9, "rl/sampled_accuracy": 0.7, "time/compute_s": 3.0, "system/disk_usage_megabytes": 1.0}
+    assert headline_metrics("eval", ev) == {"eval/rl/sampled_accuracy": 0.7, "eval/score": 0.8, "eval/sft/accuracy": 0.9,
+                                            "eval/time/compute_s": 3.0}
+    assert headline_metrics("data_prep", {"rows/sft_data/train": 200.0}) == {"data_prep/rows/sft_data/train": 200.0}
+    assert headline_metrics("lora_merge", {"merge/max_logit_diff": 1e-6, "merge/models": 1.0}) == {
+        "lora_merge/merge/max_logit_diff": 1e-6, "lora_merge/merge/models": 1.0}
+
+
+@pytest.mark.parametrize("statuses, phrase", [
+    ({"data_prep": "ran", "sft": "ran", "eval": "ran"}, "3 ran"),
+    ({"data_prep": "cached", "sft": "cached"}, "all cached"),
+    ({"data_prep": "cached", "rm": "ran", "eval": "cached"}, "1 ran, 2 cached"),
+    ({"data_prep": "cached", "rl": "failed", "dpo": "ran"}, "failed at rl"),
+    ({"sft": "cached", "rl": "interrupted", "dpo": "interrupted", "rm": "failed"}, "stopped during rl, dpo"),
+    ({}, "nothing to run"),
+])
+def test_a_pipeline_run_is_named_by_its_config_and_what_happened(statuses, phrase):
+    from flows.run_views import pipeline_run_name
+
+    assert pipeline_run_name(("tiny", ""), statuses) == f"tiny · {phrase}"
+    assert pipeline_run_name(("tiny", "rm.max_steps=15"), statuses) == f"tiny · {phrase} · rm.max_steps=15"
+
+
+def test_run_names_before_the_outcome_and_for_stages_and_long_overrides():
+    from flows.run_views import OVERRIDES_WIDTH, config_label, pipeline_run_name, stage_run_name
+
+    assert pipeline_run_name(config_label("tiny", None)) == "tiny · running"
+    assert stage_run_name("sft", config_label("tiny", ["sft.lr=1e-3"])) == "sft · tiny · sft.lr=1e-3"
+    config, overrides = config_label("tiny", [f"rl.key{i}=1" for i in range(20)])
+    assert len(overrides) == OVERRIDES_WIDTH and overrides.endswith("…") and config == "tiny"

@@ -1,0 +1,86 @@
+"""What the MLflow UI reads of where things came from: datasets as run inputs, checkpoints as logged models
+and described, tagged versions, and a reused stage shown under the pipeline run that reused it."""
+
+import json
+
+import yaml
+from mlflow.entities import Metric, RunStatus
+
+from artifacts import datasets, registry, store
+from artifacts.store import ArtifactRef
+from flows import run_views
+from tests.unit.conftest import stage_run
+
+
+def write_split(folder, split, rows):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_each_split_file_is_a_dataset_with_its_context_digest_rows_and_columns(tmp_path):
+    folder = tmp_path / "pref_data"
+    write_split(folder, "train", [{"prompt": "p", "chosen": "a", "rejected": "b", "margin": 0.5}] * 3)
+    write_split(folder, "eval", [{"prompt": "q", "chosen": "c", "rejected": "d", "margin": 0.0}])
+    ref = ArtifactRef("pref_data", "r1")
+    found = datasets.dataset_inputs({"pref_data": folder}, {"pref_data": ref}, {"pref_data": folder.as_uri()})
+    by_context = {datasets.context(i): i.dataset for i in found}
+    assert set(by_context) == {"train", "eval"}
+    train = by_context["train"]
+    assert train.name == "pref_data" and len(train.digest) == datasets.DIGEST_CHARS
+    assert json.loads(train.profile) == {"num_rows": 3} and json.loads(by_context["eval"].profile) == {"num_rows": 1}
+    assert [c["name"] for c in json.loads(train.schema)["mlflow_colspec"]] == ["prompt", "chosen", "rejected", "margin"]
+    assert train.source_type == "local" and json.loads(train.source)["uri"] == (folder / "train.jsonl").as_uri()
+    assert datasets.digests(found) == {"pref_data/train": train.digest, "pref_data/eval": by_context["eval"].digest}
+    # the same rows give the same digest; other rows another one
+    write_split(tmp_path / "copy", "train", [{"prompt": "p", "chosen": "a", "rejected": "b", "margin": 0.5}] * 3)
+    write_split(tmp_path / "other", "train", [{"prompt": "p", "chosen": "a", "rejected": "b", "margin": 0.5}] * 2)
+    again = [datasets.dataset_inputs({"pref_data": tmp_path / d}, {"pref_data": ref}, {"pref_data": "mlflow-artifacts:/x"})[0]
+             for d in ("copy", "other")]
+    assert again[0].dataset.digest == train.digest != again[1].dataset.digest
+    # an artifact store no MLflow dataset source reads: the runs:/ URI that loads it
+    assert again[0].dataset.source_type == datasets.RUN_ARTIFACT_SOURCE
+    assert json.loads(again[0].dataset.source) == {"uri": "runs:/r1/pref_data/train.jsonl"}
+
+
+def test_a_registered_checkpoint_is_a_logged_model_whose_version_says_where_it_came_from(client, tmp_path):
+    run = client.create_run(client.exp).info.run_id
+    client.log_batch(run, metrics=[Metric("eval/loss", v, 1000 + s, s) for s, v in ((5, 0.9), (10, 0.5))])
+    out = tmp_path / "sft_model"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    info = registry.CheckpointInfo(client.exp, "sft", "the SFT policy", "fp123", {"sft.lr": 0.002}, "parent9",
+                                   data={"sft_data/train": "abcd1234"}, parents={"base_model": "runs:/d1/base_model"})
+    eval_split = datasets.Dataset(name="sft_data", digest="ef567890", source_type="local", source="{}")
+    store.publish(client, run, {"sft_model": out}, ("sft_model",), info, linked=(["eval/loss"], eval_split))
+
+    (model,) = client.search_logged_models([client.exp])
+    assert (model.name, model.source_run_id, model.status.to_proto()) == ("sft_model", run, 2)  # READY
+    assert model.tags["rlhf.fingerprint"] == "fp123" and model.params == {"sft.lr": "0.002"}
+    assert [(m.key, m.value, m.step, m.dataset_digest) for m in model.metrics] == [("eval/loss", 0.5, 10, "ef567890")]
+    assert [m.step for m in client.get_metric_history(run, "eval/loss")] == [5, 10]  # linked, not logged twice
+    assert [o.model_id for o in client.get_run(run).outputs.model_outputs] == [model.model_id]
+    assert json.loads(model.tags["mlflow.modelVersions"]) == [{"name": "rlhf-sft", "version": 1}]
+
+    version = client.get_model_version("rlhf-sft", "1")
+    assert version.tags == {"rlhf.stage": "sft", "rlhf.fingerprint": "fp123", "rlhf.config_digest": info.config_digest,
+                            "rlhf.pipeline_run": "parent9", "rlhf.data.sft_data/train": "abcd1234",
+                            "rlhf.parent.base_model": "runs:/d1/base_model"}
+    assert f"(#/experiments/{client.exp}/runs/parent9)" in version.description and "abcd1234" in version.description
+    assert "SFT policy" in client.get_registered_model("rlhf-sft").description
+    # the folder holds the schema the registry shows, no flavor: it stays a plain HF checkpoint
+    mlmodel = yaml.safe_load((out / "MLmodel").read_text())
+    assert mlmodel["flavors"] == {} and mlmodel["model_id"] == model.model_id
+    assert json.loads(mlmodel["signature"]["inputs"])[0]["name"] == "prompt"
+
+
+def test_a_reused_stage_shows_under_the_pipeline_run_that_reused_it(client, tmp_path):
+    made = stage_run(client, tmp_path)
+    client.log_batch(made, metrics=[Metric("eval/loss", 0.5, 0, 10), Metric("train/loss", 0.4, 0, 10)])
+    parent = client.create_run(client.exp).info.run_id
+    child = run_views.record_reuse(client, client.exp, parent, "sft", client.get_run(made))
+    run = client.get_run(child)
+    assert run.info.run_name == "sft · cached" and run.info.status == RunStatus.to_string(RunStatus.FINISHED)
+    assert run.data.tags[store.TAG_PARENT] == parent and run.data.tags[run_views.TAG_REUSED] == made
+    assert store.TAG_STAGE not in run.data.tags  # nobody's cache entry
+    assert run.data.metrics == {"eval/loss": 0.5}
+    assert f"(#/experiments/{client.exp}/runs/{made})" in run.data.tags["mlflow.note.content"]
