@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -106,8 +107,8 @@ def test_killed_during_sft_then_resumed(ws):
     result = run_cli(ws, "run", timeout=1500)  # the rest of SFT and every other stage of the preset
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "[sft] resumed from step" in result.stdout
-    # the first eval crowns every model it scored; the summary's lineage names each stage's sources
-    assert "[eval] rlhf-sft version 1 is the new champion: models:/rlhf-sft@champion" in result.stdout
+    # the first eval crowns no model (one version each: no contest); the summary's lineage names each stage's sources
+    assert "[eval] rlhf-sft version 1: no contest: the only version scored on reward" in result.stdout
     assert "inputs from" in result.stdout
     statuses = stage_statuses(ws)
     assert statuses == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "dpo": "ran", "lora_merge": "skipped", "eval": "ran"}
@@ -187,8 +188,9 @@ def test_iterative_dpo_with_the_rule_reward_beats_sft_and_keeps_up_with_offline_
     # eval moved `champion` to the iterative DPO model only if it beat the offline one on eval.metric (the
     # preset's: the greedy reward, which the rule reward makes the greedy accuracy)
     assert m_on["dpo/reward"] == m_on["dpo/accuracy"] and m_off["dpo/reward"] == m_off["dpo/accuracy"]
-    better = online if m_on["dpo/reward"] > m_off["dpo/reward"] else offline
-    assert mlflow_client(ws).get_model_version_by_alias("rlhf-dpo", "champion").run_id == better.info.run_id
+    if m_on["dpo/reward"] != m_off["dpo/reward"]:  # a tie crowns neither
+        better = online if m_on["dpo/reward"] > m_off["dpo/reward"] else offline
+        assert mlflow_client(ws).get_model_version_by_alias("rlhf-dpo", "champion").run_id == better.info.run_id
     assert rounds[-1].value >= rounds[0].value + 0.15  # the policy's own samples get better round by round
 
 
@@ -214,11 +216,12 @@ def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path,
 
     (version,) = client.search_model_versions("name = 'rlhf-sft'")
     assert version.run_id == sft_run.info.run_id
-    assert client.get_model_version_by_alias("rlhf-sft", "champion").version == version.version
+    assert version.tags["rlhf.eval.verdict"] == "no contest: the only version scored on reward"  # one version: no champion
     eval_run = next(r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE)
-    plots = {a.path for a in client.list_artifacts(eval_run.info.run_id, "plots")}
-    assert plots == {"plots/eval_by_model.png", "plots/rl_curves.png"}
+    assert {a.path for a in client.list_artifacts(eval_run.info.run_id, "plots")} == {"plots/eval_by_model.png"}
+    assert {a.path for a in client.list_artifacts(rl_run.info.run_id, "plots")} == {"plots/rl_curves.png"}
     first = next(p for p in parents if p.data.tags.get("stage.sft", "").startswith("ran"))
+    assert_the_ui_views(client, exp.experiment_id, first, sft_run, eval_run, version)
     summary = client.download_artifacts(first.info.run_id, "summary.md", str(tmp_path))
     assert re.search(r"^\| sft \| ran \| .* \| data_prep \|$", open(summary).read(), re.M)  # lineage: sft read data_prep's outputs
     path = mlflow.artifacts.download_artifacts(artifact_uri="models:/rlhf-sft/latest", dst_path=str(tmp_path))
@@ -230,6 +233,33 @@ def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path,
     assert "Answer:" in tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
+def assert_the_ui_views(client, experiment_id, parent, sft_run, eval_run, version):
+    """What the MLflow UI's views read (the runs list, a run's page, compare, Models, the registry)."""
+    # the pipeline run: named by config and outcome, its summary table with links as its description, and
+    # each stage's headline metrics, equal to the stage runs' own
+    assert parent.info.run_name == "tiny · 7 ran"
+    note = parent.data.tags["mlflow.note.content"]
+    assert f"[{sft_run.info.run_id[:8]}](#/experiments/{experiment_id}/runs/{sft_run.info.run_id})" in note
+    assert parent.data.metrics["sft/eval/loss"] == sft_run.data.metrics["eval/loss"]
+    assert parent.data.metrics["eval/rl/sampled_accuracy"] == eval_run.data.metrics["rl/sampled_accuracy"]
+    # a stage run: named by stage and settings, the datasets it read as inputs, its checkpoint a logged model
+    assert sft_run.info.run_name == "sft · tiny"
+    assert f"(#/experiments/{experiment_id}/runs/{parent.info.run_id})" in sft_run.data.tags["mlflow.note.content"]
+    read = {(i.dataset.name, [t.value for t in i.tags if t.key == "mlflow.data.context"][0]): i.dataset for i in sft_run.inputs.dataset_inputs}
+    assert set(read) == {("sft_data", "train"), ("sft_data", "eval")} and json.loads(read["sft_data", "train"].profile) == {"num_rows": 4000}
+    assert any(k.startswith("system/") for k in sft_run.data.metrics)
+    (model,) = client.search_logged_models([experiment_id], filter_string=f"source_run_id = '{sft_run.info.run_id}'")
+    assert model.name == "sft_model" and {m.key for m in model.metrics} >= {"eval/loss", "eval/accuracy", "eval/sampled_accuracy"}
+    # the registered version: where it came from
+    assert version.tags["rlhf.pipeline_run"] == parent.info.run_id and version.tags["rlhf.fingerprint"] == sft_run.data.tags[store.TAG_FINGERPRINT]
+    assert version.tags["rlhf.data.sft_data/train"] == read["sft_data", "train"].digest
+    assert version.tags["rlhf.parent.base_model"].startswith("runs:/") and "SFT policy" in version.description
+    # eval: a child run per model with the same keys, so the models chart side by side
+    children = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{eval_run.info.run_id}'")
+    assert sorted(r.info.run_name for r in children) == ["eval · base", "eval · dpo", "eval · rl", "eval · sft"]
+    assert len({frozenset(r.data.metrics) for r in children}) == 1
+
+
 def test_identical_rerun_is_all_cached_and_trains_nothing(ws):
     before = len(stage_runs(ws, "sft"))
     result = run_cli(ws, "run")
@@ -238,6 +268,15 @@ def test_identical_rerun_is_all_cached_and_trains_nothing(ws):
     assert statuses.pop("lora_merge") == "skipped" and set(statuses.values()) == {"cached"}
     assert "[sft] step" not in result.stdout and "[ray] connected" not in result.stdout
     assert len(stage_runs(ws, "sft")) == before
+    # in the MLflow UI: named so, with a child run per stage it reused and the same headline metrics
+    client = mlflow_client(ws)
+    exp = client.get_experiment_by_name("rlhf-pipeline")
+    newest, *older = client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'", order_by=["attributes.start_time DESC"])
+    assert newest.info.run_name == "tiny · all cached"
+    reused = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{newest.info.run_id}'")
+    assert sorted(r.info.run_name for r in reused) == sorted(f"{s} · cached" for s in statuses)
+    cold = next(p for p in older if p.data.tags.get("stage.sft", "").startswith("ran"))  # the run that made them
+    assert newest.data.metrics == cold.data.metrics
 
 
 def test_reward_models_are_accurate_and_registered(ws):
@@ -295,6 +334,8 @@ def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws):
     compared = run_cli(ws, "compare", oldest, newest)
     assert compared.returncode == 0, compared.stderr
     assert "sft: eval/loss" in compared.stdout and "eval sft/accuracy" in compared.stdout
+    # the terminal and the UI's compare view show the same numbers: the pipeline runs' headline metrics
+    assert f"{parents[0].data.metrics['sft/eval/loss']:.4g} (cached)" in compared.stdout
     assert "(cached)" in compared.stdout and "(ran)" in compared.stdout
     missing = run_cli(ws, "compare", "not-a-run")
     assert missing.returncode == 2 and missing.stderr.strip() == f"error: run not-a-run: no such MLflow run in {client.tracking_uri}"
