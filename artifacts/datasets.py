@@ -5,6 +5,7 @@ dataset filter and a logged model's "datasets used" read them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 from pathlib import Path
@@ -38,7 +39,7 @@ def columns(first_row: dict) -> str | None:
         return None
 
 
-def source_of(uri: str, ref: ArtifactRef, split_file: str) -> tuple[str, str]:
+def source_of(uri: str, ref: ArtifactRef | None, split_file: str) -> tuple[str, str]:
     """(source type, source JSON) of a split file: MLflow's own source for the artifact store's URI
     (`local` for a file URI, `s3`, `gs`, ...), else the `runs:/` URI that loads it."""
     try:
@@ -47,7 +48,7 @@ def source_of(uri: str, ref: ArtifactRef, split_file: str) -> tuple[str, str]:
             source = resolve_dataset_source(uri)
         return source._get_source_type(), source.to_json()
     except MlflowException:
-        return RUN_ARTIFACT_SOURCE, json.dumps({"uri": f"{ref.identity}/{split_file}"})
+        return RUN_ARTIFACT_SOURCE, json.dumps({"uri": f"{ref.identity}/{split_file}" if ref is not None else uri})
 
 
 def dataset(name: str, split: Path, ref: ArtifactRef, artifact_uri: str, hashes: FileHashes) -> Dataset:
@@ -69,6 +70,39 @@ def dataset_inputs(local: dict[str, Path], refs: dict[str, ArtifactRef], artifac
     hashes = FileHashes(hash_cache)
     found = [DatasetInput(dataset(name, path, refs[name], artifact_uris[name], hashes), [InputTag(MLFLOW_DATASET_CONTEXT, split)])
              for name, folder in local.items() for split, path in split_files(folder).items()]
+    hashes.save()
+    return found
+
+
+def config_sources(data, seed: int, hash_cache: Path | None = None) -> list[DatasetInput]:
+    """What data prep reads (the `data` config section): each file, folder or hub dataset a section names
+    (context: the section, `sft`, `preference`, `prompts`), digested by content where it is local, or the
+    synthetic task (digested by its settings and the seed)."""
+    from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
+
+    if data.source == "synthetic":
+        settings = json.dumps({"seed": seed, **data.synthetic.model_dump(mode="json")}, sort_keys=True)
+        source = CodeDatasetSource({"generator": "stages.synthetic_task"})
+        entity = Dataset(name="synthetic", digest=hashlib.sha256(settings.encode()).hexdigest()[:DIGEST_CHARS],
+                         source_type=source._get_source_type(), source=source.to_json())
+        return [DatasetInput(entity, [InputTag(MLFLOW_DATASET_CONTEXT, "synthetic")])]
+    hashes = FileHashes(hash_cache)
+    found = []
+    for section in ("sft", "preference", "prompts"):
+        cfg = getattr(data, section)
+        for raw in (cfg.paths if cfg is not None else []):
+            path = Path(raw.removeprefix("json@")).expanduser()
+            if path.exists():
+                files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
+                content = hashlib.sha256("".join(hashes.digest(f) for f in files).encode()).hexdigest()
+                source_type, source = source_of(path.resolve().as_uri(), None, "")
+                entity = Dataset(name=path.name, digest=content[:DIGEST_CHARS], source_type=source_type, source=source)
+            else:  # a hub dataset: named, not read here
+                hub = HuggingFaceDatasetSource(path=raw, config_name=cfg.subset, split=cfg.split)
+                entity = Dataset(name=raw, digest=hashlib.sha256(hub.to_json().encode()).hexdigest()[:DIGEST_CHARS],
+                                 source_type=hub._get_source_type(), source=hub.to_json())
+            found.append(DatasetInput(entity, [InputTag(MLFLOW_DATASET_CONTEXT, section)]))
     hashes.save()
     return found
 

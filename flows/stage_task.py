@@ -186,6 +186,8 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
 
     local_inputs = {n: store.download(ref, setup.state_dir / "downloads") for n, ref in inputs.items()}
     read = dataset_inputs(client, inputs, local_inputs, setup.state_dir / HASH_CACHE)
+    if spec.datasets:  # data prep: what the config's data section names
+        read += datasets.config_sources(cfg.data, cfg.seed, setup.state_dir / HASH_CACHE)
     datasets.log(client, run_id, read)
     if not spec.takes_adapters and any(checkpoint_paths.is_adapter(p) for p in local_inputs.values()):
         from stages import lora_merge  # peft and torch: in this process only when there is an adapter to merge

@@ -84,3 +84,23 @@ def test_a_reused_stage_shows_under_the_pipeline_run_that_reused_it(client, tmp_
     assert store.TAG_STAGE not in run.data.tags  # nobody's cache entry
     assert run.data.metrics == {"eval/loss": 0.5}
     assert f"(#/experiments/{client.exp}/runs/{made})" in run.data.tags["mlflow.note.content"]
+
+
+def test_data_prep_reads_the_files_or_hub_datasets_its_config_names_or_the_synthetic_task(tmp_path):
+    from configs import load_config
+
+    synthetic = datasets.config_sources(load_config(None, []).data, 42)
+    assert [(i.dataset.name, datasets.context(i)) for i in synthetic] == [("synthetic", "synthetic")]
+    assert datasets.config_sources(load_config(None, ["data.synthetic.num_train=10"]).data, 42)[0].dataset.digest != synthetic[0].dataset.digest
+    assert datasets.config_sources(load_config(None, []).data, 7)[0].dataset.digest != synthetic[0].dataset.digest
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text('{"input": "q", "output": "a"}\n')
+    cfg = load_config(None, ["data.source=files", f"data.sft.paths=[{sft}]", "data.prompts.paths=[openai/gsm8k]",
+                             "data.prompts.subset=main"])
+    found = {(i.dataset.name, datasets.context(i)): i.dataset for i in datasets.config_sources(cfg.data, 42)}
+    assert set(found) == {("sft.jsonl", "sft"), ("openai/gsm8k", "prompts")}
+    assert found["sft.jsonl", "sft"].source_type == "local"
+    assert found["openai/gsm8k", "prompts"].source_type == "hugging_face"
+    before = found["sft.jsonl", "sft"].digest
+    sft.write_text('{"input": "q", "output": "b"}\n')  # a file's content, not its name, is its digest
+    assert datasets.config_sources(cfg.data, 42)[0].dataset.digest != before
