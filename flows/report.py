@@ -12,6 +12,10 @@ from configs.errors import PipelineError
 from stages import dag
 
 STAGE_TAG = "stage."
+# the key metrics' names in runs made before the stages shared one metric scheme: old stores still compare
+EARLIER_KEYS = {"rows/sft_data/train": "sft_data_train_rows", "eval/loss": "eval_loss", "eval/accuracy": "eval_acc",
+                "eval/step_accuracy": "eval_step_acc", "eval/reward": "eval_reward",
+                "eval/reward_accuracy": "eval_reward_acc", "merge/max_logit_diff": "max_logit_diff"}
 
 
 def pipeline_runs(client: MlflowClient, experiment_id: str, limit: int):
@@ -56,7 +60,8 @@ def comparison(client: MlflowClient, run_ids: list[str]) -> dict[str, dict[str, 
         for stage, (status, stage_run_id) in stage_outcomes(parent).items():
             metrics = client.get_run(stage_run_id).data.metrics if stage_run_id else {}
             key = dag.BY_NAME[stage].key_metric
-            shown = f"{metrics[key]:.4g}" if key in metrics else "-"
+            value = metrics.get(key, metrics.get(EARLIER_KEYS.get(key, key)))
+            shown = f"{value:.4g}" if value is not None else "-"
             rows.setdefault(f"{stage}: {key}", {})[run_id] = f"{shown} ({status})"
             if stage == "eval":
                 for name, value in sorted(metrics.items()):

@@ -104,3 +104,16 @@ def test_data_prep_reads_the_files_or_hub_datasets_its_config_names_or_the_synth
     before = found["sft.jsonl", "sft"].digest
     sft.write_text('{"input": "q", "output": "b"}\n')  # a file's content, not its name, is its digest
     assert datasets.config_sources(cfg.data, 42)[0].dataset.digest != before
+
+
+def test_rlhf_compare_reads_key_metrics_under_the_scheme_and_in_runs_made_before_it(client):
+    from flows.report import comparison
+
+    old, new = (client.create_run(client.exp).info.run_id for _ in range(2))
+    client.log_batch(old, metrics=[Metric("eval_loss", 0.25, 0, 0)])
+    client.log_batch(new, metrics=[Metric("eval/loss", 0.5, 0, 10)])
+    parents = []
+    for sft in (old, new):
+        parents.append(client.create_run(client.exp, tags={"rlhf.kind": "pipeline", "stage.sft": f"ran {sft}"}).info.run_id)
+    rows = comparison(client, parents)
+    assert rows["sft: eval/loss"] == {parents[0]: "0.25 (ran)", parents[1]: "0.5 (ran)"}
