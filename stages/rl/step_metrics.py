@@ -1,7 +1,8 @@
 """The RL stage's per-step metrics under the pipeline's metric scheme: the headline curves in the
 `train/` chart section (`train/reward`, `train/kl`, `train/response_length`), rollout diagnostics under
 `rollout/`, the workers' own under `actor/`, `critic/`, `reward/` and `time/`, and no series for a value
-the config holds fixed (a fixed KL coefficient, no dynamic filtering, no weight sync in hybrid mode)."""
+the config holds fixed (a fixed KL coefficient, no dynamic filtering, no weight sync in hybrid mode, a
+constant learning rate)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ def fixed_keys(rl) -> set[str]:
         fixed.add("filtered_groups")
     if rl.engine == "hybrid":
         fixed.add("time/weight_sync")
+    for group in ("actor", "critic"):
+        optim = getattr(rl, group)
+        if optim.warmup_ratio == 0 and optim.min_lr_ratio == 1:  # no schedule: a constant learning rate
+            fixed.add(f"{group}/lr")
     return fixed
 
 
