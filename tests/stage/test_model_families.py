@@ -235,7 +235,7 @@ def test_rl_with_a_reward_func(family, ray_cluster):  # noqa: F811
     inputs = {"sft_model": family.data["base_model"], "prompts": family.data["prompts"], "eval_data": family.data["eval_data"]}
     result = run_stage(family, rl_stage, "rl", inputs, logged=logged)
     assert type(AutoModelForCausalLM.from_pretrained(result.outputs["rl_model"])) is type(AutoModelForCausalLM.from_pretrained(family.model))
-    assert {"reward", "actor/policy_loss"} <= logged_keys(logged)
+    assert {"train/reward", "actor/policy_loss"} <= logged_keys(logged)
     assert ("actor/aux_loss" in logged_keys(logged)) == (family.name in MOE)
 
 

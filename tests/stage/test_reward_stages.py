@@ -32,10 +32,10 @@ def rm_result(prepared, tmp_path_factory):
 
 def test_rm_logs_pairwise_accuracy_and_margin_per_eval_step(rm_result):
     result, logged = rm_result
-    assert [s for s, m in logged if "eval/acc" in m] == [5, 10]
-    assert {"eval/acc", "eval/margin", "eval/loss"} <= set(logged[-1][1])
+    assert [s for s, m in logged if "eval/accuracy" in m] == [5, 10]
+    assert {"eval/accuracy", "eval/margin", "eval/loss"} <= set(logged[-1][1])
     assert 0.0 <= result.metrics["eval/accuracy"] <= 1.0
-    assert result.metrics["reward_std"] > 0
+    assert result.metrics["eval/reward_std"] > 0
 
 
 def test_rm_checkpoint_loads_as_hf_sequence_classifier_and_matches_the_scorer(rm_result, prepared):
@@ -43,7 +43,7 @@ def test_rm_checkpoint_loads_as_hf_sequence_classifier_and_matches_the_scorer(rm
     path = result.outputs["reward_model"]
     config = json.loads((path / "config.json").read_text())
     assert config["value_head_prefix"] == "score" and config["normalize_reward"] is False
-    assert config["reward_mean"] == pytest.approx(result.metrics["reward_mean"])
+    assert config["reward_mean"] == pytest.approx(result.metrics["eval/reward_mean"])
     hf = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).eval()
     tok = AutoTokenizer.from_pretrained(path)
     rows = read_split(prepared["pref_data"], "eval")[:12]
@@ -66,7 +66,7 @@ def test_rm_head_prefix_and_normalisation_follow_the_config(prepared, tmp_path, 
     normalized = RewardModelScorer([path]).score(prompts, responses, [None] * 8).rewards
     raw = RewardModelScorer([rm_result[0].outputs["reward_model"]]).score(prompts, responses, [None] * 8).rewards
     # same seed, same data: the same weights; only the normalisation differs
-    m, s = result.metrics["reward_mean"], result.metrics["reward_std"]
+    m, s = result.metrics["eval/reward_mean"], result.metrics["eval/reward_std"]
     assert torch.allclose(normalized, (raw - m) / s, atol=1e-4)
 
 
@@ -97,7 +97,7 @@ def test_rm_with_lora_trains_and_saves_only_an_adapter_that_peft_loads(prepared,
     adapter_cfg = json.loads((path / "adapter_config.json").read_text())
     assert adapter_cfg["r"] == 4 and adapter_cfg["base_model_name_or_path"] == str(prepared["base_model"])
     stats = json.loads((path / "adapter_extra.json").read_text())["config_fields"]
-    assert stats["reward_mean"] == pytest.approx(result.metrics["reward_mean"])
+    assert stats["reward_mean"] == pytest.approx(result.metrics["eval/reward_mean"])
 
     base = AutoModelForSequenceClassification.from_pretrained(prepared["base_model"], num_labels=1)
     model = PeftModel.from_pretrained(base, path).eval()
