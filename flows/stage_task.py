@@ -176,7 +176,7 @@ def execute_stage(
 
 def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSetup, client: MlflowClient, run_id: str,
                     fingerprint: str, inputs: dict[str, store.ArtifactRef], work_dir: Path, ray_session: RaySession,
-                    experiment_id: str = "", parent_run_id: str = "") -> tuple[dict[str, store.ArtifactRef], dict[str, float]]:
+                    experiment_id: str, parent_run_id: str) -> tuple[dict[str, store.ArtifactRef], dict[str, float]]:
     """Run the stage on Ray in its work dir (where a rerun finds its checkpoints) and publish its outputs:
     the datasets it read as the run's inputs, its checkpoints as logged models (registered where the DAG
     says) recording where they came from."""
@@ -217,7 +217,7 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
         experiment_id=experiment_id, stage=spec.name, summary=spec.summary, fingerprint=fingerprint, config=params,
         pipeline_run=parent_run_id, data=datasets.digests(read),
         parents={n: ref.identity for n, ref in inputs.items() if n not in dag.DATASETS},
-    ) if experiment_id else None
+    )
     refs = store.publish(client, run_id, result.outputs, spec.register, info, linked=checkpoint_metrics(result.metrics, read))
     if spec.name == "rl":
         from flows import eval_report  # matplotlib: in this process only when there is a plot to draw
@@ -238,7 +238,7 @@ def dataset_inputs(client: MlflowClient, inputs: dict[str, store.ArtifactRef], l
 
 def checkpoint_metrics(metrics: dict[str, float], read: list) -> tuple[list[str], object]:
     """What a stage's checkpoint is measured by in the Models tab: its held-out results (`eval/*`), on the
-    held-out split it read (the dataset input of context `eval`; none for the eval stage's own inputs)."""
+    held-out split it read (its one dataset input of context `eval`)."""
     held_out = [i.dataset for i in read if datasets.context(i) == "eval"]
     return [k for k in metrics if k.startswith("eval/")], held_out[0] if len(held_out) == 1 else None
 
