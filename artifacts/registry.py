@@ -77,19 +77,21 @@ def registered_description(artifact: str, stage: str, summary: str) -> str:
             "pipeline run that made it; `@champion` is the version that beat the others on the held-out eval.")
 
 
-def write_mlmodel(folder: Path, artifact: str, run_id: str, model_id: str | None, info: CheckpointInfo) -> None:
+def write_mlmodel(folder: Path, artifact: str, run_id: str, model_id: str | None, info: CheckpointInfo) -> bool:
     """An `MLmodel` file in a single checkpoint folder: no flavor (the folder stays a plain HF checkpoint),
-    the signature of what it takes and gives, and its origin as metadata: the registry's Schema reads it."""
+    the signature of what it takes and gives, and its origin as metadata: the registry's Schema reads it.
+    Returns whether it wrote one (a folder of several checkpoints, `merged_models`, gets none)."""
     from mlflow.models import Model
     from mlflow.models.signature import ModelSignature
     from mlflow.types import Schema
 
     if not any((folder / name).is_file() for name in PLAIN_CHECKPOINT):
-        return
+        return False
     inputs, outputs = SIGNATURES.get(artifact, POLICY_IO)
     signature = ModelSignature(Schema.from_json(json.dumps(inputs)), Schema.from_json(json.dumps(outputs)))
     Model(artifact_path=artifact, run_id=run_id, model_id=model_id, signature=signature,
           metadata={"format": "huggingface", **info.tags()}).save(str(folder / "MLmodel"))
+    return True
 
 
 def log_checkpoint(client: MlflowClient, info: CheckpointInfo, artifact: str, run_id: str):

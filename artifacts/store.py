@@ -100,7 +100,8 @@ def publish(client: MlflowClient, run_id: str, outputs: dict[str, Path], registe
     for name, path in outputs.items():
         if info is not None and name in register:
             models[name] = registry.log_checkpoint(client, info, name, run_id).model_id
-            registry.write_mlmodel(path, name, run_id, models[name], info)
+            if registry.write_mlmodel(path, name, run_id, models[name], info):  # the weights stay in the run, once
+                client.log_model_artifact(models[name], str(path / "MLmodel"))
         client.log_artifacts(run_id, str(path), name)
         refs[name] = ArtifactRef(name, run_id)
     artifact_uri = client.get_run(run_id).info.artifact_uri

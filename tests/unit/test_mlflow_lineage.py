@@ -70,6 +70,7 @@ def test_a_registered_checkpoint_is_a_logged_model_whose_version_says_where_it_c
     # the folder holds the schema the registry shows, no flavor: it stays a plain HF checkpoint
     mlmodel = yaml.safe_load((out / "MLmodel").read_text())
     assert mlmodel["flavors"] == {} and mlmodel["model_id"] == model.model_id
+    assert [a.path for a in client.list_logged_model_artifacts(model.model_id)] == ["MLmodel"]  # not the weights again
     assert json.loads(mlmodel["signature"]["inputs"])[0]["name"] == "prompt"
 
 
