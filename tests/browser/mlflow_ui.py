@@ -138,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("data_prep/rows/sft_data/train", "eval/sft/accuracy", "sft/eval/loss"):  # in the list's order
             scroll_to(page, key, "data_prep/rows/pref_data/eval", "compare view")
         visit(page, compare, args.out / "compare.png")  # the lists back at their first rows, keys and values in line
-        page.get_by_text("Metrics", exact=True).first.scroll_into_view_if_needed()
-        page.get_by_role("switch").last.click()  # the Metrics section's "Show diff only"
+        page.get_by_role("switch").nth(1).click()  # "Show diff only" of the sections Parameters, Metrics, Tags
         page.wait_for_timeout(1000)
+        page.get_by_text("Metrics", exact=True).first.scroll_into_view_if_needed()
         page.screenshot(path=str(args.out / "compare-metrics.png"))
 
         visit(page, f"{home}/runs/{cached['info']['run_id']}?{ML_VIEW}", args.out / "cached-pipeline-run.png")
