@@ -177,7 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--out", default="gpu_smoke.json")
+    parser.add_argument("--report", metavar="JSON", help="print the table of a result file and exit")
     args = parser.parse_args(argv)
+    if args.report:
+        result = json.loads(open(args.report).read())
+        a = result["args"]
+        print(f"{result['device']}, {result.get('date', '')}: batch {a['batch']} x {a['seq_len']} tokens, {a['steps']} "
+              f"steps after one warm-up\n\n{markdown(result['rows'])}")
+        return 0
     args.size = "tiny" if args.tiny else "0.5b"
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA GPU here (use --device cpu --tiny to run the code paths on a CPU)")
