@@ -57,6 +57,7 @@ class InProcess:
     """Starts, calls and stops the stage's workers in this process (the interface of RayActors)."""
 
     name = "in-process"
+    concurrent = False  # one call after another: no collective among workers
 
     def __init__(self):
         self.sizes: dict[str, int] = {}

@@ -15,6 +15,7 @@ class RayActors:
     """Starts, calls and stops the stage's workers as Ray actors (the interface of InProcess)."""
 
     name = "ray"
+    concurrent = True  # calls on different actors run at the same time (a collective among them can complete)
 
     def __init__(self):
         self.placement: Placement | None = None

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers import set_seed
 
-from configs.errors import DataError, RewardError
+from configs.errors import DataError, RewardError, first_line
 from configs.schema import RewardConfig
 from stages.common import checkpoint
 from stages.common.answers import is_correct
@@ -35,7 +35,7 @@ from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 from stages.eval_metrics import by_prompt, held_out_metrics
 from stages.rewards.base import RewardBatch, concat
-from stages.rl import workers
+from stages.rl import weight_sync, workers
 from stages.rl.advantages import (
     ESTIMATORS,
     compute_advantages,
@@ -116,6 +116,8 @@ class Actors:
                 pending += [b.call(w, "setup", cfg, sft, optim, total_steps, master, cwd) for w in group]
         pending += [b.call(a, "ready") for a in [*self.engines, *self.ref]]
         b.get(pending)
+        self.weight_specs: list[weight_sync.Spec] = []
+        self.sync = connect_engines(self, cfg)
 
     def all(self) -> list:
         if self.hybrid:
@@ -185,12 +187,49 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
                             correct(responses, asked), None if drawn_correct is None else by_prompt(drawn_correct, n))
 
 
+def connect_engines(actors: Actors, cfg) -> str:
+    """How the engines get the policy's weights after each update, said once in the log: `broadcast` when
+    the policy's rank 0 and every engine joined a process group of their own, else `state dict` (why:
+    asked for, a vLLM engine, workers in one process, or the group could not be formed). Hybrid: `none`."""
+    if actors.hybrid:
+        return "none"
+    rl, b = cfg.rl, actors.backend
+    why = None
+    if rl.weight_sync == "object_store":
+        why = "rl.weight_sync=object_store"
+    elif rl.engine != "hf":
+        why = f"rl.engine={rl.engine} loads a state dict"
+    elif not b.concurrent:
+        why = "workers in one process"
+    if why is None:
+        backend = "nccl" if cfg.infra.gpus_per_worker > 0 and b.resources()[1] > 0 else "gloo"
+        world = 1 + len(actors.engines)
+        try:
+            master = b.get(b.call(actors.policy[0], "master"))
+            b.get([b.call(actors.policy[0], "join_weight_group", master, world, backend)]
+                  + [b.call(e, "join_weight_group", master, i + 1, world, backend) for i, e in enumerate(actors.engines)],
+                  timeout=weight_sync.JOIN_TIMEOUT_S + 10)
+            actors.weight_specs = b.get(b.call(actors.engines[0], "weight_specs"))
+            print(f"[rl] weight sync: broadcast over a {backend} group (the policy's rank 0 and {len(actors.engines)} "
+                  f"engine(s)), parameter by parameter", flush=True)
+            return "broadcast"
+        except Exception as exc:  # noqa: BLE001 - the state-dict path below still works
+            why = f"the {backend} group could not be formed: {type(exc).__name__}: {first_line(exc)}"
+    print(f"[rl] weight sync: whole state dicts ({why})", flush=True)
+    return "state dict"
+
+
 def sync_weights(actors: Actors) -> None:
-    """Every policy rank takes part in the gather (ZeRO-3); rank 0's state goes to the engines straight
-    from the object store (Ray), not through the driver. Hybrid: the policy ranks are the engines."""
+    """Broadcast: every policy rank takes part (a ZeRO-3 parameter is gathered by all), rank 0 sends each
+    parameter to every engine at once. State dict: rank 0's whole state goes to the engines straight from
+    the object store (Ray), not through the driver. Hybrid: the policy ranks are the engines."""
     if actors.hybrid:
         return
     b = actors.backend
+    if actors.sync == "broadcast":
+        b.get([b.call(w, "send_weights", actors.weight_specs) for w in actors.policy]
+              + [b.call(e, "receive_weights", actors.weight_specs) for e in actors.engines])
+        return
     states = [b.call(w, "synced_state_dict") for w in actors.policy]
     b.get([b.call(e, "load_weights", states[0]) for e in actors.engines] + states[1:])
 

@@ -16,6 +16,7 @@ from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, dist_env, lora, moe
 from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
+from stages.rl import weight_sync
 from stages.rl.experience import Sample, micro_batches, trim
 from stages.rl.losses import (
     aggregate,
@@ -177,6 +178,17 @@ class PolicyWorker(TrainerWorker, HoldsReference):
             state = lora.merged_weights(state, self.optim.lora.alpha / self.optim.lora.rank)
         return state
 
+    def join_weight_group(self, master: tuple[str, int], world_size: int, backend: str) -> None:
+        """Rank 0: the sender of a process group with the rollout engines (`send_weights`)."""
+        self.weight_group = weight_sync.WeightGroup(master, 0, world_size, backend)
+
+    def send_weights(self, wanted: list[weight_sync.Spec]) -> None:
+        """Every rank takes part (ZeRO-3 gathers each parameter on all of them); rank 0 broadcasts. With LoRA
+        the merged weights are made whole on rank 0 first, then sent one tensor at a time."""
+        merged = self.synced_state_dict() if self.signature else None
+        weight_sync.send(getattr(self, "weight_group", None), self.engine.module, wanted,
+                         self.engine.zero_optimization_stage() == 3, merged)
+
     @torch.no_grad()
     def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         self.engine.eval()
@@ -312,6 +324,16 @@ class HFRolloutEngine(Worker):
         self.rl = cfg.rl
         self.tokenizer = checkpoint.load_tokenizer(model_path)
         self.model = checkpoint.load_frozen_lm(model_path, cfg.model, cfg.infra.precision)
+
+    def join_weight_group(self, master: tuple[str, int], rank: int, world_size: int, backend: str) -> None:
+        self.weight_group = weight_sync.WeightGroup(master, rank, world_size, backend)
+
+    def weight_specs(self) -> list[weight_sync.Spec]:
+        return weight_sync.specs(self.model)
+
+    def receive_weights(self, wanted: list[weight_sync.Spec]) -> None:
+        """The policy's new weights, broadcast by its rank 0 parameter by parameter into this model."""
+        weight_sync.receive(self.weight_group, self.model, wanted)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """The policy's new weights. A ZeRO-3 gather lists tied weights once (e.g. lm_head tied to the
