@@ -308,10 +308,10 @@ class RLConfig(Section):
                             "and holds the reference model (no reference actors); auto: hf where the cluster has "
                             "bundles for every actor group, else hybrid with colocate_all (hf with ZeRO-3)")
     weight_sync: Literal["broadcast", "object_store"] = Field(
-        "broadcast", description="how engine hf gets the policy's weights after each update: broadcast from the policy's "
-                                 "rank 0 over a process group of their own (gloo on CPU, NCCL on GPU), parameter by "
-                                 "parameter; object_store: a whole state dict through Ray's object store (what vLLM "
-                                 "engines and a group that cannot be formed use)")
+        "broadcast", description="how the rollout engines get the policy's weights after each update: broadcast from the "
+                                 "policy's rank 0 over a process group of their own (gloo on CPU, NCCL on GPU), "
+                                 "parameter by parameter, into HF engines or vLLM's workers; object_store: a whole "
+                                 "state dict through Ray's object store (also where the group cannot be formed)")
     num_engines: int = Field(1, gt=0, description="rollout engine actors (engine hf or vllm); each samples an equal share")
     ref_num_workers: int = Field(1, gt=0, description="reference model actors (engine hf or vllm); each scores an equal share of a rollout")
     reward_num_workers: int = Field(1, gt=0, description="reward scorer copies; each scores an equal share of a rollout")

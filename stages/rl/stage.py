@@ -190,17 +190,17 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
 def connect_engines(actors: Actors, cfg) -> str:
     """How the engines get the policy's weights after each update, said once in the log: `broadcast` when
     the policy's rank 0 and every engine joined a process group of their own, else `state dict` (why:
-    asked for, a vLLM engine, workers in one process, or the group could not be formed). Hybrid: `none`."""
+    asked for, workers in one process, engines on another torch, or the group could not be formed). Hybrid: `none`."""
     if actors.hybrid:
         return "none"
     rl, b = cfg.rl, actors.backend
     why = None
     if rl.weight_sync == "object_store":
         why = "rl.weight_sync=object_store"
-    elif rl.engine != "hf":
-        why = f"rl.engine={rl.engine} loads a state dict"
     elif not b.concurrent:
         why = "workers in one process"
+    elif (other := {v for v in b.get([b.call(e, "torch_version") for e in actors.engines]) if v != torch.__version__}):
+        why = f"the engines run torch {', '.join(sorted(other))}, the policy {torch.__version__}"
     if why is None:
         backend = "nccl" if cfg.infra.gpus_per_worker > 0 and b.resources()[1] > 0 else "gloo"
         world = 1 + len(actors.engines)

@@ -38,6 +38,37 @@ class WeightGroup:
         self.group.broadcast([tensor], dist.BroadcastOptions()).wait()
 
 
+TIED = {"lm_head.weight": "model.embed_tokens.weight"}  # an output head tied to the input embeddings
+SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+
+
+def checkpoint_specs(model_dir: str) -> list[Spec]:
+    """What a checkpoint holds, in its files' order, for an engine whose own parameters are not the
+    checkpoint's (vLLM fuses q, k and v), with a tied output head named too: save_pretrained writes a tied
+    weight once, and vLLM's CPU backend keeps its own repacked copy of the head, which a reload of the
+    embeddings alone leaves stale."""
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    folder = Path(model_dir)
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    out: list[Spec] = []
+    for name in files:
+        with safe_open(str(folder / name), "pt") as f:
+            for key in f.keys():
+                part = f.get_slice(key)
+                out.append((key, tuple(part.get_shape()), SAFETENSORS_DTYPES[part.get_dtype()]))
+    names = {name for name, _, _ in out}
+    if getattr(AutoConfig.from_pretrained(folder), "tie_word_embeddings", False) and "lm_head.weight" not in names:
+        _, shape, dtype = next(spec for spec in out if spec[0] == TIED["lm_head.weight"])
+        out.append(("lm_head.weight", shape, dtype))
+    return out
+
+
 def specs(model: torch.nn.Module) -> list[Spec]:
     """What an engine's model takes, in the order it takes it: its parameters (a tied weight once)."""
     return [(name, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for name, p in model.named_parameters()]
@@ -57,11 +88,12 @@ def send(group: WeightGroup | None, module: torch.nn.Module, wanted: list[Spec],
     """A policy rank's side, on every rank (a ZeRO-3 parameter is gathered by all of them); rank 0, the one
     with a `group`, broadcasts. `merged`: the weights to send instead of the module's (LoRA adapters merged
     in, on rank 0), each still one tensor at a time."""
-    params = dict(module.named_parameters())
+    params = dict(module.named_parameters(remove_duplicate=False))  # a tied head under its own name too
     for name, _, dtype in wanted:
         if merged is not None:
-            if group is not None:
-                group.broadcast(to_engine(merged[name], dtype, module))
+            if group is not None:  # a ZeRO-3 gather lists a tied head once, under the embeddings' name
+                tensor = merged[name] if name in merged else merged[TIED.get(name, name)]
+                group.broadcast(to_engine(tensor, dtype, module))
             continue
         param = params[name]
         if zero3:

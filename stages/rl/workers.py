@@ -39,6 +39,9 @@ class Worker:
     def ready(self) -> bool:
         return True
 
+    def torch_version(self) -> str:
+        return torch.__version__
+
 
 def token_log_probs(model, batch: dict[str, torch.Tensor], temperature: float, with_entropy: bool = False,
                     entropy_grad: bool = False, aux: list | None = None):
