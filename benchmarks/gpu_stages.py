@@ -70,6 +70,8 @@ def settings(args, zero: int) -> list[str]:
            "rl.save_every=100", f"eval.max_samples={prompts}", "eval.samples_per_prompt=2",
            f"eval.max_new_tokens={new_tokens}", "eval.batch_size=32",
            f"sft.micro_batch_size={mb}", f"rm.micro_batch_size={max(mb // 2, 1)}", f"dpo.micro_batch_size={max(mb // 2, 1)}"]
+    if args.tiny:  # held-out sets of a few rows: every eval pass still runs, on less
+        out += [f"data.{name}.eval_min_rows=8" for name in ("sft", "preference", "prompts")]
     for section in ("sft", "rm", "dpo"):
         out += [f"{section}.max_steps={n}", f"{section}.eval_every={n}", f"{section}.save_every={10 * n}",
                 f"{section}.epochs=1"]
