@@ -26,6 +26,7 @@ import torch
 from transformers import set_seed
 
 from configs.errors import DataError, RewardError
+from configs.reward_sources import REWARD_SOURCES, own_models
 from configs.schema import RewardConfig
 from stages.common import checkpoint
 from stages.common.answers import is_correct
@@ -36,12 +37,7 @@ from stages.data_prep import read_split
 from stages.eval_metrics import by_prompt, held_out_metrics
 from stages.rewards.base import RewardBatch, concat
 from stages.rl import workers
-from stages.rl.advantages import (
-    ESTIMATORS,
-    compute_advantages,
-    overlong_penalty,
-    varied_groups,
-)
+from stages.rl.advantages import compute_advantages, overlong_penalty, varied_groups
 from stages.rl.experience import (
     Sample,
     place_on_actions,
@@ -104,11 +100,11 @@ class Actors:
             self.ref = self.policy if rl.needs_reference else []
         else:  # none without a KL coefficient
             self.ref = [b.start(workers.ReferenceWorker, "ref", i, cfg, sft) for i in range(sizes.get("ref", 0))]
-        own_rm, own_prm = (str(inputs[k]) if inputs.get(k) else None for k in ("reward_model", "prm"))
         self.reward = [b.start(workers.RewardWorker, "reward", i) for i in range(sizes["reward"])]
         self.engines = self.policy if self.hybrid else b.start_engines(cfg, sft)
         # a bad reward config fails here, before any model loads
-        pending = [b.call(w, "setup", cfg, own_rm, own_prm, cwd) for w in self.reward]
+        models = {name: str(inputs[name]) for name in own_models() if inputs.get(name)}
+        pending = [b.call(w, "setup", cfg, models, cwd) for w in self.reward]
         b.get(pending)
         for group, optim in ((self.policy, rl.actor), (self.critic, rl.critic)):
             if group:
@@ -213,7 +209,6 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
     ctx = replace(ctx, config=backend.layout(ctx.config))
     cfg, rl = ctx.config, ctx.config.rl
     set_seed(cfg.seed)
-    estimator = ESTIMATORS[rl.advantage_estimator]
     n = rl.n_samples_per_prompt
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
     prompts = encode_prompts(tokenizer, read_split(inputs["prompts"], "train"), rl.prompt_max_len, "prompts/train")
@@ -225,8 +220,8 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
 
     actors = None
     try:
-        backend.reserve(cfg, estimator.needs_critic, ctx.should_stop)
-        actors = Actors(ctx, inputs, backend, total, estimator.needs_critic)
+        backend.reserve(cfg, rl.needs_critic, ctx.should_stop)
+        actors = Actors(ctx, inputs, backend, total, rl.needs_critic)
         resumed = actors.on_all(actors.policy, "load", str(ckpt["policy"]))[0]
         start, cursor, kl_coef, before = 0, 0, rl.init_kl_coef, None
         if resumed:
@@ -346,7 +341,7 @@ def score(backend, scorers: list, prompts: list[str], responses: list[str], labe
     k = math.ceil(len(prompts) / len(scorers))
     parts = [b.call(w, "score", prompts[i * k : (i + 1) * k], responses[i * k : (i + 1) * k], labels[i * k : (i + 1) * k])
              for i, w in enumerate(scorers) if prompts[i * k : (i + 1) * k]]
-    limit = reward.timeout_s if reward.source == "func" else None
+    limit = reward.timeout_s if REWARD_SOURCES[reward.source].timed else None
     try:
         return concat(b.get(parts, timeout=limit))
     except TimeoutError:
@@ -359,7 +354,6 @@ def score(backend, scorers: list, prompts: list[str], responses: list[str], labe
 def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cfg, kl_coef: float):
     """Old/reference log-probs, values, KL, shaped rewards and advantages for one rollout batch."""
     rl, n = cfg.rl, cfg.rl.n_samples_per_prompt
-    estimator = ESTIMATORS[rl.advantage_estimator]
     batch = sequence_batch(samples, tokenizer.pad_token_id)
     mask = batch["action_mask"]
     calls = {}
@@ -386,7 +380,7 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     if rl.overlong_buffer_len:
         penalty = overlong_penalty(lengths, rl.generate_max_len, rl.overlong_buffer_len, rl.overlong_penalty_factor)
     shaped, dense = scores + penalty, None  # clipped after the group baseline, as OpenRLHF's
-    if scored.step_rewards is not None and not estimator.grouped:
+    if scored.step_rewards is not None and not rl.estimator.grouped:
         # process rewards go on the tokens that end each step; the sequence-level part is only the penalty
         separator = cfg.prm.step_separator
         positions = [step_end_tokens(tokenizer, s.response_ids, separator) for s in samples]

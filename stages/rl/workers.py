@@ -292,13 +292,14 @@ class ReferenceWorker(Worker, HoldsReference):
 class RewardWorker(Worker):
     """The shared scorer (RM, PRM, rule function or remote server) behind one actor."""
 
-    def setup(self, cfg: PipelineConfig, own_rm: str | None, own_prm: str | None, cwd: str) -> None:
-        """Build the scorer: in a call rather than the constructor, so that a bad reward config reaches the
-        driver as the RewardError it is (a constructor's error kills the actor, and Ray prints its traceback)."""
+    def setup(self, cfg: PipelineConfig, models: dict[str, str], cwd: str) -> None:
+        """Build the scorer (`models`: the pipeline's own reward models the stage was given, by artifact
+        name): in a call rather than the constructor, so that a bad reward config reaches the driver as
+        the RewardError it is (a constructor's error kills the actor, and Ray prints its traceback)."""
         from stages.rewards.factory import build_scorer
 
         os.chdir(cwd)  # a relative reward.func_path means what it meant to the user
-        self.scorer = build_scorer(cfg.reward, own_rm, own_prm)
+        self.scorer = build_scorer(cfg.reward, models)
 
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]):
         return self.scorer.score(prompts, responses, labels)
