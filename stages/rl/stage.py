@@ -45,6 +45,7 @@ from stages.rl.experience import (
     shard,
     step_end_tokens,
 )
+from stages.rl.layout import Role, hosts, roles
 from stages.rl.losses import (
     AdaptiveKLController,
     FixedKLController,
@@ -86,22 +87,29 @@ class Timer:
 
 
 class Actors:
-    """Every worker of the stage, started through `backend` (Ray actors, or objects in this process)."""
+    """Every worker of the stage by role, started through `backend` (Ray actors, or objects in this
+    process). A role the layout hosts in another's actors (`layout.hosts`; hybrid: engine and reference
+    in the policy ranks) has its host's workers; a role the config has no work for has none."""
 
     def __init__(self, ctx: StageContext, inputs: dict[str, Path], backend, total_steps: int, needs_critic: bool):
         cfg, rl = ctx.config, ctx.config.rl
         self.backend = b = backend
+        self.hosts = hosts(cfg)
         sizes, cwd, sft = backend.sizes, os.getcwd(), str(inputs["sft_model"])
-        self.policy = [b.start(workers.PolicyWorker, "actor", i, i, sizes["actor"]) for i in range(sizes["actor"])]
-        self.critic = [b.start(workers.CriticWorker, "critic", i, i, sizes["critic"])
-                       for i in range(sizes["critic"])] if needs_critic else []
-        self.hybrid = rl.engine == "hybrid"  # the policy ranks sample with their own weights and hold the reference
-        if self.hybrid:
-            self.ref = self.policy if rl.needs_reference else []
-        else:  # none without a KL coefficient
-            self.ref = [b.start(workers.ReferenceWorker, "ref", i, cfg, sft) for i in range(sizes.get("ref", 0))]
-        self.reward = [b.start(workers.RewardWorker, "reward", i) for i in range(sizes["reward"])]
-        self.engines = self.policy if self.hybrid else b.start_engines(cfg, sft)
+        n = {role: sizes.get(role, 0) for role in Role}
+        groups = {
+            Role.ACTOR: [b.start(workers.PolicyWorker, Role.ACTOR, i, i, n[Role.ACTOR]) for i in range(n[Role.ACTOR])],
+            Role.CRITIC: [b.start(workers.CriticWorker, Role.CRITIC, i, i, n[Role.CRITIC]) for i in range(n[Role.CRITIC])],
+            Role.REF: [b.start(workers.ReferenceWorker, Role.REF, i, cfg, sft) for i in range(n[Role.REF])],
+            Role.REWARD: [b.start(workers.RewardWorker, Role.REWARD, i) for i in range(n[Role.REWARD])],
+            Role.ENGINE: b.start_engines(cfg, sft) if n[Role.ENGINE] else [],
+        }
+        wanted = roles(cfg, needs_critic)
+        for role, host in self.hosts.items():
+            groups[role] = groups[host] if role in wanted else []
+        self.groups = groups
+        self.policy, self.critic, self.ref, self.reward, self.engines = (
+            groups[r] for r in (Role.ACTOR, Role.CRITIC, Role.REF, Role.REWARD, Role.ENGINE))
         # a bad reward config fails here, before any model loads
         models = {name: str(inputs[name]) for name in own_models() if inputs.get(name)}
         pending = [b.call(w, "setup", cfg, models, cwd) for w in self.reward]
@@ -114,9 +122,9 @@ class Actors:
         b.get(pending)
 
     def all(self) -> list:
-        if self.hybrid:
-            return [*self.policy, *self.critic, *self.reward]
-        return [*self.policy, *self.critic, *self.engines, *self.reward, *self.ref]
+        """Every worker once (a hosted role's are its host's)."""
+        return [w for role in (Role.ACTOR, Role.CRITIC, Role.ENGINE, Role.REWARD, Role.REF) if role not in self.hosts
+                for w in self.groups[role]]
 
     def close(self) -> None:
         self.backend.close([*self.policy, *self.critic], self.all())
@@ -131,10 +139,10 @@ def on_shards(actors: Actors, group: list, method: str, batch: dict[str, torch.T
     return [actors.backend.call(w, method, s, *args) for w, s in zip(group, shard(batch, len(group)))]
 
 
-def in_waves(actors: Actors, calls: dict[str, Callable[[], list]]) -> dict[str, list]:
-    """Run each group's calls (`group name -> launch`, returning the pending results); groups that
-    share cores go one after another, the others at once. Returns each group's results."""
-    results: dict[str, list] = {}
+def in_waves(actors: Actors, calls: dict[Role, Callable[[], list]]) -> dict[Role, list]:
+    """Run each group's calls (`role -> launch`, returning the pending results); groups that share
+    cores go one after another, the others at once. Returns each group's results."""
+    results: dict[Role, list] = {}
     for wave in actors.backend.waves(list(calls)):
         launched = {group: calls[group]() for group in wave}
         for group, refs in launched.items():
@@ -184,7 +192,7 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
 def sync_weights(actors: Actors) -> None:
     """Every policy rank takes part in the gather (ZeRO-3); rank 0's state goes to the engines straight
     from the object store (Ray), not through the driver. Hybrid: the policy ranks are the engines."""
-    if actors.hybrid:
+    if actors.hosts.get(Role.ENGINE) == Role.ACTOR:
         return
     b = actors.backend
     states = [b.call(w, "synced_state_dict") for w in actors.policy]
@@ -283,14 +291,14 @@ def train(actors: Actors, batch: dict[str, torch.Tensor], step: int, use_kl_loss
     keys = ("input_ids", "attention_mask", "action_mask")
     kl_keys = ("ref_log_probs", "kl_coef") if use_kl_loss and actors.ref else ()
     actor_batch = {k: batch[k] for k in (*keys, "old_log_probs", "advantages", "rollout_log_probs", *kl_keys)}
-    calls = {"actor": lambda: on_shards(actors, actors.policy, "train", actor_batch, step)}
+    calls = {Role.ACTOR: lambda: on_shards(actors, actors.policy, "train", actor_batch, step)}
     if actors.critic:
         critic_batch = {k: batch[k] for k in (*keys, "values", "returns")}
-        calls["critic"] = lambda: on_shards(actors, actors.critic, "train", critic_batch, step)
+        calls[Role.CRITIC] = lambda: on_shards(actors, actors.critic, "train", critic_batch, step)
     results = in_waves(actors, calls)
-    logs = {f"actor/{k}": v for k, v in results["actor"][0].items()}  # rank-averaged by the workers
+    logs = {f"actor/{k}": v for k, v in results[Role.ACTOR][0].items()}  # rank-averaged by the workers
     if actors.critic:
-        logs |= {f"critic/{k}": v for k, v in results["critic"][0].items()}
+        logs |= {f"critic/{k}": v for k, v in results[Role.CRITIC][0].items()}
     return logs
 
 
@@ -357,20 +365,21 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     batch = sequence_batch(samples, tokenizer.pad_token_id)
     mask = batch["action_mask"]
     calls = {}
-    both = rl.recompute_old_log_probs and actors.hybrid and bool(actors.ref)  # one call to the policy ranks
+    # the reference in the policy ranks: one call for both passes
+    both = rl.recompute_old_log_probs and actors.hosts.get(Role.REF) == Role.ACTOR and bool(actors.ref)
     if both:
-        calls["actor"] = lambda: on_shards(actors, actors.policy, "old_and_ref_log_probs", batch)
+        calls[Role.ACTOR] = lambda: on_shards(actors, actors.policy, "old_and_ref_log_probs", batch)
     else:
         if rl.recompute_old_log_probs:
-            calls["actor"] = lambda: on_shards(actors, actors.policy, "log_probs", batch)
+            calls[Role.ACTOR] = lambda: on_shards(actors, actors.policy, "log_probs", batch)
         if actors.ref:
-            calls["ref"] = lambda: on_shards(actors, actors.ref, "ref_log_probs", batch)
+            calls[Role.REF] = lambda: on_shards(actors, actors.ref, "ref_log_probs", batch)
     if actors.critic:
-        calls["critic"] = lambda: on_shards(actors, actors.critic, "values", batch)
+        calls[Role.CRITIC] = lambda: on_shards(actors, actors.critic, "values", batch)
     results = in_waves(actors, calls)
     if both:
-        results["actor"], results["ref"] = map(list, zip(*results["actor"]))
-    names = {"actor": "old", "ref": "ref", "critic": "values"}
+        results[Role.ACTOR], results[Role.REF] = map(list, zip(*results[Role.ACTOR]))
+    names = {Role.ACTOR: "old", Role.REF: "ref", Role.CRITIC: "values"}
     got = {names[group]: torch.cat(parts) for group, parts in results.items()}
     old = got.get("old", batch["rollout_log_probs"])
     kl = approx_kl(old, got["ref"], rl.kl_estimator) * mask if "ref" in got else torch.zeros_like(mask)

@@ -17,6 +17,7 @@ from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, dist_e
 from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
 from stages.rl.experience import Sample, micro_batches, trim
+from stages.rl.layout import Role, hosts
 from stages.rl.losses import (
     aggregate,
     approx_kl,
@@ -164,7 +165,7 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         model, self.signature = lora.load_for_training(path, self.cfg.model, self.optim.lora, "rl.actor.lora",
                                                        self.cfg.infra.precision)
         moe.check(model.config, self.optim.aux_loss_coef, "rl.actor.aux_loss_coef")
-        if self.rl.engine == "hybrid" and self.rl.needs_reference:
+        if hosts(self.cfg).get(Role.REF) == Role.ACTOR and self.rl.needs_reference:
             # verl's fused actor/rollout/ref worker: the KL term's model scores in this hot process, with
             # no actor of its own (a reference actor takes longer for the same pass)
             self.reference = checkpoint.load_frozen_lm(path, self.cfg.model, self.cfg.infra.precision)

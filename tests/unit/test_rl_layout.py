@@ -52,6 +52,7 @@ def test_a_named_engine_is_kept_and_a_layout_that_cannot_fit_fails_in_one_line()
         check_fits(cfg, 2, 0, "the local Ray cluster (infra.num_cpus)")
     message = str(failed.value)
     assert "\n" not in message and "rl.engine=hf" in message and "set rl.engine: auto" in message
+    assert "actor groups [['actor'], ['engine'], ['reward'], ['ref']]" in message  # the roles by name
 
 
 def test_preflight_checks_the_rl_layout_on_the_local_cluster():
