@@ -18,6 +18,7 @@ from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
 from stages.rl import weight_sync
 from stages.rl.experience import Sample, micro_batches, trim
+from stages.rl.layout import Role, hosts
 from stages.rl.losses import (
     aggregate,
     approx_kl,
@@ -168,7 +169,7 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         model, self.signature = lora.load_for_training(path, self.cfg.model, self.optim.lora, "rl.actor.lora",
                                                        self.cfg.infra.precision)
         moe.check(model.config, self.optim.aux_loss_coef, "rl.actor.aux_loss_coef")
-        if self.rl.engine == "hybrid" and self.rl.needs_reference:
+        if hosts(self.cfg).get(Role.REF) == Role.ACTOR and self.rl.needs_reference:
             # verl's fused actor/rollout/ref worker: the KL term's model scores in this hot process, with
             # no actor of its own (a reference actor takes longer for the same pass)
             self.reference = checkpoint.load_frozen_lm(path, self.cfg.model, self.cfg.infra.precision)
@@ -307,13 +308,14 @@ class ReferenceWorker(Worker, HoldsReference):
 class RewardWorker(Worker):
     """The shared scorer (RM, PRM, rule function or remote server) behind one actor."""
 
-    def setup(self, cfg: PipelineConfig, own_rm: str | None, own_prm: str | None, cwd: str) -> None:
-        """Build the scorer: in a call rather than the constructor, so that a bad reward config reaches the
-        driver as the RewardError it is (a constructor's error kills the actor, and Ray prints its traceback)."""
+    def setup(self, cfg: PipelineConfig, models: dict[str, str], cwd: str) -> None:
+        """Build the scorer (`models`: the pipeline's own reward models the stage was given, by artifact
+        name): in a call rather than the constructor, so that a bad reward config reaches the driver as
+        the RewardError it is (a constructor's error kills the actor, and Ray prints its traceback)."""
         from stages.rewards.factory import build_scorer
 
         os.chdir(cwd)  # a relative reward.func_path means what it meant to the user
-        self.scorer = build_scorer(cfg.reward, own_rm, own_prm)
+        self.scorer = build_scorer(cfg.reward, models)
 
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]):
         return self.scorer.score(prompts, responses, labels)
