@@ -1,5 +1,5 @@
 """Time per RL weight sync, broadcast over a gloo group vs whole state dicts through Ray's object store, for the
-tiny preset's model and a ~100M-parameter Llama-style one, on this CPU: the RL stage itself (policy actor and
+tiny preset's model and a 132M-parameter Llama-style one, on this CPU: the RL stage itself (policy actor and
 one HF engine actor on a local Ray cluster, no reference model), a few steps, its logged `time/weight_sync`.
 Trials of the two ways alternate. Writes the trials and per-size medians as JSON.
 
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# model.tiny sizes: the tiny preset's, and ~100M parameters (Llama-style, GQA-free, 14 layers of width 768)
+# model.tiny sizes: the tiny preset's, and 132M parameters (Llama-style, 14 layers of width 768)
 SIZES = {"tiny": [], "100m": ["model.tiny.hidden_size=768", "model.tiny.intermediate_size=3072",
                               "model.tiny.num_hidden_layers=14", "model.tiny.num_attention_heads=12",
                               "model.tiny.num_key_value_heads=12"]}
@@ -67,6 +67,8 @@ def report(result: dict) -> str:
     for size, row in result["sizes"].items():
         b, o = row["broadcast_s"], row["object_store_s"]
         lines.append(f"| {size} | {row['params'] / 1e6:.1f}M | {b:.4f} | {o:.4f} | {o / b:.2f} |")
+    if result.get("note"):
+        lines += ["", f"Note: {result['note']}."]
     return "\n".join(lines) + "\n"
 
 
