@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_preview.add_argument("--n", type=int, default=3, help="rows shown per dataset split")
     data_preview.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
     data_preview.set_defaults(func=cmd_data_preview)
-    clusters = sub.add_parser("cluster", help="PostgreSQL + MLflow server, a 2-node Ray cluster and a Prefect server + worker, on this machine's loopback")
+    clusters = sub.add_parser("cluster", help="PostgreSQL + MLflow server, a 2-node Ray cluster and a Prefect server + worker, on this machine")
     cluster_sub = clusters.add_subparsers(dest="cluster_command", required=True)
     for name, text in (("up", "start them, print their URLs and the commands that use them"),
                        ("down", "stop exactly what `up` started (the data stays)"), ("status", "what is up")):

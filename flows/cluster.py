@@ -1,4 +1,4 @@
-"""`rlhf cluster up|down|status`: the services of a multi-machine setup, started on this machine's loopback.
+"""`rlhf cluster up|down|status`: the services of a multi-machine setup, started on this machine.
 
 - PostgreSQL (a fresh data folder, database `mlflow`), and an MLflow tracking server on it that serves
   the artifacts too (`--serve-artifacts`: clients up- and download through the server);
@@ -42,6 +42,8 @@ SERVICES = ("postgres", "mlflow", "ray-head", "ray-worker", "prefect-server", "p
 PORTS = ("postgres", "mlflow", "ray", "prefect")
 DB_USER, DB_NAME = "rlhf", "mlflow"
 WORKER_RESOURCE = "worker_node"
+PIN = f"infra.worker_resources={{{WORKER_RESOURCE}: 1}}"  # the override that sends stage work to the worker node
+RAY_SYSTEM_CONFIG = {"worker_niceness": 0}
 RAY_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # a stopped node waits for no work to leave first
 # no server-side jobs (GenAI judges, trace roll-ups): the pipeline runs none, and each of their consumer
 # processes would import MLflow while the cluster starts
@@ -86,10 +88,6 @@ def urls(ports: dict[str, int]) -> dict[str, str]:
     }
 
 
-def pin_override() -> str:
-    return f"infra.worker_resources={{{WORKER_RESOURCE}: 1}}"
-
-
 def client_env(ports: dict[str, int]) -> dict[str, str]:
     """What a client of these services sets: the pipeline, the Prefect worker and its flow runs."""
     u = urls(ports)
@@ -100,7 +98,6 @@ def usage(cluster: Cluster) -> str:
     """The services' addresses and the commands that use them, as `up` and `status` print them."""
     u, env = urls(cluster.ports), client_env(cluster.ports)
     exports = " ".join(f"{k}={v}" for k, v in env.items())
-    pin = pin_override()
     return "\n".join([
         f"PostgreSQL:   {u['postgres']}",
         f"MLflow:       {u['mlflow']}  (artifacts: {cluster.root / 'mlflow' / 'artifacts'}, served by the server)",
@@ -108,11 +105,11 @@ def usage(cluster: Cluster) -> str:
         f"Prefect:      {u['prefect'].removesuffix('/api')}  (work pool {cluster.pool}, one process worker)",
         "Run the pipeline here, on these services:",
         f"  export {exports}",
-        f"  rlhf run '{pin}'",
+        f"  rlhf run '{PIN}'",
         "or as a flow run on the work pool (its deployments pin the worker node):",
         f"  PREFECT_API_URL={u['prefect']} prefect deployment run rlhf-pipeline/full --watch",
         f"  PREFECT_API_URL={u['prefect']} prefect deployment run rlhf-pipeline/full --watch "
-        f"-p overrides='[\"{pin}\", \"sft.lr=3e-4\"]'",
+        f"-p overrides='[\"{PIN}\", \"sft.lr=3e-4\"]'",
         f"Stop them: rlhf cluster down --dir {cluster.root}",
     ])
 
@@ -139,9 +136,11 @@ def mlflow_command(ports: dict[str, int], artifacts: Path) -> list[str]:
 
 
 def ray_head_command(ports: dict[str, int], temp: Path, cpus: int) -> list[str]:
-    # CPUs like the worker's, so that stage work goes to the worker node only when the config pins it there
+    # CPUs like the worker's, so that stage work goes to the worker node only when the config pins it there;
+    # workers at nice 0 on every node, as on the local cluster a run starts (ray_workers.start_local_cluster):
+    # at Ray's nice 15, anything else on this machine preempts the stages
     return [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-            f"--port={ports['ray']}", f"--num-cpus={cpus}",
+            f"--port={ports['ray']}", f"--num-cpus={cpus}", f"--system-config={json.dumps(RAY_SYSTEM_CONFIG)}",
             "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats"]
 
 
@@ -351,7 +350,7 @@ def up(root: Path, pool: str, worker_cpus: int) -> Cluster:
         start_services(starter, bindir, db_user)
         from flows.serve import register_deployments
 
-        register_deployments(urls(cluster.ports)["prefect"], pool, [pin_override()], Path.cwd())
+        register_deployments(urls(cluster.ports)["prefect"], pool, [PIN], Path.cwd())
         print(f"  {'deployments':15} on pool {pool} after {time.monotonic() - starter.began:4.1f} s", flush=True)
     except KeyboardInterrupt:
         stop(cluster)

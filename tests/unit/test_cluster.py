@@ -48,6 +48,7 @@ def test_the_ray_nodes_have_folders_of_their_own_and_the_worker_advertises_its_r
     assert "--address=127.0.0.1:5003" in worker and f"--temp-dir={worker_temp}" in worker and "--block" in worker
     assert '--resources={"worker_node": 2}' in worker and "--num-cpus=2" in worker
     assert not any(arg.startswith("--resources") for arg in head)
+    assert '--system-config={"worker_niceness": 0}' in head  # every node's workers, as on the local cluster
 
 
 def test_the_prefect_worker_serves_the_pool_and_reaches_every_service():
@@ -75,7 +76,7 @@ def test_up_prints_the_addresses_and_the_commands_that_use_them(tmp_path):
     assert "  rlhf run 'infra.worker_resources={worker_node: 1}'" in text
     assert "  PREFECT_API_URL=http://127.0.0.1:5004/api prefect deployment run rlhf-pipeline/full --watch\n" in text
     assert f"rlhf cluster down --dir {tmp_path}" in text
-    assert cluster.pin_override() == "infra.worker_resources={worker_node: 1}"
+    assert cluster.PIN == "infra.worker_resources={worker_node: 1}"
 
 
 def test_status_and_down_without_a_cluster_are_one_line(tmp_path):
