@@ -7,7 +7,8 @@ pipeline's store, and serves two deployments of the `rlhf-pipeline` flow:
 - `rlhf-pipeline/full`: the whole DAG (parameters `config`, `overrides`, `force`, `only`)
 - `rlhf-pipeline/stage`: the stages named by `only`, their inputs reused from MLflow
 
-Stopping it (Ctrl-C or SIGTERM) stops the servers it started, and only those.
+Stopping it (Ctrl-C or SIGTERM) stops the servers it started, and only those. The same two
+deployments can instead be registered on a work pool (`register_deployments`, for `rlhf cluster up`).
 """
 
 from __future__ import annotations
