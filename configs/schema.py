@@ -126,6 +126,10 @@ class InfraConfig(Section):
     num_workers: int = Field(1, gt=0, description="data-parallel training workers per stage")
     cpus_per_worker: int = Field(2, gt=0, description="CPUs of each worker's bundle (training rank, RL actor)")
     gpus_per_worker: float = Field(0.0, ge=0.0, description="GPUs of each worker's bundle; 0: CPU only")
+    # placement only: results do not depend on it, so no stage's fingerprint reads it
+    worker_resources: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="custom Ray resources added to every worker's bundle, e.g. {worker_node: 1}: "
+        "stage work runs only on nodes started with them (ray start --resources)")
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage of every trained model")
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="training and inference precision")
     offload_optimizer: bool = Field(False, description="ZeRO-Offload: optimizer state and step on the CPU (OpenRLHF --adam_offload)")

@@ -63,7 +63,7 @@ class InProcess:
         self.sizes: dict[Role, int] = {}
         self.threads = torch.get_num_threads()
 
-    def resources(self) -> tuple[float, float]:
+    def resources(self, cfg: PipelineConfig) -> tuple[float, float]:
         return float(os.cpu_count() or 1), float(torch.cuda.device_count())
 
     def layout(self, cfg: PipelineConfig) -> PipelineConfig:

@@ -22,7 +22,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from configs.errors import PipelineError
 from configs.schema import PipelineConfig
-from stages.common.ray_workers import thread_env
+from stages.common.ray_workers import bundle, capacity, cluster_name, thread_env
 from stages.rl.layout import Role, check_fits, group_sizes, hosts, pools
 
 
@@ -79,16 +79,15 @@ class Placement:
         self.hosts = hosts(cfg)
         self.pools = pools(cfg, list(self.sizes))
         cpus, gpus = infra.cpus_per_worker, infra.gpus_per_worker
-        have = ray.cluster_resources()
-        check_fits(cfg, have.get("CPU", 0), have.get("GPU", 0), "the Ray cluster")
+        check_fits(cfg, *capacity(infra.worker_resources), cluster_name(infra.worker_resources))
         self.groups: list[PlacementGroup] = []
         self.slots: dict[Role, list[Slot]] = {}
         for pool in self.pools:
             n = max(self.sizes[g] for g in pool)
-            bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
-            pg = placement_group([bundle] * n, strategy="PACK")
+            each = bundle(cpus, gpus, infra.worker_resources)
+            pg = placement_group([each] * n, strategy="PACK")
             self.groups.append(pg)  # released with the others if the wait is stopped
-            self._wait_for(pg, n, bundle, stop)
+            self._wait_for(pg, n, each, stop)
             share = len(pool)
             for g in pool:
                 self.slots[g] = [Slot(pg, i, cpus / share, gpus / share, max(1, int(cpus))) for i in range(self.sizes[g])]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ray
 
 from configs.schema import PipelineConfig
-from stages.common.ray_workers import actor_class
+from stages.common.ray_workers import actor_class, capacity
 from stages.rl import rollout_engines
 from stages.rl.layout import Role, resolve_layout
 from stages.rl.placement import Placement, waves
@@ -24,16 +24,15 @@ class RayActors:
     def sizes(self) -> dict[Role, int]:
         return {role: len(slots) for role, slots in self.placement.slots.items()}
 
-    def resources(self) -> tuple[float, float]:
-        have = ray.cluster_resources()
-        return have.get("CPU", 0), have.get("GPU", 0)
+    def resources(self, cfg: PipelineConfig) -> tuple[float, float]:
+        return capacity(cfg.infra.worker_resources)
 
     def layout(self, cfg: PipelineConfig) -> PipelineConfig:
         # the flow resolves `rl.engine: auto` for a local cluster; on a named cluster it is resolved here
-        return resolve_layout(cfg, *self.resources())
+        return resolve_layout(cfg, *self.resources(cfg))
 
     def reserve(self, cfg: PipelineConfig, needs_critic: bool, stop) -> None:
-        rollout_engines.check(cfg, self.resources()[1])
+        rollout_engines.check(cfg, self.resources(cfg)[1])
         self.placement = Placement(cfg, needs_critic, stop=stop)
 
     def start(self, cls: type, role: Role, index: int, *args):
