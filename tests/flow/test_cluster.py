@@ -39,6 +39,7 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path):
     root = Path(tempfile.mkdtemp(prefix="rlhf-cluster-", dir="/tmp"))
     root.chmod(0o755)  # under root, PostgreSQL runs as its own user, which must reach its folder
     env = cli_env(tmp_path) | {"PREFECT_WORKER_QUERY_SECONDS": "1"}  # the worker picks a flow run up at once
+    env.pop("PREFECT_API_URL", None)  # not the flow tests' shared server: the cluster has its own
 
     def rlhf(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([*CLI, "cluster", *args, "--dir", str(root)], cwd=tmp_path, env=env,
