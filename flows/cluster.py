@@ -382,7 +382,9 @@ def start_services(starter: Starter, bindir: Path, db_user: str | None) -> None:
     cluster = starter.cluster
     ports, u = cluster.ports, urls(cluster.ports)
     starter.start("ray-head", ray_head_command(ports, starter.ray_temp("ray-head"), cluster.worker_cpus), RAY_ENV)
-    starter.start("prefect-server", prefect_server_command(ports), {"PREFECT_HOME": str(starter.folder("prefect-server"))})
+    # its UI asks the API at PREFECT_API_URL: this server's, whatever this shell has set
+    starter.start("prefect-server", prefect_server_command(ports),
+                  {"PREFECT_HOME": str(starter.folder("prefect-server")), "PREFECT_API_URL": u["prefect"]})
     data = starter.folder("postgres") / "data"
     if db_user:
         shutil.chown(data.parent, db_user)

@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from flows import cluster, processes
 from flows.serve import answers
 from tests.flow.conftest import CLI, cli_env
@@ -28,17 +30,26 @@ print(json.dumps([n["Resources"] for n in ray.nodes() if n["Alive"]]))
 """
 
 
+@pytest.fixture
+def root():
+    """The cluster's folder, under /tmp: under root, PostgreSQL runs as its own user, which must reach it."""
+    path = Path(tempfile.mkdtemp(prefix="rlhf-cluster-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(cluster.ray_temp_dir(path, "ray-head").parent, ignore_errors=True)
+
+
 def stage_worker_logs(root: Path, node: str) -> list[Path]:
     logs = cluster.ray_temp_dir(root, node) / "session_latest" / "logs"
     return [p for p in logs.glob("worker-*.out") if "StageWorker" in p.read_text(errors="replace")]
 
 
-def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path):
+def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, root):
     from mlflow import MlflowClient
 
-    root = Path(tempfile.mkdtemp(prefix="rlhf-cluster-", dir="/tmp"))
-    root.chmod(0o755)  # under root, PostgreSQL runs as its own user, which must reach its folder
     env = cli_env(tmp_path) | {"PREFECT_WORKER_QUERY_SECONDS": "1"}  # the worker picks a flow run up at once
+    env.pop("PREFECT_API_URL", None)  # not the flow tests' shared server: the cluster has its own
 
     def rlhf(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([*CLI, "cluster", *args, "--dir", str(root)], cwd=tmp_path, env=env,
@@ -103,12 +114,8 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path):
         down = rlhf("down")
         timings["down"] = time.monotonic() - started
         print(json.dumps({k: round(v, 1) for k, v in timings.items()}))
-    try:
-        assert down.returncode == 0, down.stderr
-        rows = processes.table()
-        assert not [pid for pid in pids if pid in rows and rows[pid].state != "Z"]
-        assert not (root / cluster.STATE_FILE).exists() and (root / "postgres" / "data" / "PG_VERSION").is_file()
-        assert rlhf("status").returncode == 1
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(cluster.ray_temp_dir(root, "ray-head").parent, ignore_errors=True)
+    assert down.returncode == 0, down.stderr
+    rows = processes.table()
+    assert not [pid for pid in pids if pid in rows and rows[pid].state != "Z"]
+    assert not (root / cluster.STATE_FILE).exists() and (root / "postgres" / "data" / "PG_VERSION").is_file()
+    assert rlhf("status").returncode == 1
