@@ -146,6 +146,8 @@ def measure(stage: str, zero: int, args) -> dict:
            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
            # the RL step's generation makes no training FLOPs worth counting: MFU over its whole time
            "mfu": round(6 * n_params * rate / peak, 3) if peak else None}
+    if args.profile:
+        row["profile"] = profile_step(lambda: step(engine, args.batch, args.seq_len, vocab), cuda)
     del engine
     from stages.common.deepspeed_engine import release_engines
 
@@ -153,6 +155,33 @@ def measure(stage: str, zero: int, args) -> dict:
     if cuda:
         torch.cuda.empty_cache()
     return row
+
+
+def profile_step(run_step: Callable[[], int], cuda: bool, top: int = 8) -> dict:
+    """One more step under torch.profiler: its wall time, the share of it the GPU was busy, and the ops with
+    the most self time on the device (the CPU without a GPU), each with its share of the step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        run_step()
+        if cuda:
+            torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - start) * 1e6
+    events = prof.key_averages()
+
+    def self_us(e) -> float:
+        return e.self_device_time_total if cuda else e.self_cpu_time_total
+
+    # on a GPU the kernels' own rows give the busy time; the ops that launched them are ranked by it
+    kernels = [e for e in events if cuda and e.device_type == torch.autograd.DeviceType.CUDA]
+    ops = [e for e in events if not cuda or e.device_type != torch.autograd.DeviceType.CUDA]
+    busy = sum(self_us(e) for e in (kernels if cuda else ops))
+    ranked = sorted(ops, key=self_us, reverse=True)[:top]
+    return {"step_ms": round(wall_us / 1e3, 1), "busy_share": round(busy / wall_us, 3),
+            "top": [{"op": e.key[:80], "ms": round(self_us(e) / 1e3, 2), "share": round(self_us(e) / wall_us, 3),
+                     "calls": e.count} for e in ranked]}
 
 
 def device_name() -> str:
@@ -177,7 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--out", default="gpu_smoke.json")
+    parser.add_argument("--report", metavar="JSON", help="print the table of a result file and exit")
+    parser.add_argument("--profile", action="store_true", help="profile one more step of each row: busy share, top ops")
     args = parser.parse_args(argv)
+    if args.report:
+        result = json.loads(open(args.report).read())
+        a = result["args"]
+        print(f"{result['device']}, {result.get('date', '')}: batch {a['batch']} x {a['seq_len']} tokens, {a['steps']} "
+              f"steps after one warm-up\n\n{markdown(result['rows'])}")
+        return 0
     args.size = "tiny" if args.tiny else "0.5b"
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA GPU here (use --device cpu --tiny to run the code paths on a CPU)")

@@ -16,6 +16,7 @@ the next ZeRO stage. Writes the rows, errors and versions as JSON.
 
     python -m benchmarks.gpu_stages [--zero 2 3] [--steps 8] [--out gpu_stages.json] [--workdir DIR]
     python -m benchmarks.gpu_stages --device cpu --tiny     # the same code paths on a CPU, a small model
+    python -m benchmarks.gpu_stages --report benchmarks/results/gpu_stages.json   # the table of a result file
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def settings(args, zero: int) -> list[str]:
            "rl.save_every=100", f"eval.max_samples={prompts}", "eval.samples_per_prompt=2",
            f"eval.max_new_tokens={new_tokens}", "eval.batch_size=32",
            f"sft.micro_batch_size={mb}", f"rm.micro_batch_size={max(mb // 2, 1)}", f"dpo.micro_batch_size={max(mb // 2, 1)}"]
+    if args.tiny:  # held-out sets of a few rows: every eval pass still runs, on less
+        out += [f"data.{name}.eval_min_rows=8" for name in ("sft", "preference", "prompts")]
     for section in ("sft", "rm", "dpo"):
         out += [f"{section}.max_steps={n}", f"{section}.eval_every={n}", f"{section}.save_every={10 * n}",
                 f"{section}.epochs=1"]
@@ -214,6 +217,14 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def report(result: dict) -> str:
+    """A result file's heading and table, as docs/gpu.md shows them."""
+    v = result["versions"]
+    head = (f"{result['device']}, {result['date']}: {result['params'] / 1e6:.1f}M parameters ({result['model']}), "
+            f"torch {v['torch']}, transformers {v['transformers']}, DeepSpeed {v['deepspeed']}.")
+    return head + "\n\n" + markdown(result["rows"])
+
+
 def versions() -> dict[str, str]:
     import importlib.metadata as md
 
@@ -230,7 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="gpu_stages.json")
     parser.add_argument("--workdir", default=None, help="files, checkpoints and stage outputs (default: a temp dir)")
+    parser.add_argument("--report", metavar="JSON", help="print the table of a result file and exit")
     args = parser.parse_args(argv)
+    if args.report:
+        print(report(json.loads(Path(args.report).read_text())), end="")
+        return 0
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU even where there is a GPU
         os.environ["DS_ACCELERATOR"] = "cpu"
@@ -266,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
               "device": device_name(), "versions": versions(), "params": n_params,
               "model": "tiny" if args.tiny else "qwen2-0.5b shape", "rows": rows, "errors": errors}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n{device_name()}, {result['date']}, {n_params / 1e6:.1f}M parameters\n" + markdown(rows), flush=True)
+    print("\n" + report(result), end="", flush=True)
     return 1 if errors else 0
 
 

@@ -19,6 +19,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from configs.registry import Registry
 from configs.schema import PipelineConfig
 
 COMMAND = "python -m configs.reference > docs/config-reference.md"
@@ -65,7 +66,7 @@ def type_name(annotation) -> str:
     if origin is typing.Annotated:
         return type_name(args[0]) + constraints(args[1:])
     if origin is typing.Literal:
-        return "one of: " + ", ".join(str(a) for a in args)
+        return one_of(args)
     if origin in (typing.Union, types.UnionType):
         named = [type_name(a) for a in args if a is not type(None)]
         return " or ".join(named) + (" or empty" if type(None) in args else "")
@@ -76,6 +77,11 @@ def type_name(annotation) -> str:
     if origin is dict:
         return f"map of {type_name(args[0])} to {type_name(args[1])}"
     return getattr(annotation, "__name__", str(annotation))
+
+
+def one_of(values) -> str:
+    """A Literal's values, or a registry's names (`Annotated[str, ESTIMATORS]`)."""
+    return "one of: " + ", ".join(str(v) for v in values)
 
 
 def constraints(metadata) -> str:
@@ -145,7 +151,7 @@ def section_table(section: Section) -> list[str]:
             rows.append(f"| `{name}` | section | {default} | {cell(about) + '; ' if about else ''}see `{prefix}{name}` |")
             continue
         value = None if unset else getattr(section.value, name)
-        kind = type_name(info.annotation)
+        kind = next((one_of(m) for m in info.metadata if isinstance(m, Registry)), None) or type_name(info.annotation)
         optional = kind.endswith(" or empty")
         kind = kind.removesuffix(" or empty") + constraints(info.metadata) + (" or empty" if optional else "")
         rows.append(f"| `{name}` | {cell(kind)} | {cell(default_text(info, value, unset))} | "

@@ -10,6 +10,10 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from configs.dpo_objectives import DPO_OBJECTIVES
+from configs.estimators import ESTIMATORS, Estimator, LossAggregation
+from configs.reward_sources import REWARD_SOURCES
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -122,6 +126,10 @@ class InfraConfig(Section):
     num_workers: int = Field(1, gt=0, description="data-parallel training workers per stage")
     cpus_per_worker: int = Field(2, gt=0, description="CPUs of each worker's bundle (training rank, RL actor)")
     gpus_per_worker: float = Field(0.0, ge=0.0, description="GPUs of each worker's bundle; 0: CPU only")
+    # placement only: results do not depend on it, so no stage's fingerprint reads it
+    worker_resources: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="custom Ray resources added to every worker's bundle, e.g. {worker_node: 1}: "
+        "stage work runs only on nodes started with them (ray start --resources)")
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage of every trained model")
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="training and inference precision")
     offload_optimizer: bool = Field(False, description="ZeRO-Offload: optimizer state and step on the CPU (OpenRLHF --adam_offload)")
@@ -242,7 +250,7 @@ class DPOConfig(TrainingConfig):
     lr: float = Field(5e-7, gt=0)
     micro_batch_size: int = Field(16, gt=0, description="preference pairs (KTO: examples) per micro-batch")
     beta: float = Field(0.1, gt=0, description="strength of the KL anchor to the reference")
-    loss: Literal["sigmoid", "ipo", "kto"] = Field("sigmoid", description="sigmoid: DPO (cDPO with label_smoothing); ipo; kto")
+    loss: Annotated[str, DPO_OBJECTIVES] = Field("sigmoid", description=DPO_OBJECTIVES.described())
     label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="cDPO: assumed probability that a pair's label is flipped")
     nll_loss_coef: float = Field(0.0, ge=0.0, description="weight of the chosen responses' NLL added to the loss")
     shared_prompt: bool = Field(True, description="pair losses: each pair as one row, its prompt computed once for both "
@@ -257,18 +265,19 @@ class DPOConfig(TrainingConfig):
         rounds = self.iterative.rounds
         if rounds and (self.max_steps is None or self.max_steps < rounds):
             raise ValueError(f"iterative.rounds={rounds} splits max_steps between the rounds: set max_steps >= {rounds}")
-        if self.label_smoothing and self.loss != "sigmoid":
-            raise ValueError(f"label_smoothing (cDPO) needs loss: sigmoid, not {self.loss}")
-        if (self.desirable_weight, self.undesirable_weight) != (1.0, 1.0) and self.loss != "kto":
-            raise ValueError(f"desirable_weight / undesirable_weight need loss: kto, not {self.loss}")
+        for objective in DPO_OBJECTIVES.values():
+            if objective.name != self.loss and any(getattr(self, key) != DPOConfig.model_fields[key].default
+                                                   for key in objective.options):
+                keys = " / ".join(objective.options)
+                raise ValueError(f"{keys} {'needs' if len(objective.options) == 1 else 'need'} loss: "
+                                 f"{objective.name}, not {self.loss}")
         return self
 
 
 class RewardConfig(Section):
     """Where rewards come from for later stages (one scorer interface over all sources)."""
 
-    source: Literal["rm", "prm", "func", "remote"] = Field("func", description="rm: reward models; prm: a process reward "
-                                                        "model; func: a reward_func file; remote: an HTTP reward server")
+    source: Annotated[str, REWARD_SOURCES] = Field("func", description=REWARD_SOURCES.described())
     rm_paths: list[str] = Field(default_factory=list, description="RM checkpoints, combined by mean; empty: the pipeline's own")
     prm_path: str | None = Field(None, description="PRM checkpoint; empty: the pipeline's own")
     prm_aggregate: Literal["min", "mean", "last"] = Field("min", description="how a PRM's step scores make a response's reward")
@@ -292,15 +301,18 @@ class RLModelConfig(OptimConfig):
 
 
 CPU_KV_CACHE_MIB = 512  # vLLM on CPU would otherwise reserve most of the RAM
+# descriptions of the estimators' options, from their registry
+UNGROUPED = ", ".join(e.name for e in ESTIMATORS.values() if not e.grouped)
+WHITENED = ", ".join(e.name for e in ESTIMATORS.values() if e.whiten)
+DEFAULT_AGGREGATIONS = ", ".join(
+    [f"{e.aggregation} for {e.name}" for e in ESTIMATORS.values() if e.aggregation != "token_mean"] + ["token_mean otherwise"])
 
 
 class RLConfig(Section):
     """Online RL from the SFT policy (OpenRLHF's PPO family). Batch sizes count sequences
     (prompts x samples) except `rollout_batch_size`, which counts prompts, as in OpenRLHF."""
 
-    advantage_estimator: Literal["gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"] = Field(
-        "group_norm", description="gae: PPO with a critic; reinforce: REINFORCE++; reinforce_baseline; rloo; group_norm: "
-                                 "GRPO; dr_grpo: Dr. GRPO")
+    advantage_estimator: Annotated[str, ESTIMATORS] = Field("group_norm", description=ESTIMATORS.described())
     actor: RLModelConfig = RLModelConfig(lr=5e-7)
     critic: RLModelConfig = RLModelConfig(lr=9e-6)
     # rollouts
@@ -309,6 +321,11 @@ class RLConfig(Section):
                             "samples with HF generate on its own training weights (no engine actors, no weight sync) "
                             "and holds the reference model (no reference actors); auto: hf where the cluster has "
                             "bundles for every actor group, else hybrid with colocate_all (hf with ZeRO-3)")
+    weight_sync: Literal["broadcast", "object_store"] = Field(
+        "broadcast", description="how the rollout engines get the policy's weights after each update: broadcast from the "
+                                 "policy's rank 0 over a process group of their own (gloo on CPU, NCCL on GPU), "
+                                 "parameter by parameter, into HF engines or vLLM's workers; object_store: a whole "
+                                 "state dict through Ray's object store (also where the group cannot be formed)")
     num_engines: int = Field(1, gt=0, description="rollout engine actors (engine hf or vllm); each samples an equal share")
     ref_num_workers: int = Field(1, gt=0, description="reference model actors (engine hf or vllm); each scores an equal share of a rollout")
     reward_num_workers: int = Field(1, gt=0, description="reward scorer copies; each scores an equal share of a rollout")
@@ -330,9 +347,9 @@ class RLConfig(Section):
     prompt_max_len: int = Field(64, gt=0, description="longest prompt in tokens; a longer one is an error")
     generate_max_len: int = Field(40, gt=0, description="most tokens sampled per response")
     # objective
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount (gae, reinforce); the group estimators take 1 only")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description=f"discount ({UNGROUPED}); the group estimators take 1 only")
     lambd: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
-    advantage_std_norm: bool = Field(True, description="divide whitened advantages by their std (gae, reinforce, reinforce_baseline)")
+    advantage_std_norm: bool = Field(True, description=f"divide whitened advantages by their std ({WHITENED})")
     init_kl_coef: float = Field(0.01, ge=0.0, description="0 with use_kl_loss off: no reference model")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="the KL approximation (Schulman's k1, k2, k3)")
     use_kl_loss: bool = Field(False, description="KL as a loss term (GRPO) instead of a per-token reward penalty")
@@ -345,9 +362,9 @@ class RLConfig(Section):
     entropy_coef: float = Field(0.0, ge=0.0, description="weight of the entropy bonus in the policy loss")
     reward_clip: float = Field(10.0, gt=0, description="scores, after a group estimator's baseline, are clipped to "
                                                        "[-reward_clip, reward_clip]")
-    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] | None = Field(
+    loss_aggregation: LossAggregation | None = Field(
         None, description="the policy loss's mean over each optimizer step's tokens or sequences (the entropy and "
-                          "KL terms: always tokens); empty: seq_mean_token_sum_norm for dr_grpo, token_mean otherwise")
+                          f"KL terms: always tokens); empty: {DEFAULT_AGGREGATIONS}")
     dynamic_filtering: bool = Field(False, description="drop groups whose scores are all equal (DAPO)")
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong penalty over the last this many tokens; 0: off")
     overlong_penalty_factor: float = Field(1.0, ge=0.0, description="DAPO overlong penalty at the last token")
@@ -365,12 +382,13 @@ class RLConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> RLConfig:
-        grouped = self.advantage_estimator in ("reinforce_baseline", "rloo", "group_norm", "dr_grpo")
+        grouped = self.estimator.grouped
         if grouped and self.n_samples_per_prompt < 2:
             raise ValueError(f"advantage_estimator={self.advantage_estimator} compares samples of a prompt: n_samples_per_prompt must be > 1")
         if grouped and self.gamma != 1.0:
             raise ValueError(f"rl.gamma={self.gamma} with advantage_estimator={self.advantage_estimator}: a group estimator "
-                             "scores whole responses, undiscounted (gamma 1, as OpenRLHF); leave rl.gamma at 1 or use gae or reinforce")
+                             "scores whole responses, undiscounted (gamma 1, as OpenRLHF); leave rl.gamma at 1 or use "
+                             f"{' or '.join(e.name for e in ESTIMATORS.values() if not e.grouped)}")
         if self.dynamic_filtering and self.n_samples_per_prompt < 2:
             raise ValueError("dynamic_filtering needs n_samples_per_prompt > 1")
         rollout = self.rollout_batch_size * self.n_samples_per_prompt
@@ -397,13 +415,16 @@ class RLConfig(Section):
         return self.init_kl_coef > 0
 
     @property
+    def estimator(self) -> Estimator:
+        return ESTIMATORS[self.advantage_estimator]
+
+    @property
     def needs_critic(self) -> bool:
-        """Only GAE learns a value function (stages.rl.advantages.ESTIMATORS agrees, tested)."""
-        return self.advantage_estimator == "gae"
+        return self.estimator.needs_critic
 
     @property
     def aggregation(self) -> str:
-        return self.loss_aggregation or ("seq_mean_token_sum_norm" if self.advantage_estimator == "dr_grpo" else "token_mean")
+        return self.loss_aggregation or self.estimator.aggregation
 
 
 EvalMetric = Literal["reward", "sampled_reward", "pass_at_k", "accuracy", "sampled_accuracy"]

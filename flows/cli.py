@@ -8,6 +8,7 @@
   rlhf serve-rm --model PATH [--host HOST] [--port N] [--batch-size N] [--max-request-mb MIB]
   rlhf vllm-env PATH
   rlhf merge --adapter PATH --out PATH [--base PATH] [--is-rm]
+  rlhf cluster up|down|status [--dir PATH] [--pool NAME] [--worker-cpus N]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from configs.errors import PipelineError
@@ -218,6 +220,25 @@ def cmd_data_preview(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from flows import cluster
+
+    root = Path(args.dir).expanduser().resolve()
+    if args.cluster_command == "up":
+        started = time.monotonic()
+        print(f"starting PostgreSQL, MLflow, Ray (head + worker node) and Prefect (server + worker) in {root} ...", flush=True)
+        print(cluster.usage(cluster.up(root, args.pool, args.worker_cpus)))
+        print(f"(up in {time.monotonic() - started:.0f} s)", flush=True)
+        return 0
+    if args.cluster_command == "down":
+        stopped = cluster.down(root)
+        print(f"stopped {', '.join(reversed(stopped.procs))}; their data stays in {root} for the next `rlhf cluster up`")
+        return 0
+    healthy, report = cluster.status(root)
+    print(report)
+    return 0 if healthy else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf", description="Cached, re-runnable LLM post-training pipeline.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -270,6 +291,17 @@ def build_parser() -> argparse.ArgumentParser:
     data_preview.add_argument("--n", type=int, default=3, help="rows shown per dataset split")
     data_preview.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
     data_preview.set_defaults(func=cmd_data_preview)
+    clusters = sub.add_parser("cluster", help="PostgreSQL + MLflow server, a 2-node Ray cluster and a Prefect server + worker, on this machine")
+    cluster_sub = clusters.add_subparsers(dest="cluster_command", required=True)
+    for name, text in (("up", "start them, print their URLs and the commands that use them"),
+                       ("down", "stop exactly what `up` started (the data stays)"), ("status", "what is up")):
+        command = cluster_sub.add_parser(name, help=text)
+        command.add_argument("--dir", default=".rlhf/cluster", help="the cluster's folder: each service's data and log, the state file")
+        if name == "up":
+            command.add_argument("--pool", default="rlhf", help="the Prefect work pool the worker serves")
+            command.add_argument("--worker-cpus", type=int, default=os.cpu_count() or 1, metavar="N",
+                                 help="CPUs the Ray worker node offers (default: this machine's)")
+        command.set_defaults(func=cmd_cluster)
     return parser
 
 

@@ -7,7 +7,8 @@ pipeline's store, and serves two deployments of the `rlhf-pipeline` flow:
 - `rlhf-pipeline/full`: the whole DAG (parameters `config`, `overrides`, `force`, `only`)
 - `rlhf-pipeline/stage`: the stages named by `only`, their inputs reused from MLflow
 
-Stopping it (Ctrl-C or SIGTERM) stops the servers it started, and only those.
+Stopping it (Ctrl-C or SIGTERM) stops the servers it started, and only those. The same two
+deployments can instead be registered on a work pool (`register_deployments`, for `rlhf cluster up`).
 """
 
 from __future__ import annotations
@@ -110,6 +111,23 @@ def serve(config: str | None, prefect_port: int, mlflow_port: int | None) -> Non
     finally:
         for proc in reversed(started):
             stop(proc)
+
+
+def register_deployments(api: str, pool: str, overrides: list[str], working_dir: Path, config: str = "tiny") -> None:
+    """The two deployments on work pool `pool` (what `prefect deploy` makes of prefect.yaml): its workers
+    import the flow by module name and run it in `working_dir`, where a relative state folder or data path
+    means what it means to `rlhf run` there. `overrides`: their default, e.g. the cluster's worker pin."""
+    from prefect.deployments.runner import EntrypointType
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.pipeline import rlhf_pipeline
+
+    with temporary_settings({PREFECT_API_URL: api}):
+        for name, (params, description) in DEPLOYMENTS.items():
+            rlhf_pipeline.to_deployment(
+                name=name, description=description, entrypoint_type=EntrypointType.MODULE_PATH,
+                parameters={"config": config, **params, "overrides": overrides}, job_variables={"working_dir": str(working_dir)},
+            ).apply(work_pool_name=pool)
 
 
 def serve_deployments(config: str, api: str, mlflow_port: int | None) -> None:

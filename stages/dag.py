@@ -7,6 +7,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from configs.reward_sources import consumed_model, own_models, path_keys
 from configs.schema import EvalConfig
 from stages.eval_results import SCORE
 
@@ -52,12 +53,9 @@ class StageSpec:
         return getattr(importlib.import_module(self.module), self.entrypoint.partition(":")[2])
 
 
-def uses_own_rm(cfg) -> bool:
-    return cfg.reward.source == "rm" and not cfg.reward.rm_paths
-
-
-def uses_own_prm(cfg) -> bool:
-    return cfg.reward.source == "prm" and not cfg.reward.prm_path
+def scores_with(artifact: str) -> Callable:
+    """The config's reward scores with the pipeline's own `artifact` (configs/reward_sources.py says when)."""
+    return lambda cfg: consumed_model(cfg.reward) == artifact
 
 
 def iterative_dpo(cfg) -> bool:
@@ -68,7 +66,9 @@ def iterative_dpo_with(uses: Callable) -> Callable:
     return lambda cfg: iterative_dpo(cfg) and uses(cfg)
 
 
-REWARD_SOURCES = ("reward.func_path", "reward.rm_paths", "reward.prm_path")  # local files the reward reads
+REWARD_MODELS = own_models()  # the pipeline's own models a reward source may score with: reward_model, prm
+REWARD_FILES = path_keys()  # local files the reward sources read
+SCORES_WITH = {artifact: scores_with(artifact) for artifact in REWARD_MODELS}
 # what RL's periodic evals read: every eval key but the metric the champion is chosen by (RL reports them all)
 RL_EVAL_KEYS = tuple(f"eval.{key}" for key in EvalConfig.model_fields if key != "metric")
 
@@ -138,12 +138,12 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="rl",
         entrypoint="stages.rl.stage:run",
-        inputs=("sft_model", "prompts", "eval_data", "reward_model", "prm"),
-        input_when={"reward_model": uses_own_rm, "prm": uses_own_prm},
+        inputs=("sft_model", "prompts", "eval_data", *REWARD_MODELS),
+        input_when=SCORES_WITH,
         outputs=("rl_model",),
         config_keys=("seed", "model.attn_implementation", "rl", "reward", "prm.step_separator", *RL_EVAL_KEYS,
                      "infra.zero_stage", "infra.precision"),
-        local_sources=REWARD_SOURCES,
+        local_sources=REWARD_FILES,
         key_metric="eval/reward",
         summary="the RL policy: the SFT model trained on its own samples, scored by the reward section's source",
         driver=True,
@@ -152,13 +152,12 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="dpo",
         entrypoint="stages.dpo.stage:run",
-        inputs=("sft_model", "pref_data", "prompts", "reward_model", "prm"),
-        input_when={"prompts": iterative_dpo, "reward_model": iterative_dpo_with(uses_own_rm),
-                    "prm": iterative_dpo_with(uses_own_prm)},
+        inputs=("sft_model", "pref_data", "prompts", *REWARD_MODELS),
+        input_when={"prompts": iterative_dpo, **{a: iterative_dpo_with(uses) for a, uses in SCORES_WITH.items()}},
         outputs=("dpo_model",),
         config_keys=("seed", "model.attn_implementation", "dpo", *TRAINING_INFRA, "reward", "prm.step_separator"),
-        local_sources=REWARD_SOURCES,
-        config_when=dict.fromkeys(("reward", "prm.step_separator", *REWARD_SOURCES), iterative_dpo),
+        local_sources=REWARD_FILES,
+        config_when=dict.fromkeys(("reward", "prm.step_separator", *REWARD_FILES), iterative_dpo),
         key_metric="eval/reward_accuracy",
         summary="the DPO policy: the SFT model trained on preference pairs (or its own ranked samples)",
         distributed=True,
@@ -180,13 +179,13 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="eval",
         entrypoint="stages.evaluate:run",
-        inputs=("base_model", "sft_model", "rl_model", "dpo_model", "sft_data", "eval_data", "reward_model", "prm"),
-        input_when={"reward_model": uses_own_rm, "prm": uses_own_prm},
+        inputs=("base_model", "sft_model", "rl_model", "dpo_model", "sft_data", "eval_data", *REWARD_MODELS),
+        input_when=SCORES_WITH,
         optional_inputs=("dpo_model",),
         outputs=("eval_report",),
         # no prm.step_separator: a PRM scorer reads the separator it was trained with from its checkpoint
         config_keys=("seed", "model.attn_implementation", "eval", "reward"),
-        local_sources=REWARD_SOURCES,
+        local_sources=REWARD_FILES,
         key_metric=SCORE,
         summary="every policy scored on the held-out prompts: the report the champion is chosen by",
     ),

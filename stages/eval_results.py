@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from configs.reward_sources import own_models
+
 MODEL_SUFFIX = "_model"
-REWARD_INPUTS = ("reward_model", "prm")  # the pipeline's own RM / PRM when they are the reward: scorers, not models
+REWARD_INPUTS = own_models()  # the pipeline's own RM / PRM when they are the reward: scorers, not models
 SCORE = "score"  # the stage's key metric: the last model's `eval.metric`, whichever metric the config picks
 
 

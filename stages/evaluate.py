@@ -28,7 +28,7 @@ from stages.common.tokenization import encode_segments, pad_batch
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 from stages.eval_metrics import by_prompt, held_out_metrics
-from stages.eval_results import REWARD_INPUTS, SCORE, model_inputs
+from stages.eval_results import SCORE, model_inputs
 from stages.rewards.base import RewardSource
 from stages.rewards.factory import build_scorer
 
@@ -110,8 +110,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     prompts = read_split(inputs["eval_data"], "eval")[: cfg.eval.max_samples]
     sft_eval = read_split(inputs["sft_data"], "eval") if "sft_data" in inputs else []
     models = model_inputs(inputs)
-    own_rm, own_prm = (inputs.get(name) for name in REWARD_INPUTS)
-    scorer = build_scorer(cfg.reward, own_rm, own_prm)  # a bad reward config fails here, before any model loads
+    scorer = build_scorer(cfg.reward, inputs)  # a bad reward config fails here, before any model loads
     out = ctx.output_dir / "eval_report"
     out.mkdir(parents=True)
     progress = Progress("eval", len(models), every_s=0)

@@ -93,6 +93,13 @@ def check_local_resources(cfg: PipelineConfig) -> None:
     this machine's GPUs: options that need CUDA (flash attention, QLoRA) fail here when it has none."""
     if os.environ.get("RAY_ADDRESS") or cfg.infra.ray_address:
         return  # a remote cluster's size is checked when the stage asks for it
+    if cfg.infra.worker_resources:
+        pairs = ", ".join(f"{k}: {v:g}" for k, v in cfg.infra.worker_resources.items())
+        raise PipelineError(
+            f"infra.worker_resources={{{pairs}}}: stage work would wait for Ray nodes started with "
+            f"these resources, which the local cluster a run starts has none of; set RAY_ADDRESS or infra.ray_address "
+            f"to a cluster that has them, or leave infra.worker_resources empty"
+        )
     if cfg.model.attn_implementation == "flash_attention_2":
         from stages.common import checkpoint
 

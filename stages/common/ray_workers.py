@@ -102,17 +102,43 @@ class StageWorker:
         return not self.spent
 
 
-def check_resources(stage: str, n_workers: int, cpus: int, gpus: float) -> None:
-    have = ray.cluster_resources()
-    need_cpu, need_gpu = n_workers * cpus, n_workers * gpus
-    if need_cpu > have.get("CPU", 0) or need_gpu > have.get("GPU", 0):
+def bundle(cpus: float, gpus: float, resources: dict[str, float]) -> dict[str, float]:
+    """One worker's share of a placement group: its CPUs, GPUs and the custom resources that pin it to
+    the nodes started with them (`infra.worker_resources`)."""
+    return {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **resources}
+
+
+def node_capacity(nodes: list[dict], resources: dict[str, float]) -> tuple[float, float]:
+    """(CPUs, GPUs) of the live nodes in `nodes` (as `ray.nodes()` lists them) that have `resources`."""
+    usable = [n["Resources"] for n in nodes
+              if n["Alive"] and all(n["Resources"].get(k, 0) >= v for k, v in resources.items())]
+    return sum(r.get("CPU", 0) for r in usable), sum(r.get("GPU", 0) for r in usable)
+
+
+def capacity(resources: dict[str, float]) -> tuple[float, float]:
+    """(CPUs, GPUs) stage work may use: the whole cluster's, or its nodes' with `infra.worker_resources`."""
+    return node_capacity(ray.nodes(), resources)
+
+
+def cluster_name(resources: dict[str, float]) -> str:
+    """The part of the cluster stage work may use, as error messages name it."""
+    if not resources:
+        return "the Ray cluster"
+    pairs = ", ".join(f"{k}: {v:g}" for k, v in resources.items())
+    return f"the part of the Ray cluster with {{{pairs}}} (infra.worker_resources)"
+
+
+Shape = tuple[int, int, float, tuple[tuple[str, float], ...]]  # workers, CPUs each, GPUs each, custom resources each
+
+
+def check_resources(stage: str, shape: Shape) -> None:
+    n_workers, cpus, gpus, resources = shape
+    have_cpu, have_gpu = capacity(dict(resources))
+    if n_workers * cpus > have_cpu or n_workers * gpus > have_gpu:
         raise PipelineError(
-            f"stage {stage} needs {n_workers} worker(s) x {cpus} CPU / {gpus} GPU, but the Ray cluster has "
-            f"{have.get('CPU', 0):g} CPU / {have.get('GPU', 0):g} GPU (see infra.num_workers, infra.cpus_per_worker, infra.gpus_per_worker)"
+            f"stage {stage} needs {n_workers} worker(s) x {cpus} CPU / {gpus} GPU, but {cluster_name(dict(resources))} has "
+            f"{have_cpu:g} CPU / {have_gpu:g} GPU (see infra.num_workers, infra.cpus_per_worker, infra.gpus_per_worker)"
         )
-
-
-Shape = tuple[int, int, float]  # workers, CPUs each, GPUs each
 
 
 @dataclasses.dataclass
@@ -125,9 +151,8 @@ class WorkerSet:
 
     @classmethod
     def start(cls, shape: Shape) -> WorkerSet:
-        n, cpus, gpus = shape
-        bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
-        pg = placement_group([bundle] * n, strategy="PACK")
+        n, cpus, gpus, resources = shape
+        pg = placement_group([bundle(cpus, gpus, dict(resources))] * n, strategy="PACK")
         ray.get(pg.ready())
         workers = [
             StageWorker.options(
@@ -224,20 +249,21 @@ class WorkerPool:
 
 
 def free_for(shape: Shape) -> bool:
-    n, cpus, gpus = shape
+    n, cpus, gpus, resources = shape
     free = ray.available_resources()
-    return free.get("CPU", 0) >= n * cpus and free.get("GPU", 0) >= n * gpus
+    return all(free.get(k, 0) >= n * v for k, v in [("CPU", cpus), ("GPU", gpus), *resources])
 
 
 def stage_shape(infra: InfraConfig, distributed: bool) -> Shape:
-    return (infra.num_workers if distributed else 1, infra.cpus_per_worker, infra.gpus_per_worker)
+    return (infra.num_workers if distributed else 1, infra.cpus_per_worker, infra.gpus_per_worker,
+            tuple(sorted(infra.worker_resources.items())))
 
 
 def run_stage(entrypoint: str, ctx: StageContext, inputs: dict[str, Path], infra: InfraConfig, distributed: bool,
               pool: WorkerPool | None = None) -> StageResult:
     """Run the stage function on its ranks, in workers from `pool` (fresh ones without a pool)."""
     shape = stage_shape(infra, distributed)
-    check_resources(ctx.stage, *shape)
+    check_resources(ctx.stage, shape)
     pool = pool or WorkerPool(keep_idle=False)
     ranks = pool.acquire(shape)
     healthy = False

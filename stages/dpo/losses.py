@@ -7,12 +7,9 @@ as in the IPO paper and TRL). Implicit rewards are `beta * (log pi - log pi_ref)
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
-
-PairLoss = Literal["sigmoid", "ipo"]
 
 
 def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -33,28 +30,36 @@ def chosen_nll(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return -(sums / counts.clamp(min=1)).mean()
 
 
+def sigmoid_loss(margin: torch.Tensor, beta: float, label_smoothing: float = 0.0) -> torch.Tensor:
+    """DPO: -log sigmoid(beta * h) with h the log-ratio margin; with `label_smoothing` eps the labels are
+    flipped with probability eps: -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h) (conservative DPO)."""
+    return -(1 - label_smoothing) * F.logsigmoid(beta * margin) - label_smoothing * F.logsigmoid(-beta * margin)
+
+
+def ipo_loss(margin: torch.Tensor, beta: float, label_smoothing: float = 0.0) -> torch.Tensor:
+    """IPO: (h - 1 / (2 beta))^2."""
+    return (margin - 1 / (2 * beta)) ** 2
+
+
+# (margin, beta, label_smoothing) -> per-pair losses, by the name a DPO objective gives as its `pair_loss`
+PAIR_LOSSES: dict[str, Callable[[torch.Tensor, float, float], torch.Tensor]] = {"sigmoid": sigmoid_loss, "ipo": ipo_loss}
+
+
 def dpo_loss(
     policy_chosen: torch.Tensor,
     policy_rejected: torch.Tensor,
     ref_chosen: torch.Tensor,
     ref_rejected: torch.Tensor,
     beta: float,
-    loss_type: PairLoss = "sigmoid",
+    loss_type: str = "sigmoid",
     label_smoothing: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-pair losses and the chosen / rejected implicit rewards (detached).
-
-    sigmoid: -log sigmoid(beta * h) with h the log-ratio margin (DPO); with `label_smoothing` eps the
-    labels are flipped with probability eps: -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)
-    (conservative DPO). ipo: (h - 1 / (2 beta))^2.
-    """
+    """Per-pair losses (`PAIR_LOSSES[loss_type]` of the log-ratio margin) and the chosen / rejected
+    implicit rewards (detached)."""
+    if loss_type not in PAIR_LOSSES:
+        raise ValueError(f"unknown pair loss {loss_type!r} (expected one of: {', '.join(PAIR_LOSSES)})")
     margin = (policy_chosen - policy_rejected) - (ref_chosen - ref_rejected)
-    if loss_type == "sigmoid":
-        losses = -(1 - label_smoothing) * F.logsigmoid(beta * margin) - label_smoothing * F.logsigmoid(-beta * margin)
-    elif loss_type == "ipo":
-        losses = (margin - 1 / (2 * beta)) ** 2
-    else:
-        raise ValueError(f"unknown pair loss {loss_type!r}")
+    losses = PAIR_LOSSES[loss_type](margin, beta, label_smoothing)
     chosen_rewards = beta * (policy_chosen - ref_chosen).detach()
     rejected_rewards = beta * (policy_rejected - ref_rejected).detach()
     return losses, chosen_rewards, rejected_rewards

@@ -8,10 +8,11 @@ every eval sequence are computed once, before the policy's engine is built (TRL'
 training and a resumed run reuses them. With `dpo.iterative.rounds` the training pairs come from the
 policy's own samples, round by round (stages/dpo/iterative.py); eval keeps the SFT reference.
 
-`dpo.loss` picks the objective: `sigmoid` (DPO; with `label_smoothing` > 0, cDPO), `ipo` (on
-length-averaged log-probs) or `kto` (each pair split into a desirable and an undesirable example;
-the KL reference point comes from mismatched prompt/completion pairs). Eval reports the implicit
-reward accuracy, margin and rewards on the held-out pairs for every objective.
+`dpo.loss` picks the objective (declared in configs/dpo_objectives.py): `sigmoid` (DPO; with
+`label_smoothing` > 0, cDPO), `ipo` (on length-averaged log-probs) or `kto` (each pair split into a
+desirable and an undesirable example; the KL reference point comes from mismatched prompt/completion
+pairs). Eval reports the implicit reward accuracy, margin and rewards on the held-out pairs for every
+objective.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoConfig, set_seed
 
+from configs.dpo_objectives import DPO_OBJECTIVES
 from configs.schema import DPOConfig
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe
 from stages.common.trainer import SampleStream, build_engine, eval_batches, fit, total_steps, train_loop
@@ -192,11 +194,11 @@ class PairObjective:
         """Per pair: losses, chosen / rejected implicit rewards; also the chosen responses' NLL."""
         sums, counts = shared_prompt_logps(model, batch) if self.shared_prompt else response_logps(model, batch, aux)
         policy, ref = sums, batch["ref"]
-        if self.cfg.loss == "ipo":
+        objective = DPO_OBJECTIVES[self.cfg.loss]
+        if objective.length_average:
             policy, ref = sums / counts.clamp(min=1), ref / counts.clamp(min=1)
         (pc, pr), (rc, rr) = policy.chunk(2), ref.chunk(2)
-        loss_type = "sigmoid" if self.cfg.loss == "kto" else self.cfg.loss  # KTO's eval reports DPO-style terms
-        losses, chosen, rejected = dpo_loss(pc, pr, rc, rr, self.cfg.beta, loss_type, self.cfg.label_smoothing)
+        losses, chosen, rejected = dpo_loss(pc, pr, rc, rr, self.cfg.beta, objective.pair_loss, self.cfg.label_smoothing)
         chosen_sums, chosen_counts = sums.chunk(2)[0], counts.chunk(2)[0]
         return losses, chosen, rejected, chosen_nll(chosen_sums, chosen_counts)
 
@@ -323,7 +325,9 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     window = attention_window(config)
 
     def make_objective(pairs):
-        return KTOObjective(d, pairs, pad_id, ctx.world_size) if d.loss == "kto" else PairObjective(d, pairs, pad_id, shared, window)
+        if DPO_OBJECTIVES[d.loss].pairing == "examples":
+            return KTOObjective(d, pairs, pad_id, ctx.world_size)
+        return PairObjective(d, pairs, pad_id, shared, window)
 
     evaluation = PairObjective(d, encode_pairs(tokenizer, read_split(inputs["pref_data"], "eval")), pad_id, shared, window)
     # offline: the preference pairs; iterative: none until each round samples its own
@@ -372,7 +376,7 @@ def fit_iterative(ctx: StageContext, model, tokenizer, inputs: dict[str, Path], 
             return scored_reference(engine, objective, list(range(objective.n_rows)), d.micro_batch_size,
                                     tokenizer.pad_token_id, ctx.rank, ctx.world_size)
 
-    scorer = build_scorer(cfg.reward, inputs.get("reward_model"), inputs.get("prm"))
+    scorer = build_scorer(cfg.reward, inputs)
     rounds = Rounds(ctx, tokenizer, read_split(inputs["prompts"], "train"), scorer, make_objective, reference)
     engine = build_engine(model, cfg.infra, d, d.max_steps)
     outcome = train_loop(ctx, engine, d, d.max_steps, micro_batch=lambda g: rounds.micro_batch(engine, g),

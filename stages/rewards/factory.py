@@ -1,9 +1,12 @@
-"""Pick the reward source the `reward` config section asks for."""
+"""Build the scorer of the reward source the `reward` config section names (the sources are declared in
+configs/reward_sources.py; here, how each is built)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from configs.reward_sources import REWARD_SOURCES
 from configs.schema import RewardConfig
 from stages.reward_file import resolve_func_path
 from stages.rewards.base import RewardSource
@@ -14,23 +17,44 @@ from stages.rewards.remote import RemoteScorer
 from stages.rewards.reward_model import RewardModelScorer
 
 
-def build_scorer(cfg: RewardConfig, own_rm: Path | None = None, own_prm: Path | None = None) -> RewardSource:
-    """The scorer for `cfg.source`; `own_rm`/`own_prm` are the pipeline's own checkpoints, used when
-    the config names none."""
-    if cfg.source == "func":
-        return FunctionScorer(resolve_func_path(cfg.func_path))
-    if cfg.source == "remote":
-        if not cfg.url:
-            raise RewardError("reward.source=remote needs reward.url (e.g. http://127.0.0.1:5001/get_reward)")
-        return RemoteScorer(cfg.url, cfg.timeout_s, cfg.retries, batch_size=cfg.batch_size)
-    if cfg.source == "rm":
-        paths = list(cfg.rm_paths) or ([own_rm] if own_rm is not None else [])
-        if not paths:
-            raise RewardError("reward.source=rm: no reward model (reward.rm_paths is empty and the pipeline has none of its own)")
-        return RewardModelScorer(paths, cfg.batch_size)
-    if cfg.source == "prm":
-        path = cfg.prm_path or own_prm
-        if path is None:
-            raise RewardError("reward.source=prm: no process reward model (reward.prm_path is empty and the pipeline has none of its own)")
-        return ProcessRewardScorer(path, cfg.prm_aggregate, cfg.batch_size)
-    raise RewardError(f"reward.source={cfg.source}: unknown (expected rm, prm, func or remote)")
+def reward_models(cfg: RewardConfig, own: Path | str | None) -> RewardSource:
+    paths = list(cfg.rm_paths) or ([own] if own is not None else [])
+    if not paths:
+        raise RewardError("reward.source=rm: no reward model (reward.rm_paths is empty and the pipeline has none of its own)")
+    return RewardModelScorer(paths, cfg.batch_size)
+
+
+def process_reward_model(cfg: RewardConfig, own: Path | str | None) -> RewardSource:
+    path = cfg.prm_path or own
+    if path is None:
+        raise RewardError("reward.source=prm: no process reward model (reward.prm_path is empty and the pipeline has none of its own)")
+    return ProcessRewardScorer(path, cfg.prm_aggregate, cfg.batch_size)
+
+
+def reward_function(cfg: RewardConfig, own: Path | str | None) -> RewardSource:
+    return FunctionScorer(resolve_func_path(cfg.func_path))
+
+
+def remote_server(cfg: RewardConfig, own: Path | str | None) -> RewardSource:
+    if not cfg.url:
+        raise RewardError("reward.source=remote needs reward.url (e.g. http://127.0.0.1:5001/get_reward)")
+    return RemoteScorer(cfg.url, cfg.timeout_s, cfg.retries, batch_size=cfg.batch_size)
+
+
+# each source's scorer from the `reward` section and the pipeline's own model (its spec's `own_model`) if any
+BUILDERS: dict[str, Callable[[RewardConfig, Path | str | None], RewardSource]] = {
+    "rm": reward_models,
+    "prm": process_reward_model,
+    "func": reward_function,
+    "remote": remote_server,
+}
+
+
+def build_scorer(cfg: RewardConfig, models: Mapping[str, Path | str | None] | None = None) -> RewardSource:
+    """The scorer for `cfg.source`; `models` are the pipeline's own artifacts by name (a stage's inputs),
+    of which a source takes its `own_model` when the config names no files of its own."""
+    build = BUILDERS.get(cfg.source)
+    if build is None:
+        raise RewardError(f"reward.source={cfg.source}: no scorer is built for it (expected {', '.join(BUILDERS)})")
+    own_model = REWARD_SOURCES[cfg.source].own_model
+    return build(cfg, (models or {}).get(own_model) if own_model else None)

@@ -3,29 +3,20 @@
 Responses come group-contiguous: rows `[i*n, (i+1)*n)` are the `n` samples of prompt `i`.
 Token tensors are `[batch, actions]` with `mask` 1 on the response tokens that count.
 
-An estimator is registered once with what it needs (`ESTIMATORS[name]`): whether it needs a
-critic, whether it compares samples within a group, how it shapes the sequence scores, and
-whether OpenRLHF whitens its advantages over the whole batch.
+The estimators are declared in `configs/estimators.py` (`ESTIMATORS[name]`: whether it needs a
+critic, whether it compares samples within a group, whether OpenRLHF whitens its advantages over the
+whole batch) and each names its score shaping here, in `SHAPINGS`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
+from configs.estimators import ESTIMATORS
 from stages.common.tokenization import last_token_index
 from stages.rl.losses import masked_mean
-
-
-@dataclass(frozen=True)
-class Estimator:
-    name: str
-    shape_scores: Callable[[torch.Tensor, int], torch.Tensor]  # (scores [B], n) -> shaped scores [B]
-    needs_critic: bool = False
-    grouped: bool = False  # compares the n samples of a prompt: needs n_samples_per_prompt > 1
-    whiten: bool = False  # batch-wide advantage normalisation after the returns are computed
 
 
 def _groups(scores: torch.Tensor, n: int) -> torch.Tensor:
@@ -57,16 +48,12 @@ def group_normalized(scores: torch.Tensor, n: int) -> torch.Tensor:
     return ((g - g.mean(-1, keepdim=True)) / (g.std(-1, keepdim=True) + 1e-9)).flatten()
 
 
-ESTIMATORS: dict[str, Estimator] = {
-    e.name: e
-    for e in (
-        Estimator("gae", unchanged, needs_critic=True, whiten=True),
-        Estimator("reinforce", unchanged, whiten=True),
-        Estimator("reinforce_baseline", group_mean_baseline, grouped=True, whiten=True),
-        Estimator("rloo", rloo_baseline, grouped=True),
-        Estimator("group_norm", group_normalized, grouped=True),
-        Estimator("dr_grpo", group_mean_baseline, grouped=True),
-    )
+# (scores [B], n) -> shaped scores [B], by the name an estimator gives as its `shaping`
+SHAPINGS: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
+    "none": unchanged,
+    "leave_one_out": rloo_baseline,
+    "group_mean": group_mean_baseline,
+    "group_norm": group_normalized,
 }
 
 
@@ -157,7 +144,7 @@ def compute_advantages(
     est = ESTIMATORS[estimator]
     if est.grouped and gamma != 1.0:
         raise ValueError(f"estimator {estimator} compares whole responses: gamma must be 1, got {gamma}")
-    shaped = est.shape_scores(scores.float(), n_samples)
+    shaped = SHAPINGS[est.shaping](scores.float(), n_samples)
     if reward_clip is not None:
         shaped = shaped.clamp(-reward_clip, reward_clip)
     rewards = token_rewards(shaped, mask, kl, kl_coef, dense)

@@ -17,7 +17,7 @@ import torch
 from configs.errors import ConfigError
 from configs.schema import PipelineConfig
 from stages.rl import workers
-from stages.rl.layout import group_sizes
+from stages.rl.layout import Role, group_sizes
 
 
 class Pending:
@@ -57,12 +57,13 @@ class InProcess:
     """Starts, calls and stops the stage's workers in this process (the interface of RayActors)."""
 
     name = "in-process"
+    concurrent = False  # one call after another: no collective among workers
 
     def __init__(self):
-        self.sizes: dict[str, int] = {}
+        self.sizes: dict[Role, int] = {}
         self.threads = torch.get_num_threads()
 
-    def resources(self) -> tuple[float, float]:
+    def resources(self, cfg: PipelineConfig) -> tuple[float, float]:
         return float(os.cpu_count() or 1), float(torch.cuda.device_count())
 
     def layout(self, cfg: PipelineConfig) -> PipelineConfig:
@@ -71,11 +72,11 @@ class InProcess:
     def reserve(self, cfg: PipelineConfig, needs_critic: bool, stop) -> None:
         self.sizes = group_sizes(cfg, needs_critic)
 
-    def start(self, cls: type, group: str, index: int, *args):
+    def start(self, cls: type, role: Role, index: int, *args):
         return cls(*args, self.threads)
 
     def start_engines(self, cfg: PipelineConfig, model_path: str) -> list:
-        return [workers.HFRolloutEngine(cfg, model_path, self.threads) for _ in range(self.sizes["engine"])]
+        return [workers.HFRolloutEngine(cfg, model_path, self.threads) for _ in range(self.sizes[Role.ENGINE])]
 
     def call(self, worker, method: str, *args) -> Pending:
         return Pending(getattr(worker, method), args)
@@ -105,7 +106,7 @@ class InProcess:
             raise failed[0]
         return out
 
-    def waves(self, groups: list[str]) -> list[list[str]]:
+    def waves(self, groups: list[Role]) -> list[list[Role]]:
         return [[g] for g in groups]  # one process: one call at a time anyway
 
     def kill(self, worker) -> None:

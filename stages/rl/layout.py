@@ -1,28 +1,55 @@
-"""The RL stage's layout as pure functions of the config: which actor groups exist, which share bundles,
-how many CPUs and GPUs that takes, and what `rl.engine: auto` becomes on a cluster of a given size.
-Nothing here starts Ray, so the driver checks a layout before any stage runs."""
+"""The RL stage's layout as pure functions of the config: its roles (the actor groups), which of them
+run in another's actors, which share bundles, how many CPUs and GPUs that takes, and what
+`rl.engine: auto` becomes on a cluster of a given size. Nothing here starts Ray, so the driver checks a
+layout before any stage runs."""
 
 from __future__ import annotations
+
+from enum import StrEnum
 
 from configs.errors import PipelineError
 from configs.schema import PipelineConfig
 
 
-def hosts(cfg: PipelineConfig) -> dict[str, str]:
-    """The groups with no actors of their own, and the group whose actors do their work (hybrid: the
-    policy ranks sample themselves and hold the reference)."""
-    return {"engine": "actor", "ref": "actor"} if cfg.rl.engine == "hybrid" else {}
+class Role(StrEnum):
+    """What an RL actor group does. A role's value is its name in logs, metrics and errors."""
+
+    ACTOR = "actor"  # the policy's DeepSpeed ranks
+    CRITIC = "critic"  # the value model's DeepSpeed ranks (estimators that need a critic)
+    REF = "ref"  # the frozen reference model (a KL coefficient or KL loss)
+    REWARD = "reward"  # the reward scorers
+    ENGINE = "engine"  # the rollout engines
+
+    def __repr__(self) -> str:  # a list of roles in a message reads as a list of names
+        return repr(self.value)
 
 
-def group_sizes(cfg: PipelineConfig, needs_critic: bool) -> dict[str, int]:
+# per rl.engine: the roles with no actors of their own, and the role whose actors do their work (hybrid:
+# the policy ranks sample with their own weights and hold the reference)
+HOSTS: dict[str, dict[Role, Role]] = {"hybrid": {Role.ENGINE: Role.ACTOR, Role.REF: Role.ACTOR}}
+# the colocate_* options: the roles each puts on the same bundles
+COLOCATE = {"colocate_actor_ref": (Role.ACTOR, Role.REF), "colocate_critic_reward": (Role.CRITIC, Role.REWARD)}
+
+
+def hosts(cfg: PipelineConfig) -> dict[Role, Role]:
+    return HOSTS.get(cfg.rl.engine, {})
+
+
+def roles(cfg: PipelineConfig, needs_critic: bool) -> dict[Role, int]:
+    """Every role the config has work for, with its number of workers (hosted roles included)."""
     rl = cfg.rl
-    sizes = {"actor": rl.actor.num_workers, "engine": rl.num_engines, "reward": rl.reward_num_workers}
+    sizes = {Role.ACTOR: rl.actor.num_workers, Role.ENGINE: rl.num_engines, Role.REWARD: rl.reward_num_workers}
     if rl.needs_reference:
-        sizes["ref"] = rl.ref_num_workers
+        sizes[Role.REF] = rl.ref_num_workers
     if needs_critic:
-        sizes["critic"] = rl.critic.num_workers
+        sizes[Role.CRITIC] = rl.critic.num_workers
+    return sizes
+
+
+def group_sizes(cfg: PipelineConfig, needs_critic: bool) -> dict[Role, int]:
+    """The roles with actors of their own, and how many."""
     hosted = hosts(cfg)
-    return {group: n for group, n in sizes.items() if group not in hosted}
+    return {role: n for role, n in roles(cfg, needs_critic).items() if role not in hosted}
 
 
 def bundles_needed(cfg: PipelineConfig, needs_critic: bool) -> tuple[float, float]:
@@ -60,16 +87,12 @@ def describe_layout(cfg: PipelineConfig) -> str:
     return f"rl.engine={rl.engine}, {shared}"
 
 
-def pools(cfg: PipelineConfig, groups: list[str]) -> list[list[str]]:
+def pools(cfg: PipelineConfig, groups: list[Role]) -> list[list[Role]]:
     """The sets of groups that share bundles, from the colocate_* options."""
     rl = cfg.rl
     if rl.colocate_all:
         return [groups]
-    together = []
-    if rl.colocate_actor_ref:
-        together.append([g for g in ("actor", "ref") if g in groups])
-    if rl.colocate_critic_reward:
-        together.append([g for g in ("critic", "reward") if g in groups])
+    together = [[g for g in pair if g in groups] for option, pair in COLOCATE.items() if getattr(rl, option)]
     placed = {g for pool in together for g in pool}
     return [p for p in together if p] + [[g] for g in groups if g not in placed]
 

@@ -16,8 +16,9 @@ from typing import Literal
 
 import torch
 
+from configs.estimators import LossAggregation
+
 KLEstimator = Literal["k1", "k2", "k3"]
-LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

@@ -22,8 +22,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from configs.errors import PipelineError
 from configs.schema import PipelineConfig
-from stages.common.ray_workers import thread_env
-from stages.rl.layout import check_fits, group_sizes, hosts, pools
+from stages.common.ray_workers import bundle, capacity, cluster_name, thread_env
+from stages.rl.layout import Role, check_fits, group_sizes, hosts, pools
 
 
 @dataclass
@@ -45,19 +45,19 @@ class Slot:
         }
 
 
-def waves(pools: list[list[str]], groups: list[str], hosts: dict[str, str] | None = None) -> list[list[str]]:
+def waves(pools: list[list[Role]], groups: list[Role], hosts: dict[Role, Role] | None = None) -> list[list[Role]]:
     """`groups` in waves whose members share no pool: a wave's groups may run at once, the waves one
     after another. Colocated groups running at once would oversubscribe the cores they share, and both
     would take longer than the two in turn. `hosts` names the group whose actors a group runs in
     (hybrid: the reference lives in the policy ranks)."""
     hosts = hosts or {}
 
-    def colocated(a: str, b: str) -> bool:
+    def colocated(a: Role, b: Role) -> bool:
         a, b = hosts.get(a, a), hosts.get(b, b)
         # calls to the same actors run one after another anyway: no need to wait between them
         return a != b and any(a in pool and b in pool for pool in pools)
 
-    out: list[list[str]] = []
+    out: list[list[Role]] = []
     for group in groups:
         wave = next((w for w in out if not any(colocated(group, other) for other in w)), None)
         if wave is None:
@@ -79,16 +79,15 @@ class Placement:
         self.hosts = hosts(cfg)
         self.pools = pools(cfg, list(self.sizes))
         cpus, gpus = infra.cpus_per_worker, infra.gpus_per_worker
-        have = ray.cluster_resources()
-        check_fits(cfg, have.get("CPU", 0), have.get("GPU", 0), "the Ray cluster")
+        check_fits(cfg, *capacity(infra.worker_resources), cluster_name(infra.worker_resources))
         self.groups: list[PlacementGroup] = []
-        self.slots: dict[str, list[Slot]] = {}
+        self.slots: dict[Role, list[Slot]] = {}
         for pool in self.pools:
             n = max(self.sizes[g] for g in pool)
-            bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
-            pg = placement_group([bundle] * n, strategy="PACK")
+            each = bundle(cpus, gpus, infra.worker_resources)
+            pg = placement_group([each] * n, strategy="PACK")
             self.groups.append(pg)  # released with the others if the wait is stopped
-            self._wait_for(pg, n, bundle, stop)
+            self._wait_for(pg, n, each, stop)
             share = len(pool)
             for g in pool:
                 self.slots[g] = [Slot(pg, i, cpus / share, gpus / share, max(1, int(cpus))) for i in range(self.sizes[g])]

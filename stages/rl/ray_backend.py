@@ -5,9 +5,9 @@ from __future__ import annotations
 import ray
 
 from configs.schema import PipelineConfig
-from stages.common.ray_workers import actor_class
+from stages.common.ray_workers import actor_class, capacity
 from stages.rl import rollout_engines
-from stages.rl.layout import resolve_layout
+from stages.rl.layout import Role, resolve_layout
 from stages.rl.placement import Placement, waves
 
 
@@ -15,32 +15,32 @@ class RayActors:
     """Starts, calls and stops the stage's workers as Ray actors (the interface of InProcess)."""
 
     name = "ray"
+    concurrent = True  # calls on different actors run at the same time (a collective among them can complete)
 
     def __init__(self):
         self.placement: Placement | None = None
 
     @property
-    def sizes(self) -> dict[str, int]:
-        return {group: len(slots) for group, slots in self.placement.slots.items()}
+    def sizes(self) -> dict[Role, int]:
+        return {role: len(slots) for role, slots in self.placement.slots.items()}
 
-    def resources(self) -> tuple[float, float]:
-        have = ray.cluster_resources()
-        return have.get("CPU", 0), have.get("GPU", 0)
+    def resources(self, cfg: PipelineConfig) -> tuple[float, float]:
+        return capacity(cfg.infra.worker_resources)
 
     def layout(self, cfg: PipelineConfig) -> PipelineConfig:
         # the flow resolves `rl.engine: auto` for a local cluster; on a named cluster it is resolved here
-        return resolve_layout(cfg, *self.resources())
+        return resolve_layout(cfg, *self.resources(cfg))
 
     def reserve(self, cfg: PipelineConfig, needs_critic: bool, stop) -> None:
-        rollout_engines.check(cfg, self.resources()[1])
+        rollout_engines.check(cfg, self.resources(cfg)[1])
         self.placement = Placement(cfg, needs_critic, stop=stop)
 
-    def start(self, cls: type, group: str, index: int, *args):
-        slot = self.placement.slots[group][index]
+    def start(self, cls: type, role: Role, index: int, *args):
+        slot = self.placement.slots[role][index]
         return actor_class(cls).options(**slot.options()).remote(*args, slot.threads)
 
     def start_engines(self, cfg: PipelineConfig, model_path: str) -> list:
-        return rollout_engines.start(cfg, model_path, self.placement.slots["engine"])
+        return rollout_engines.start(cfg, model_path, self.placement.slots[Role.ENGINE])
 
     def call(self, actor, method: str, *args):
         return getattr(actor, method).remote(*args)
@@ -49,7 +49,7 @@ class RayActors:
         """Ray's GetTimeoutError is a TimeoutError, as InProcess raises."""
         return ray.get(refs, timeout=timeout)
 
-    def waves(self, groups: list[str]) -> list[list[str]]:
+    def waves(self, groups: list[Role]) -> list[list[Role]]:
         return waves(self.placement.pools, groups, self.placement.hosts)
 
     def kill(self, actor) -> None:

@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 from transformers import set_seed
 
-from configs.errors import DataError, RewardError
+from configs.errors import DataError, RewardError, first_line
+from configs.reward_sources import REWARD_SOURCES, own_models
 from configs.schema import RewardConfig
 from stages.common import checkpoint
 from stages.common.answers import is_correct
@@ -35,13 +36,8 @@ from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 from stages.eval_metrics import by_prompt, held_out_metrics
 from stages.rewards.base import RewardBatch, concat
-from stages.rl import workers
-from stages.rl.advantages import (
-    ESTIMATORS,
-    compute_advantages,
-    overlong_penalty,
-    varied_groups,
-)
+from stages.rl import weight_sync, workers
+from stages.rl.advantages import compute_advantages, overlong_penalty, varied_groups
 from stages.rl.experience import (
     Sample,
     place_on_actions,
@@ -49,6 +45,7 @@ from stages.rl.experience import (
     shard,
     step_end_tokens,
 )
+from stages.rl.layout import Role, hosts, roles
 from stages.rl.losses import (
     AdaptiveKLController,
     FixedKLController,
@@ -91,25 +88,32 @@ class Timer:
 
 
 class Actors:
-    """Every worker of the stage, started through `backend` (Ray actors, or objects in this process)."""
+    """Every worker of the stage by role, started through `backend` (Ray actors, or objects in this
+    process). A role the layout hosts in another's actors (`layout.hosts`; hybrid: engine and reference
+    in the policy ranks) has its host's workers; a role the config has no work for has none."""
 
     def __init__(self, ctx: StageContext, inputs: dict[str, Path], backend, total_steps: int, needs_critic: bool):
         cfg, rl = ctx.config, ctx.config.rl
         self.backend = b = backend
+        self.hosts = hosts(cfg)
         sizes, cwd, sft = backend.sizes, os.getcwd(), str(inputs["sft_model"])
-        self.policy = [b.start(workers.PolicyWorker, "actor", i, i, sizes["actor"]) for i in range(sizes["actor"])]
-        self.critic = [b.start(workers.CriticWorker, "critic", i, i, sizes["critic"])
-                       for i in range(sizes["critic"])] if needs_critic else []
-        self.hybrid = rl.engine == "hybrid"  # the policy ranks sample with their own weights and hold the reference
-        if self.hybrid:
-            self.ref = self.policy if rl.needs_reference else []
-        else:  # none without a KL coefficient
-            self.ref = [b.start(workers.ReferenceWorker, "ref", i, cfg, sft) for i in range(sizes.get("ref", 0))]
-        own_rm, own_prm = (str(inputs[k]) if inputs.get(k) else None for k in ("reward_model", "prm"))
-        self.reward = [b.start(workers.RewardWorker, "reward", i) for i in range(sizes["reward"])]
-        self.engines = self.policy if self.hybrid else b.start_engines(cfg, sft)
+        n = {role: sizes.get(role, 0) for role in Role}
+        groups = {
+            Role.ACTOR: [b.start(workers.PolicyWorker, Role.ACTOR, i, i, n[Role.ACTOR]) for i in range(n[Role.ACTOR])],
+            Role.CRITIC: [b.start(workers.CriticWorker, Role.CRITIC, i, i, n[Role.CRITIC]) for i in range(n[Role.CRITIC])],
+            Role.REF: [b.start(workers.ReferenceWorker, Role.REF, i, cfg, sft) for i in range(n[Role.REF])],
+            Role.REWARD: [b.start(workers.RewardWorker, Role.REWARD, i) for i in range(n[Role.REWARD])],
+            Role.ENGINE: b.start_engines(cfg, sft) if n[Role.ENGINE] else [],
+        }
+        wanted = roles(cfg, needs_critic)
+        for role, host in self.hosts.items():
+            groups[role] = groups[host] if role in wanted else []
+        self.groups = groups
+        self.policy, self.critic, self.ref, self.reward, self.engines = (
+            groups[r] for r in (Role.ACTOR, Role.CRITIC, Role.REF, Role.REWARD, Role.ENGINE))
         # a bad reward config fails here, before any model loads
-        pending = [b.call(w, "setup", cfg, own_rm, own_prm, cwd) for w in self.reward]
+        models = {name: str(inputs[name]) for name in own_models() if inputs.get(name)}
+        pending = [b.call(w, "setup", cfg, models, cwd) for w in self.reward]
         b.get(pending)
         for group, optim in ((self.policy, rl.actor), (self.critic, rl.critic)):
             if group:
@@ -117,11 +121,13 @@ class Actors:
                 pending += [b.call(w, "setup", cfg, sft, optim, total_steps, master, cwd) for w in group]
         pending += [b.call(a, "ready") for a in [*self.engines, *self.ref]]
         b.get(pending)
+        self.weight_specs: list[weight_sync.Spec] = []
+        self.sync = connect_engines(self, cfg)
 
     def all(self) -> list:
-        if self.hybrid:
-            return [*self.policy, *self.critic, *self.reward]
-        return [*self.policy, *self.critic, *self.engines, *self.reward, *self.ref]
+        """Every worker once (a hosted role's are its host's)."""
+        return [w for role in (Role.ACTOR, Role.CRITIC, Role.ENGINE, Role.REWARD, Role.REF) if role not in self.hosts
+                for w in self.groups[role]]
 
     def close(self) -> None:
         self.backend.close([*self.policy, *self.critic], self.all())
@@ -136,10 +142,10 @@ def on_shards(actors: Actors, group: list, method: str, batch: dict[str, torch.T
     return [actors.backend.call(w, method, s, *args) for w, s in zip(group, shard(batch, len(group)))]
 
 
-def in_waves(actors: Actors, calls: dict[str, Callable[[], list]]) -> dict[str, list]:
-    """Run each group's calls (`group name -> launch`, returning the pending results); groups that
-    share cores go one after another, the others at once. Returns each group's results."""
-    results: dict[str, list] = {}
+def in_waves(actors: Actors, calls: dict[Role, Callable[[], list]]) -> dict[Role, list]:
+    """Run each group's calls (`role -> launch`, returning the pending results); groups that share
+    cores go one after another, the others at once. Returns each group's results."""
+    results: dict[Role, list] = {}
     for wave in actors.backend.waves(list(calls)):
         launched = {group: calls[group]() for group in wave}
         for group, refs in launched.items():
@@ -186,12 +192,49 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
                             correct(responses, asked), None if drawn_correct is None else by_prompt(drawn_correct, n))
 
 
+def connect_engines(actors: Actors, cfg) -> str:
+    """How the engines get the policy's weights after each update, said once in the log: `broadcast` when
+    the policy's rank 0 and every engine joined a process group of their own, else `state dict` (why:
+    asked for, workers in one process, engines on another torch, or the group could not be formed). Hybrid: `none`."""
+    if actors.hosts.get(Role.ENGINE) == Role.ACTOR:  # the policy ranks sample with their own weights
+        return "none"
+    rl, b = cfg.rl, actors.backend
+    why = None
+    if rl.weight_sync == "object_store":
+        why = "rl.weight_sync=object_store"
+    elif not b.concurrent:
+        why = "workers in one process"
+    elif (other := {v for v in b.get([b.call(e, "torch_version") for e in actors.engines]) if v != torch.__version__}):
+        why = f"the engines run torch {', '.join(sorted(other))}, the policy {torch.__version__}"
+    if why is None:
+        backend = "nccl" if cfg.infra.gpus_per_worker > 0 and b.resources()[1] > 0 else "gloo"
+        world = 1 + len(actors.engines)
+        try:
+            master = b.get(b.call(actors.policy[0], "master"))
+            b.get([b.call(actors.policy[0], "join_weight_group", master, world, backend)]
+                  + [b.call(e, "join_weight_group", master, i + 1, world, backend) for i, e in enumerate(actors.engines)],
+                  timeout=weight_sync.JOIN_TIMEOUT_S + 10)
+            actors.weight_specs = b.get(b.call(actors.engines[0], "weight_specs"))
+            print(f"[rl] weight sync: broadcast over a {backend} group (the policy's rank 0 and {len(actors.engines)} "
+                  f"engine(s)), parameter by parameter", flush=True)
+            return "broadcast"
+        except Exception as exc:  # noqa: BLE001 - the state-dict path below still works
+            why = f"the {backend} group could not be formed: {type(exc).__name__}: {first_line(exc)}"
+    print(f"[rl] weight sync: whole state dicts ({why})", flush=True)
+    return "state dict"
+
+
 def sync_weights(actors: Actors) -> None:
-    """Every policy rank takes part in the gather (ZeRO-3); rank 0's state goes to the engines straight
-    from the object store (Ray), not through the driver. Hybrid: the policy ranks are the engines."""
-    if actors.hybrid:
+    """Broadcast: every policy rank takes part (a ZeRO-3 parameter is gathered by all), rank 0 sends each
+    parameter to every engine at once. State dict: rank 0's whole state goes to the engines straight from
+    the object store (Ray), not through the driver. Hybrid: the policy ranks are the engines."""
+    if actors.sync == "none":
         return
     b = actors.backend
+    if actors.sync == "broadcast":
+        b.get([b.call(w, "send_weights", actors.weight_specs) for w in actors.policy]
+              + [b.call(e, "receive_weights", actors.weight_specs) for e in actors.engines])
+        return
     states = [b.call(w, "synced_state_dict") for w in actors.policy]
     b.get([b.call(e, "load_weights", states[0]) for e in actors.engines] + states[1:])
 
@@ -214,7 +257,6 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
     ctx = replace(ctx, config=backend.layout(ctx.config))
     cfg, rl = ctx.config, ctx.config.rl
     set_seed(cfg.seed)
-    estimator = ESTIMATORS[rl.advantage_estimator]
     n = rl.n_samples_per_prompt
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
     prompts = encode_prompts(tokenizer, read_split(inputs["prompts"], "train"), rl.prompt_max_len, "prompts/train")
@@ -226,8 +268,8 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
 
     actors = None
     try:
-        backend.reserve(cfg, estimator.needs_critic, ctx.should_stop)
-        actors = Actors(ctx, inputs, backend, total, estimator.needs_critic)
+        backend.reserve(cfg, rl.needs_critic, ctx.should_stop)
+        actors = Actors(ctx, inputs, backend, total, rl.needs_critic)
         resumed = actors.on_all(actors.policy, "load", str(ckpt["policy"]))[0]
         start, cursor, kl_coef, before = 0, 0, rl.init_kl_coef, None
         if resumed:
@@ -287,14 +329,14 @@ def train(actors: Actors, batch: dict[str, torch.Tensor], step: int, use_kl_loss
     keys = ("input_ids", "attention_mask", "action_mask")
     kl_keys = ("ref_log_probs", "kl_coef") if use_kl_loss and actors.ref else ()
     actor_batch = {k: batch[k] for k in (*keys, "old_log_probs", "advantages", "rollout_log_probs", *kl_keys)}
-    calls = {"actor": lambda: on_shards(actors, actors.policy, "train", actor_batch, step)}
+    calls = {Role.ACTOR: lambda: on_shards(actors, actors.policy, "train", actor_batch, step)}
     if actors.critic:
         critic_batch = {k: batch[k] for k in (*keys, "values", "returns")}
-        calls["critic"] = lambda: on_shards(actors, actors.critic, "train", critic_batch, step)
+        calls[Role.CRITIC] = lambda: on_shards(actors, actors.critic, "train", critic_batch, step)
     results = in_waves(actors, calls)
-    logs = {f"actor/{k}": v for k, v in results["actor"][0].items()}  # rank-averaged by the workers
+    logs = {f"actor/{k}": v for k, v in results[Role.ACTOR][0].items()}  # rank-averaged by the workers
     if actors.critic:
-        logs |= {f"critic/{k}": v for k, v in results["critic"][0].items()}
+        logs |= {f"critic/{k}": v for k, v in results[Role.CRITIC][0].items()}
     return logs
 
 
@@ -345,7 +387,7 @@ def score(backend, scorers: list, prompts: list[str], responses: list[str], labe
     k = math.ceil(len(prompts) / len(scorers))
     parts = [b.call(w, "score", prompts[i * k : (i + 1) * k], responses[i * k : (i + 1) * k], labels[i * k : (i + 1) * k])
              for i, w in enumerate(scorers) if prompts[i * k : (i + 1) * k]]
-    limit = reward.timeout_s if reward.source == "func" else None
+    limit = reward.timeout_s if REWARD_SOURCES[reward.source].timed else None
     try:
         return concat(b.get(parts, timeout=limit))
     except TimeoutError:
@@ -358,24 +400,24 @@ def score(backend, scorers: list, prompts: list[str], responses: list[str], labe
 def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cfg, kl_coef: float):
     """Old/reference log-probs, values, KL, shaped rewards and advantages for one rollout batch."""
     rl, n = cfg.rl, cfg.rl.n_samples_per_prompt
-    estimator = ESTIMATORS[rl.advantage_estimator]
     batch = sequence_batch(samples, tokenizer.pad_token_id)
     mask = batch["action_mask"]
     calls = {}
-    both = rl.recompute_old_log_probs and actors.hybrid and bool(actors.ref)  # one call to the policy ranks
+    # the reference in the policy ranks: one call for both passes
+    both = rl.recompute_old_log_probs and actors.hosts.get(Role.REF) == Role.ACTOR and bool(actors.ref)
     if both:
-        calls["actor"] = lambda: on_shards(actors, actors.policy, "old_and_ref_log_probs", batch)
+        calls[Role.ACTOR] = lambda: on_shards(actors, actors.policy, "old_and_ref_log_probs", batch)
     else:
         if rl.recompute_old_log_probs:
-            calls["actor"] = lambda: on_shards(actors, actors.policy, "log_probs", batch)
+            calls[Role.ACTOR] = lambda: on_shards(actors, actors.policy, "log_probs", batch)
         if actors.ref:
-            calls["ref"] = lambda: on_shards(actors, actors.ref, "ref_log_probs", batch)
+            calls[Role.REF] = lambda: on_shards(actors, actors.ref, "ref_log_probs", batch)
     if actors.critic:
-        calls["critic"] = lambda: on_shards(actors, actors.critic, "values", batch)
+        calls[Role.CRITIC] = lambda: on_shards(actors, actors.critic, "values", batch)
     results = in_waves(actors, calls)
     if both:
-        results["actor"], results["ref"] = map(list, zip(*results["actor"]))
-    names = {"actor": "old", "ref": "ref", "critic": "values"}
+        results[Role.ACTOR], results[Role.REF] = map(list, zip(*results[Role.ACTOR]))
+    names = {Role.ACTOR: "old", Role.REF: "ref", Role.CRITIC: "values"}
     got = {names[group]: torch.cat(parts) for group, parts in results.items()}
     old = got.get("old", batch["rollout_log_probs"])
     kl = approx_kl(old, got["ref"], rl.kl_estimator) * mask if "ref" in got else torch.zeros_like(mask)
@@ -385,7 +427,7 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     if rl.overlong_buffer_len:
         penalty = overlong_penalty(lengths, rl.generate_max_len, rl.overlong_buffer_len, rl.overlong_penalty_factor)
     shaped, dense = scores + penalty, None  # clipped after the group baseline, as OpenRLHF's
-    if scored.step_rewards is not None and not estimator.grouped:
+    if scored.step_rewards is not None and not rl.estimator.grouped:
         # process rewards go on the tokens that end each step; the sequence-level part is only the penalty
         separator = cfg.prm.step_separator
         positions = [step_end_tokens(tokenizer, s.response_ids, separator) for s in samples]

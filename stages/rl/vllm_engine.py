@@ -36,13 +36,35 @@ class VLLMRolloutEngine:
 
         if torch.get_num_threads() != threads:  # as dist_env.use_threads: set_num_threads costs MKL its dynamic mode
             torch.set_num_threads(threads)
+        self.model_path = model_path
         self.llm = LLM(model=model_path, tokenizer=model_path, enforce_eager=True,
+                       worker_extension_cls="stages.rl.vllm_weights.WeightReceiver",  # weight sync by broadcast
                        # log-probs of log_softmax(logits / T): what the trainer computes for the sampled ids
                        logprobs_mode="processed_logprobs", **options)
         self.generate([[0]], seed=0, temperature=1.0, max_new_tokens=2)  # the first call compiles; pay it now
 
     def ready(self) -> bool:
         return True
+
+    def torch_version(self) -> str:
+        import torch
+
+        return torch.__version__
+
+    def weight_specs(self) -> list:
+        """What the engine takes from the policy: the checkpoint's tensors (HF names, shapes, dtypes)."""
+        from stages.rl.weight_sync import checkpoint_specs
+
+        return checkpoint_specs(self.model_path)
+
+    def join_weight_group(self, master: tuple[str, int], rank: int, world_size: int, backend: str) -> None:
+        self.llm.collective_rpc("join_weight_group", args=(master, rank, world_size, backend))
+
+    def receive_weights(self, wanted: list) -> None:
+        """The policy's new weights, broadcast parameter by parameter into the workers, then drop cached
+        prefixes: their KV entries were computed with the old weights."""
+        self.llm.collective_rpc("receive_weights", args=(wanted,))
+        self.llm.reset_prefix_cache()
 
     def load_weights(self, state_dict: dict) -> None:
         """The policy's new weights (HF names; a tied lm_head may be absent), then drop cached prefixes:

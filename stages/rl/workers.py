@@ -16,7 +16,9 @@ from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, dist_env, lora, moe
 from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
+from stages.rl import weight_sync
 from stages.rl.experience import Sample, micro_batches, trim
+from stages.rl.layout import Role, hosts
 from stages.rl.losses import (
     aggregate,
     approx_kl,
@@ -37,6 +39,9 @@ class Worker:
 
     def ready(self) -> bool:
         return True
+
+    def torch_version(self) -> str:
+        return torch.__version__
 
 
 def token_log_probs(model, batch: dict[str, torch.Tensor], temperature: float, with_entropy: bool = False,
@@ -164,7 +169,7 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         model, self.signature = lora.load_for_training(path, self.cfg.model, self.optim.lora, "rl.actor.lora",
                                                        self.cfg.infra.precision)
         moe.check(model.config, self.optim.aux_loss_coef, "rl.actor.aux_loss_coef")
-        if self.rl.engine == "hybrid" and self.rl.needs_reference:
+        if hosts(self.cfg).get(Role.REF) == Role.ACTOR and self.rl.needs_reference:
             # verl's fused actor/rollout/ref worker: the KL term's model scores in this hot process, with
             # no actor of its own (a reference actor takes longer for the same pass)
             self.reference = checkpoint.load_frozen_lm(path, self.cfg.model, self.cfg.infra.precision)
@@ -176,6 +181,17 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         if state is not None and self.signature:
             state = lora.merged_weights(state, self.optim.lora.alpha / self.optim.lora.rank)
         return state
+
+    def join_weight_group(self, master: tuple[str, int], world_size: int, backend: str) -> None:
+        """Rank 0: the sender of a process group with the rollout engines (`send_weights`)."""
+        self.weight_group = weight_sync.WeightGroup(master, 0, world_size, backend)
+
+    def send_weights(self, wanted: list[weight_sync.Spec]) -> None:
+        """Every rank takes part (ZeRO-3 gathers each parameter on all of them); rank 0 broadcasts. With LoRA
+        the merged weights are made whole on rank 0 first, then sent one tensor at a time."""
+        merged = self.synced_state_dict() if self.signature else None
+        weight_sync.send(getattr(self, "weight_group", None), self.engine.module, wanted,
+                         self.engine.zero_optimization_stage() == 3, merged)
 
     @torch.no_grad()
     def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -292,13 +308,14 @@ class ReferenceWorker(Worker, HoldsReference):
 class RewardWorker(Worker):
     """The shared scorer (RM, PRM, rule function or remote server) behind one actor."""
 
-    def setup(self, cfg: PipelineConfig, own_rm: str | None, own_prm: str | None, cwd: str) -> None:
-        """Build the scorer: in a call rather than the constructor, so that a bad reward config reaches the
-        driver as the RewardError it is (a constructor's error kills the actor, and Ray prints its traceback)."""
+    def setup(self, cfg: PipelineConfig, models: dict[str, str], cwd: str) -> None:
+        """Build the scorer (`models`: the pipeline's own reward models the stage was given, by artifact
+        name): in a call rather than the constructor, so that a bad reward config reaches the driver as
+        the RewardError it is (a constructor's error kills the actor, and Ray prints its traceback)."""
         from stages.rewards.factory import build_scorer
 
         os.chdir(cwd)  # a relative reward.func_path means what it meant to the user
-        self.scorer = build_scorer(cfg.reward, own_rm, own_prm)
+        self.scorer = build_scorer(cfg.reward, models)
 
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]):
         return self.scorer.score(prompts, responses, labels)
@@ -312,6 +329,16 @@ class HFRolloutEngine(Worker):
         self.rl = cfg.rl
         self.tokenizer = checkpoint.load_tokenizer(model_path)
         self.model = checkpoint.load_frozen_lm(model_path, cfg.model, cfg.infra.precision)
+
+    def join_weight_group(self, master: tuple[str, int], rank: int, world_size: int, backend: str) -> None:
+        self.weight_group = weight_sync.WeightGroup(master, rank, world_size, backend)
+
+    def weight_specs(self) -> list[weight_sync.Spec]:
+        return weight_sync.specs(self.model)
+
+    def receive_weights(self, wanted: list[weight_sync.Spec]) -> None:
+        """The policy's new weights, broadcast by its rank 0 parameter by parameter into this model."""
+        weight_sync.receive(self.weight_group, self.model, wanted)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """The policy's new weights. A ZeRO-3 gather lists tied weights once (e.g. lm_head tied to the

@@ -119,7 +119,7 @@ def test_normalized_rm(tok, rms):
 
 
 def test_rm_uses_own_checkpoint_when_none_configured(rms):
-    scorer = build_scorer(RewardConfig(source="rm"), own_rm=rms["a"])
+    scorer = build_scorer(RewardConfig(source="rm"), {"reward_model": rms["a"]})
     assert isinstance(scorer, RewardModelScorer) and scorer.paths == [str(rms["a"])]
 
 
@@ -167,7 +167,7 @@ def test_prm_step_scores_and_aggregates(tok, prm):
     for how in ("mean", "last"):
         rewards = ProcessRewardScorer(prm, aggregate=how).score(prompts, responses, [None] * 4).rewards
         assert rewards.tolist() == pytest.approx([aggregate(s, how) for s in steps])
-    own = build_scorer(RewardConfig(source="prm", prm_aggregate="last"), own_prm=prm)
+    own = build_scorer(RewardConfig(source="prm", prm_aggregate="last"), {"prm": prm})
     assert isinstance(own, ProcessRewardScorer) and own.how == "last"
 
 

@@ -201,6 +201,22 @@ def test_reinforce_with_dense_process_rewards(prepared, tmp_path):
     assert result.outputs["rl_model"].is_dir()
 
 
+def test_weight_sync_through_the_object_store_gives_the_broadcast_run(grpo, grpo_args, prepared, tmp_path, capsys):
+    """rl.weight_sync decides only how the engine gets the policy's weights: whole state dicts through the
+    object store give the module's GRPO run (parameter-by-parameter broadcast over a gloo group) step for
+    step, and each run says in its log which path it took."""
+    whole, steps = grpo
+    result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.weight_sync=object_store"])
+    assert "[rl] weight sync: whole state dicts (rl.weight_sync=object_store)" in capsys.readouterr().out
+    by_step = {s: m for s, m in steps if "train/reward" in m}
+    for step, m in ((s, m) for s, m in logged if "train/reward" in m):
+        for key in ("train/reward", "train/kl", "actor/policy_loss", "rollout/logprob_gap", "train/response_length"):
+            assert m[key] == pytest.approx(by_step[step][key], abs=1e-6), (step, key)
+    a = load_file(whole.outputs["rl_model"] / "model.safetensors")
+    b = load_file(result.outputs["rl_model"] / "model.safetensors")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+
+
 def test_killed_rl_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(grpo, grpo_args, prepared, tmp_path):
     """Killed at step 2 (after the step-1 checkpoint; `rl.save_every=1`), the rerun resumes there and ends
     on the weights of the module's uninterrupted GRPO run, with the same settings."""
@@ -284,7 +300,7 @@ def test_a_reward_func_that_never_returns_ends_the_stage_and_its_worker(tmp_path
     (tmp_path / "stuck.py").write_text(STUCK_REWARD)
     cfg = load_config(None, ["reward.func_path=stuck.py", "reward.timeout_s=1.5"])
     worker = actor_class(RewardWorker).options(num_cpus=0, runtime_env={"env_vars": {"PID_FILE": str(tmp_path / "pid")}}).remote(1)
-    ray.get(worker.setup.remote(cfg, None, None, str(tmp_path)))  # the relative path resolved from the given cwd
+    ray.get(worker.setup.remote(cfg, {}, str(tmp_path)))  # the relative path resolved from the given cwd
     started = time.monotonic()
     with pytest.raises(RewardError) as err:
         rl_stage.score(RayActors(), [worker], ["p"] * 3, ["r"] * 3, [None] * 3, cfg.reward)
@@ -315,7 +331,7 @@ def test_a_reward_file_that_fails_to_load_in_the_worker_is_the_users_error(tmp_p
     worker = actor_class(RewardWorker).options(num_cpus=0).remote(1)
     try:
         with pytest.raises(RewardError) as err:
-            ray.get(worker.setup.remote(cfg, None, None, str(tmp_path)))
+            ray.get(worker.setup.remote(cfg, {}, str(tmp_path)))
     finally:
         ray.kill(worker)
     error = unwrap(err.value)

@@ -80,14 +80,38 @@ def test_weight_sync_replaces_the_engine_policy(engine, prepared):
     assert max_gap(model, after) < 1e-4
 
 
-def test_grpo_runs_on_the_vllm_engine(prepared, vllm_python, tmp_path):
+def test_weights_broadcast_parameter_by_parameter_replace_the_engine_policy(engine, prepared):
+    """The engine's worker joins a gloo group with a sender (here this process, as the policy's rank 0 does)
+    and takes each checkpoint tensor as it arrives."""
+    from stages.common.dist_env import free_port
+    from stages.rl import weight_sync
+
+    model = AutoModelForCausalLM.from_pretrained(prepared["base_model"]).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    wanted = ray.get(engine.weight_specs.remote())
+    assert {name for name, _, _ in wanted} <= dict(model.named_parameters(remove_duplicate=False)).keys()
+    master = ("127.0.0.1", free_port())
+    joined = engine.join_weight_group.remote(master, 1, 2, "gloo")
+    group = weight_sync.WeightGroup(master, 0, 2, "gloo")
+    ray.get(joined)
+    received = engine.receive_weights.remote(wanted)
+    weight_sync.send(group, model, wanted, zero3=False)
+    ray.get(received)
+    assert max_gap(model, ray.get(engine.generate.remote(prompt_ids(prepared, 4), 3, 1.0, 12))) < 1e-4
+
+
+def test_grpo_runs_on_the_vllm_engine_with_weights_broadcast_into_its_workers(prepared, vllm_python, tmp_path, capsys):
     reward = tmp_path / "length.py"
     reward.write_text("def reward_func(queries, prompts, labels):\n    return [float(len(q) - len(p)) for q, p in zip(queries, prompts)]\n")
     result, logged = run_rl(prepared, tmp_path, ["rl.engine=vllm", f"rl.vllm_python={vllm_python}",
                                                  "rl.vllm_kv_cache_mib=64", f"reward.func_path={reward}"])
     steps = {s: m for s, m in logged if "train/reward" in m}
     assert sorted(steps) == [1, 2]
-    # step 2 samples after the step-1 update reached the engine
+    # step 2 samples after the step-1 update reached the engine, broadcast into vLLM's worker
+    assert "[rl] weight sync: broadcast over a gloo group (the policy's rank 0 and 1 engine(s))" in capsys.readouterr().out
     assert steps[2]["train/kl"] > 0 and steps[2]["rollout/logprob_gap"] < 1e-4
     assert {"eval/accuracy", "eval/sampled_accuracy"} <= set(result.metrics)
     assert (result.outputs["rl_model"] / "model.safetensors").exists()

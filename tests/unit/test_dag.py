@@ -84,7 +84,7 @@ def test_eval_scores_with_the_pipelines_reward_models_only_when_the_reward_confi
     assert ev.wanted_inputs(PipelineConfig.model_validate({"reward": {"source": "rm"}})) == (*base, "reward_model")
     assert ev.wanted_inputs(PipelineConfig.model_validate({"reward": {"source": "prm", "prm_path": "/x"}})) == base
     # the reward's settings and files count in eval's fingerprint, as in RL's
-    assert "reward" in ev.config_keys and ev.local_sources == dag.REWARD_SOURCES
+    assert "reward" in ev.config_keys and ev.local_sources == dag.REWARD_FILES
     assert dag.needed_by({"eval"}, PipelineConfig.model_validate({"reward": {"source": "prm"}})) == \
         {"data_prep", "sft", "prm", "rl", "dpo"}
 
@@ -108,7 +108,7 @@ def test_dpo_consumes_prompts_and_rewards_and_fingerprints_the_reward_only_when_
     online = PipelineConfig.model_validate({"reward": {"source": "rm"}, "dpo": {"max_steps": 4, "iterative": {"rounds": 2}}})
     assert dpo.wanted_inputs(online) == ("sft_model", "pref_data", "prompts", "reward_model")
     assert {"reward", "prm.step_separator"} <= set(dpo.wanted_config(dpo.config_keys, online))
-    assert dpo.wanted_config(dpo.local_sources, online) == dag.REWARD_SOURCES
+    assert dpo.wanted_config(dpo.local_sources, online) == dag.REWARD_FILES
     assert BY_NAME["rl"].wanted_config(BY_NAME["rl"].config_keys, offline) == BY_NAME["rl"].config_keys
 
 

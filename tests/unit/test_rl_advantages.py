@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
+from configs.estimators import ESTIMATORS
 from stages.common.tokenization import last_token_index
 from stages.rl.advantages import (
-    ESTIMATORS,
     compute_advantages,
     cumulative_returns,
     gae,
@@ -42,10 +42,26 @@ def test_groups_must_divide_the_batch():
         group_mean_baseline(SCORES, 4)
 
 
-def test_registry_flags():
-    assert ESTIMATORS["gae"].needs_critic and not ESTIMATORS["group_norm"].needs_critic
-    assert {n for n, e in ESTIMATORS.items() if e.grouped} == {"reinforce_baseline", "rloo", "group_norm", "dr_grpo"}
-    assert {n for n, e in ESTIMATORS.items() if e.whiten} == {"gae", "reinforce", "reinforce_baseline"}
+# Every registered estimator's advantages on one batch: two prompts of three one-token responses scoring
+# [3, 0, 0] and [1, 1, 4] (group means 1 and 2); gae's critic values [0, 0, 0, 0, 0, 3]. gamma = lambda = 1.
+VECTOR_SCORES, VECTOR_VALUES = torch.tensor([3.0, 0.0, 0.0, 1.0, 1.0, 4.0]), torch.tensor([[0.0]] * 5 + [[3.0]])
+S2, S3 = math.sqrt(2), math.sqrt(3)
+VECTORS = {
+    "gae": [2.0, -1.0, -1.0, 0.0, 0.0, 0.0],  # scores - values = [3, 0, 0, 1, 1, 1], whitened (mean 1, std 1)
+    "reinforce": [1.0, -1.0, -1.0, -1 / 3, -1 / 3, 5 / 3],  # the scores whitened (mean 1.5, std 1.5)
+    "reinforce_baseline": [2 / S2, -1 / S2, -1 / S2, -1 / S2, -1 / S2, 2 / S2],  # minus the group mean, whitened
+    "rloo": [3.0, -1.5, -1.5, -1.5, -1.5, 3.0],  # minus the mean of the other two
+    "group_norm": [2 / S3, -1 / S3, -1 / S3, -1 / S3, -1 / S3, 2 / S3],  # (x - mean) / unbiased std (sqrt 3)
+    "dr_grpo": [2.0, -1.0, -1.0, -1.0, -1.0, 2.0],  # minus the group mean
+}
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_every_registered_estimator_gives_its_test_vector(name):
+    assert name in VECTORS, f"estimator {name} has no test vector: add its hand-checked advantages to VECTORS"
+    values = VECTOR_VALUES if ESTIMATORS[name].needs_critic else None
+    adv, _ = compute_advantages(name, VECTOR_SCORES, torch.ones(6, 1), 3, values=values)
+    assert adv.flatten().tolist() == pytest.approx(VECTORS[name], abs=1e-5)
 
 
 def test_overlong_penalty_is_linear_in_the_buffer():
@@ -135,7 +151,7 @@ def test_reward_clip_without_a_group_clips_the_score():
     assert ret.tolist()[0] == pytest.approx([10.0, 10.0])
 
 
-@pytest.mark.parametrize("estimator", ["rloo", "reinforce_baseline", "group_norm", "dr_grpo"])
+@pytest.mark.parametrize("estimator", [n for n, e in ESTIMATORS.items() if e.grouped])
 def test_group_estimators_take_no_discount(estimator):
     with pytest.raises(ValueError, match="gamma must be 1"):
         compute_advantages(estimator, torch.tensor([1.0, 0.0]), torch.ones(2, 2), 2, gamma=0.9)

@@ -3,34 +3,39 @@
 import pytest
 
 from configs import ConfigError, load_config
+from configs.estimators import ESTIMATORS
 from configs.schema import InfraConfig, PipelineConfig, TrainingConfig
 from stages.common.deepspeed_engine import engine_config
 from stages.rl.layout import group_sizes, pools
 from stages.rl.placement import Slot, waves
 
 
-@pytest.mark.parametrize("estimator", ["reinforce_baseline", "rloo", "group_norm", "dr_grpo"])
+GROUPED = [n for n, e in ESTIMATORS.items() if e.grouped]
+UNGROUPED = [n for n, e in ESTIMATORS.items() if not e.grouped]
+
+
+@pytest.mark.parametrize("estimator", GROUPED)
 def test_group_estimators_need_several_samples_per_prompt(estimator):
     with pytest.raises(ConfigError, match=f"advantage_estimator={estimator} compares samples of a prompt"):
         load_config(None, [f"rl.advantage_estimator={estimator}", "rl.n_samples_per_prompt=1"])
 
 
-@pytest.mark.parametrize("estimator", ["gae", "reinforce"])
+@pytest.mark.parametrize("estimator", UNGROUPED)
 def test_single_sample_estimators_accept_one_sample(estimator):
     cfg = load_config(None, [f"rl.advantage_estimator={estimator}", "rl.n_samples_per_prompt=1",
                              "rl.rollout_batch_size=64", "rl.train_batch_size=64"])
     assert cfg.rl.n_samples_per_prompt == 1
 
 
-@pytest.mark.parametrize("estimator", ["reinforce_baseline", "rloo", "group_norm", "dr_grpo"])
+@pytest.mark.parametrize("estimator", GROUPED)
 def test_group_estimators_refuse_a_discount(estimator):
     with pytest.raises(ConfigError, match=f"override 'rl.gamma=0.9': rl: .*rl.gamma=0.9 with advantage_estimator={estimator}: "
                                           "a group estimator scores whole responses, undiscounted"):
         load_config(None, [f"rl.advantage_estimator={estimator}", "rl.gamma=0.9"])
 
 
-@pytest.mark.parametrize("estimator", ["gae", "reinforce"])
-def test_discount_applies_to_gae_and_reinforce(estimator):
+@pytest.mark.parametrize("estimator", UNGROUPED)
+def test_discount_applies_to_estimators_that_compare_no_samples(estimator):
     assert load_config(None, [f"rl.advantage_estimator={estimator}", "rl.gamma=0.9"]).rl.gamma == 0.9
 
 

@@ -6,7 +6,6 @@ import pytest
 from configs import ConfigError, PipelineError, load_config
 from configs.schema import PipelineConfig
 from stages.preflight import check_local_resources, with_rl_layout
-from stages.rl.advantages import ESTIMATORS
 from stages.rl.layout import bundles_needed, check_fits, resolve_layout
 
 
@@ -53,6 +52,7 @@ def test_a_named_engine_is_kept_and_a_layout_that_cannot_fit_fails_in_one_line()
         check_fits(cfg, 2, 0, "the local Ray cluster (infra.num_cpus)")
     message = str(failed.value)
     assert "\n" not in message and "rl.engine=hf" in message and "set rl.engine: auto" in message
+    assert "actor groups [['actor'], ['engine'], ['reward'], ['ref']]" in message  # the roles by name
 
 
 def test_preflight_checks_the_rl_layout_on_the_local_cluster():
@@ -66,12 +66,6 @@ def test_preflight_checks_the_rl_layout_on_the_local_cluster():
 def test_a_named_cluster_resolves_auto_in_the_stage(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "ray://cluster:10001")
     assert with_rl_layout(defaults(infra={"num_cpus": 2})).rl.engine == "auto"
-
-
-@pytest.mark.parametrize("name", sorted(ESTIMATORS))
-def test_the_config_knows_which_estimators_need_a_critic(name):
-    cfg = load_config(None, [f"rl.advantage_estimator={name}", "rl.n_samples_per_prompt=8"])
-    assert cfg.rl.needs_critic == ESTIMATORS[name].needs_critic
 
 
 def test_the_preset_fixes_its_layout():

@@ -1,0 +1,121 @@
+"""`rlhf cluster up|down` on this machine: PostgreSQL, the MLflow server on it with its artifact proxy, a
+2-node Ray cluster and a Prefect server + process worker, each checked through its own client; a flow run
+of the pipeline's deployment on the work pool runs its stage worker on the worker node; `down` leaves no
+process behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from flows import cluster, processes
+from flows.serve import answers
+from tests.flow.conftest import CLI, cli_env
+
+
+RAY_NODES = """
+import json, sys
+from flows.ray_cluster import use_local_token
+use_local_token()
+import ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+print(json.dumps([n["Resources"] for n in ray.nodes() if n["Alive"]]))
+"""
+
+
+@pytest.fixture
+def root():
+    """The cluster's folder, under /tmp: under root, PostgreSQL runs as its own user, which must reach it."""
+    path = Path(tempfile.mkdtemp(prefix="rlhf-cluster-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(cluster.ray_temp_dir(path, "ray-head").parent, ignore_errors=True)
+
+
+def stage_worker_logs(root: Path, node: str) -> list[Path]:
+    logs = cluster.ray_temp_dir(root, node) / "session_latest" / "logs"
+    return [p for p in logs.glob("worker-*.out") if "StageWorker" in p.read_text(errors="replace")]
+
+
+def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, root):
+    from mlflow import MlflowClient
+
+    env = cli_env(tmp_path) | {"PREFECT_WORKER_QUERY_SECONDS": "1"}  # the worker picks a flow run up at once
+    env.pop("PREFECT_API_URL", None)  # not the flow tests' shared server: the cluster has its own
+
+    def rlhf(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*CLI, "cluster", *args, "--dir", str(root)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    timings = {}
+    started = time.monotonic()
+    up = rlhf("up", "--worker-cpus", "2")
+    timings["up"] = time.monotonic() - started
+    try:
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        state = cluster.load(root)
+        assert set(state.procs) == set(cluster.SERVICES)
+        rows = processes.table()
+        pids = {pid for proc in state.procs.values() for pid in processes.family(rows, proc)}
+        u = cluster.urls(state.ports)
+        assert f"export RAY_ADDRESS={u['ray']} MLFLOW_TRACKING_URI={u['mlflow']} PREFECT_API_URL={u['prefect']}" in up.stdout
+
+        status = rlhf("status")
+        assert status.returncode == 0 and status.stdout.count(" up  pid ") == len(cluster.SERVICES), status.stdout
+
+        # MLflow: a run through the REST API, an artifact up and down through the server's proxy
+        client = MlflowClient(u["mlflow"])
+        run = client.create_run(client.create_experiment("check"))
+        client.log_text(run.info.run_id, "through the proxy", "note.txt")
+        got = Path(client.download_artifacts(run.info.run_id, "note.txt", str(tmp_path)))
+        assert got.read_text() == "through the proxy"
+        assert client.get_run(run.info.run_id).info.artifact_uri.startswith("mlflow-artifacts:/")
+        assert [p.read_text() for p in (root / "mlflow" / "artifacts").rglob("note.txt")] == ["through the proxy"]
+
+        # PostgreSQL holds MLflow's tables
+        import psycopg2
+
+        with psycopg2.connect(u["postgres"].replace("+psycopg2", "")) as conn, conn.cursor() as cur:
+            cur.execute("SELECT name FROM experiments ORDER BY experiment_id")
+            assert cur.fetchall()[-1] == ("check",)
+
+        # Ray: two live nodes, the worker with its resource (asked by a fresh driver: Ray reads its auth
+        # mode when first imported, which in this process may have happened before)
+        nodes = subprocess.run([sys.executable, "-c", RAY_NODES, u["ray"]], env=env, capture_output=True, text=True, timeout=120)
+        assert nodes.returncode == 0, nodes.stderr[-3000:]
+        nodes = json.loads(nodes.stdout.splitlines()[-1])
+        assert len(nodes) == 2 and sorted(r.get(cluster.WORKER_RESOURCE, 0) for r in nodes) == [0, 2]
+
+        # Prefect: a flow run of the stage deployment, picked up by the pool's worker, its stage on the worker node
+        assert answers(u["prefect"] + "/health") and cluster.worker_online(state.ports, state.pool)
+        started = time.monotonic()
+        flow_run = subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "run", "rlhf-pipeline/stage",
+                                   "--watch", "-p", 'only=["data_prep"]'], cwd=tmp_path, env=env | {"PREFECT_API_URL": u["prefect"]},
+                                  capture_output=True, text=True, timeout=300)
+        timings["flow run"] = time.monotonic() - started
+        worker_log = (root / "prefect-worker" / "prefect-worker.log").read_text()
+        assert flow_run.returncode == 0 and "Completed" in flow_run.stdout, flow_run.stdout[-3000:] + worker_log[-3000:]
+        assert stage_worker_logs(root, "ray-worker") and not stage_worker_logs(root, "ray-head")
+        (data_prep,) = client.search_runs([client.get_experiment_by_name("rlhf-pipeline").experiment_id],
+                                          "tags.`rlhf.stage` = 'data_prep'")
+        # its outputs, logged through the server; stored, for now, where the pipeline's experiment puts them: a
+        # folder under the driver's state folder (tracking.artifact_root), which the nodes here share
+        assert data_prep.info.status == "FINISHED" and client.list_artifacts(data_prep.info.run_id)
+    finally:
+        started = time.monotonic()
+        down = rlhf("down")
+        timings["down"] = time.monotonic() - started
+        print(json.dumps({k: round(v, 1) for k, v in timings.items()}))
+    assert down.returncode == 0, down.stderr
+    rows = processes.table()
+    assert not [pid for pid in pids if pid in rows and rows[pid].state != "Z"]
+    assert not (root / cluster.STATE_FILE).exists() and (root / "postgres" / "data" / "PG_VERSION").is_file()
+    assert rlhf("status").returncode == 1

@@ -1,0 +1,58 @@
+"""The RL driver's in-process backend: calls made once and in order, results standing in for calls passed
+as arguments (as Ray's object refs do), a timeout on a call that never returns, and the layout one process
+can run."""
+
+import time
+
+import pytest
+
+from configs import ConfigError, load_config
+from stages.rl.in_process import InProcess, layout
+
+
+class Counter:
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def add(self, *args):
+        self.calls.append(args)
+        return sum(args)
+
+    def stuck(self):
+        time.sleep(30)
+
+
+def test_a_call_runs_once_when_first_needed_and_its_pending_result_stands_in_for_it_as_an_argument():
+    backend, worker = InProcess(), Counter()
+    first = backend.call(worker, "add", 1, 2)
+    assert worker.calls == []  # not run yet
+    second = backend.call(worker, "add", first, 10)  # a pending result as an argument: its value
+    assert backend.get([second, first]) == [13, 3]
+    assert worker.calls == [(1, 2), (3, 10)]
+    assert backend.get(first) == 3 and len(worker.calls) == 2  # asked again: not run again
+
+
+def test_a_call_that_never_returns_ends_with_a_timeout_error():
+    backend = InProcess()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        backend.get([backend.call(Counter(), "stuck")], timeout=0.5)
+    assert time.monotonic() - started < 5
+
+
+def test_a_call_that_raises_raises_in_the_caller_with_or_without_a_timeout():
+    backend = InProcess()
+    with pytest.raises(TypeError):
+        backend.get([backend.call(Counter(), "add", "a", 1)], timeout=5)
+    with pytest.raises(TypeError):
+        backend.get(backend.call(Counter(), "add", "a", 1))
+
+
+def test_one_process_samples_in_the_policy_or_beside_it_under_zero_3_and_refuses_what_it_cannot_run():
+    assert layout(load_config(None, ["rl.engine=auto"])).rl.engine == "hybrid"
+    assert layout(load_config(None, ["rl.engine=auto", "infra.zero_stage=3"])).rl.engine == "hf"
+    assert layout(load_config(None, ["rl.engine=hf"])).rl.engine == "hf"
+    with pytest.raises(ConfigError, match="rl.engine=vllm: vLLM runs in processes of its own"):
+        layout(load_config(None, ["rl.engine=vllm"]))
+    with pytest.raises(ConfigError, match=r"rl.actor.num_workers=2: a one-process RL run has one rank per model; set it to 1"):
+        layout(load_config(None, ["rl.engine=hf", "rl.actor.num_workers=2"]))
