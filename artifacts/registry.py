@@ -77,15 +77,18 @@ def registered_description(artifact: str, stage: str, summary: str) -> str:
             "pipeline run that made it; `@champion` is the version that beat the others on the held-out eval.")
 
 
-def write_mlmodel(folder: Path, artifact: str, run_id: str, model_id: str | None, info: CheckpointInfo) -> bool:
+def write_mlmodel(folder: Path, artifact: str, run_id: str, model_id: str | None, info: CheckpointInfo,
+                  checkpoint_files: set[str] | None = None) -> bool:
     """An `MLmodel` file in a single checkpoint folder: no flavor (the folder stays a plain HF checkpoint),
     the signature of what it takes and gives, and its origin as metadata: the registry's Schema reads it.
-    Returns whether it wrote one (a folder of several checkpoints, `merged_models`, gets none)."""
+    Returns whether it wrote one (a folder of several checkpoints, `merged_models`, gets none).
+    `checkpoint_files`: the checkpoint's file names, where the folder is not the checkpoint's own."""
     from mlflow.models import Model
     from mlflow.models.signature import ModelSignature
     from mlflow.types import Schema
 
-    if not any((folder / name).is_file() for name in PLAIN_CHECKPOINT):
+    names = checkpoint_files if checkpoint_files is not None else {p.name for p in folder.iterdir() if p.is_file()}
+    if not names & set(PLAIN_CHECKPOINT):
         return False
     inputs, outputs = SIGNATURES.get(artifact, POLICY_IO)
     signature = ModelSignature(Schema.from_json(json.dumps(inputs)), Schema.from_json(json.dumps(outputs)))

@@ -91,18 +91,20 @@ def run_inputs(run) -> dict[str, str]:
 
 
 def publish(client: MlflowClient, run_id: str, outputs: dict[str, Path], register: tuple[str, ...],
-            info: CheckpointInfo | None = None, linked: tuple[list[str], object] = ([], None)) -> dict[str, ArtifactRef]:
+            info: CheckpointInfo | None = None, linked: tuple[list[str], object] = ([], None),
+            uploaded: bool = False) -> dict[str, ArtifactRef]:
     """Log each output directory under its name, register model outputs, then mark the run complete.
     With `info`, each model output is first a logged model of the run (an `MLmodel` file in its folder
     gives the registry its schema), its version is described and tagged with `info`, and the run's
-    `linked` metric names (on the dataset given) are attached to it."""
+    `linked` metric names (on the dataset given) are attached to it. `uploaded`: the stage's worker put
+    the outputs in the run already (on a tracking server, `artifacts.node_files`): only `MLmodel` is added."""
     refs, models = {}, {}
     for name, path in outputs.items():
         if info is not None and name in register:
             models[name] = registry.log_checkpoint(client, info, name, run_id).model_id
-            if registry.write_mlmodel(path, name, run_id, models[name], info):  # the weights stay in the run, once
-                client.log_model_artifact(models[name], str(path / "MLmodel"))
-        client.log_artifacts(run_id, str(path), name)
+            add_mlmodel(client, run_id, name, path, models[name], info, uploaded)
+        if not uploaded:
+            client.log_artifacts(run_id, str(path), name)
         refs[name] = ArtifactRef(name, run_id)
     artifact_uri = client.get_run(run_id).info.artifact_uri
     for name in register:
@@ -114,6 +116,20 @@ def publish(client: MlflowClient, run_id: str, outputs: dict[str, Path], registe
     client.set_tag(run_id, TAG_OUTPUTS, ",".join(outputs))
     client.set_tag(run_id, TAG_STATUS, COMPLETE)
     return refs
+
+
+def add_mlmodel(client: MlflowClient, run_id: str, name: str, path: Path, model_id: str, info: CheckpointInfo,
+                uploaded: bool) -> None:
+    """The checkpoint's `MLmodel` in its folder and in its logged model (the weights stay in the run, once)."""
+    if not uploaded:
+        if registry.write_mlmodel(path, name, run_id, model_id, info):
+            client.log_model_artifact(model_id, str(path / "MLmodel"))
+        return
+    files = {Path(entry.path).name for entry in client.list_artifacts(run_id, name)}
+    with tempfile.TemporaryDirectory() as folder:
+        if registry.write_mlmodel(Path(folder), name, run_id, model_id, info, files):
+            client.log_artifact(run_id, str(Path(folder) / "MLmodel"), name)
+            client.log_model_artifact(model_id, str(Path(folder) / "MLmodel"))
 
 
 def resolve_pin(client: MlflowClient, field: str, uri: str) -> ArtifactRef:
@@ -137,8 +153,9 @@ def resolve_pin(client: MlflowClient, field: str, uri: str) -> ArtifactRef:
     return pinned
 
 
-def download(ref: ArtifactRef, cache_root: Path) -> Path:
-    """A local copy of an upstream output, kept per run so repeated consumers copy once.
+def download(ref: ArtifactRef, cache_root: Path, tracking_uri: str | None = None) -> Path:
+    """A local copy of an upstream output, kept per run so repeated consumers copy once (from the store at
+`tracking_uri`, default this process's).
 
     Each caller downloads into its own temp dir and renames it into place, so stages that start at
     once (and other pipeline processes) never see a partial copy; the first rename wins.
@@ -151,9 +168,10 @@ def download(ref: ArtifactRef, cache_root: Path) -> Path:
     try:
         # from the run's artifact location: through `runs:/` MLflow replaces the reason a copy failed
         # (a full disk) with "please ensure that the path is correct"
-        artifact_uri = MlflowClient().get_run(ref.run_id).info.artifact_uri
+        artifact_uri = MlflowClient(tracking_uri).get_run(ref.run_id).info.artifact_uri
         with disk_full.reported(target):
-            mlflow.artifacts.download_artifacts(artifact_uri=f"{artifact_uri}/{ref.name}", dst_path=str(tmp))
+            mlflow.artifacts.download_artifacts(artifact_uri=f"{artifact_uri}/{ref.name}", dst_path=str(tmp),
+                                                tracking_uri=tracking_uri)
         try:
             (tmp / ref.name).rename(target)
         except OSError:

@@ -1,6 +1,7 @@
 """Where MLflow lives: a SQLite store and an artifact root under the project's state folder by
 default (absolute paths), `MLFLOW_TRACKING_URI` or `tracking.uri` otherwise. A local SQLite file is
-checked before MLflow opens it (`sqlite_store.check`)."""
+checked before MLflow opens it (`sqlite_store.check`). On a tracking server (`http(s)://`) the server
+keeps the artifacts too, and stage workers exchange every file through it (`artifacts.node_files`)."""
 
 from __future__ import annotations
 
@@ -21,15 +22,30 @@ class TrackingSetup:
     system_metrics: bool = True
 
     @property
-    def artifact_root(self) -> str:
-        return (self.state_dir / "mlartifacts").as_uri()
+    def remote(self) -> bool:
+        """A tracking server: no disk is assumed shared between this process and the stage workers."""
+        return is_server(self.uri)
+
+    @property
+    def artifact_root(self) -> str | None:
+        """Where a new experiment's artifacts go: a folder in the state folder, or on a tracking server the
+        server's own artifact destination (its proxy, `mlflow server --serve-artifacts`)."""
+        return None if self.remote else (self.state_dir / "mlartifacts").as_uri()
 
     @property
     def sqlite_file(self) -> Path | None:
         return sqlite_store.sqlite_path(self.uri)
 
-    def ui_command(self) -> str:
-        return f"mlflow ui --backend-store-uri {self.uri}"
+    def ui_page(self, page: str) -> str:
+        """Where a person opens `page` of the MLflow UI: the tracking server's own UI, or `mlflow ui` on
+        the local store first."""
+        if self.remote:
+            return f"{self.uri.rstrip('/')}/{page}"
+        return f"mlflow ui --backend-store-uri {self.uri}, then http://127.0.0.1:5000/{page}"
+
+
+def is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
 
 
 def resolve_uri(cfg: TrackingConfig) -> str:

@@ -376,12 +376,19 @@ def check_can_start(root: Path) -> tuple[Path, str | None]:
     return bindir, db_user
 
 
+def node_env(starter: Starter, node: str) -> dict[str, str]:
+    """A node's folder for stage files (inputs, work, outputs: `artifacts.node_files`), as a machine of its
+    own would have: the nodes here share a disk, the pipeline must not rely on it."""
+    return {"RLHF_NODE_DIR": str(starter.folder(node) / "files")}
+
+
 def start_services(starter: Starter, bindir: Path, db_user: str | None) -> None:
     """The three independent services first (Ray's head, Prefect's server, PostgreSQL), then each one that
     needs another as soon as that one answers; last, the wait for all of them."""
     cluster = starter.cluster
     ports, u = cluster.ports, urls(cluster.ports)
-    starter.start("ray-head", ray_head_command(ports, starter.ray_temp("ray-head"), cluster.worker_cpus), RAY_ENV)
+    starter.start("ray-head", ray_head_command(ports, starter.ray_temp("ray-head"), cluster.worker_cpus),
+                  RAY_ENV | node_env(starter, "ray-head"))
     # its UI asks the API at PREFECT_API_URL: this server's, whatever this shell has set
     starter.start("prefect-server", prefect_server_command(ports),
                   {"PREFECT_HOME": str(starter.folder("prefect-server")), "PREFECT_API_URL": u["prefect"]})
@@ -398,7 +405,8 @@ def start_services(starter: Starter, bindir: Path, db_user: str | None) -> None:
     artifacts.mkdir(exist_ok=True)
     starter.start("mlflow", mlflow_command(ports, artifacts), MLFLOW_ENV)
     starter.wait("ray-head", lambda: port_open(ports["ray"]), f"nothing listens at {u['ray']}")
-    starter.start("ray-worker", ray_worker_command(ports, starter.ray_temp("ray-worker"), cluster.worker_cpus), RAY_ENV)
+    starter.start("ray-worker", ray_worker_command(ports, starter.ray_temp("ray-worker"), cluster.worker_cpus),
+                  RAY_ENV | node_env(starter, "ray-worker"))
     starter.wait("prefect-server", lambda: answers(u["prefect"] + "/health"), f"no answer at {u['prefect']}/health")
     starter.start("prefect-worker", prefect_worker_command(cluster.pool),
                   {**client_env(ports), "PREFECT_HOME": str(starter.folder("prefect-worker"))})

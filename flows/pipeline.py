@@ -140,7 +140,7 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
         record_outcomes(client, experiment_id, parent_id, label, outcomes, rows, time.monotonic() - started)
         failed = [o for o in outcomes.values() if o.status == "failed"]
         client.set_terminated(parent_id, RunStatus.to_string(RunStatus.FAILED if failed else RunStatus.FINISHED))
-        ui = f"{setup.ui_command()}, then http://127.0.0.1:5000/{run_views.ui_page(experiment_id)}"
+        ui = setup.ui_page(run_views.ui_page(experiment_id))
         print_summary(rows, parent_id, ui, time.monotonic() - started, evaluated, cfg.eval.metric)
         if failed:
             raise stage_failure(failed[0])

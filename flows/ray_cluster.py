@@ -123,15 +123,18 @@ class RaySession:
             print(f"[ray] connected to {self.where}: {ray.cluster_resources().get('CPU', 0):g} CPU, "
                   f"{ray.cluster_resources().get('GPU', 0):g} GPU", flush=True)
 
-    def run_stage(self, spec: StageSpec, ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
-        from stages.common.ray_workers import run_stage
+    def run_stage(self, spec: StageSpec, ctx: StageContext, inputs: dict[str, Path], files=None) -> StageResult:
+        """`files` (`artifacts.node_files.RunFiles`): the stage's workers share no disk with this process;
+        `inputs` is empty and they exchange every file through the tracking server."""
+        from stages.common.ray_workers import run_driver_stage, run_stage
 
         self.ensure()
         if spec.driver:  # it starts actors of its own: no idle stage worker may hold their CPUs
-            ctx = dataclasses.replace(ctx, should_stop=self.stopping.is_set)
             with self.pool.outside_work() if self.pool else contextlib.nullcontext():
-                return run_timed(spec.load(), ctx, inputs)
-        return run_stage(spec.entrypoint, ctx, inputs, self.infra, spec.distributed, self.pool)
+                if files is not None:
+                    return run_driver_stage(spec.entrypoint, ctx, self.infra, files)
+                return run_timed(spec.load(), dataclasses.replace(ctx, should_stop=self.stopping.is_set), inputs)
+        return run_stage(spec.entrypoint, ctx, inputs, self.infra, spec.distributed, self.pool, files)
 
     def stop(self) -> None:
         """Ctrl-C: end every stage's work on the cluster now. A driver stage sees `stopping` between its

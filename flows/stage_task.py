@@ -19,7 +19,7 @@ from mlflow.entities import Param, RunStatus
 from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
 import configs
-from artifacts import datasets, disk_full, registry, run_owner, store
+from artifacts import datasets, disk_full, node_files, registry, run_owner, store
 from artifacts import fingerprint as fp
 from artifacts.metrics import MlflowMetrics
 from artifacts.tracking import TrackingSetup
@@ -184,24 +184,37 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
     client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
     print(f"[{spec.name}] running (MLflow run {run_id}, fingerprint {fingerprint})", flush=True)
 
-    local_inputs = {n: store.download(ref, setup.state_dir / "downloads") for n, ref in inputs.items()}
+    # on a tracking server the stage's workers fetch their own inputs (`node_files`); here, only the
+    # datasets, for their digests
+    fetched = {n: ref for n, ref in inputs.items() if not setup.remote or n in dag.DATASETS}
+    local_inputs = {n: store.download(ref, setup.state_dir / "downloads") for n, ref in fetched.items()}
     read = dataset_inputs(client, inputs, local_inputs, setup.state_dir / HASH_CACHE)
     if spec.datasets:  # data prep: what the config's data section names
         read += datasets.config_sources(cfg.data, cfg.seed, setup.state_dir / HASH_CACHE)
     datasets.log(client, run_id, read)
-    if not spec.takes_adapters and any(checkpoint_paths.is_adapter(p) for p in local_inputs.values()):
+    files = None
+    if setup.remote:
+        files = node_files.RunFiles(
+            setup.uri, run_id, {n: ref.run_id for n, ref in inputs.items()}, work_dir.name,
+            node_files.resumable_run(client, experiment_id, spec.name, fingerprint, run_id),
+            merge_adapters=not spec.takes_adapters)
+        if files.resume_run:
+            print(f"[{spec.name}] resuming from the checkpoints of MLflow run {files.resume_run}", flush=True)
+        local_inputs = {}
+    elif not spec.takes_adapters and any(checkpoint_paths.is_adapter(p) for p in local_inputs.values()):
         from stages import lora_merge  # peft and torch: in this process only when there is an adapter to merge
 
         local_inputs = {n: lora_merge.materialize(p) for n, p in local_inputs.items()}  # the stage gets it merged
-    output_dir = work_dir / "output"
-    shutil.rmtree(output_dir, ignore_errors=True)  # a previous, interrupted attempt's partial outputs
-    output_dir.mkdir(parents=True)
+    output_dir = work_dir / "output"  # with `files`, the worker's node has its own
+    if files is None:
+        shutil.rmtree(output_dir, ignore_errors=True)  # a previous, interrupted attempt's partial outputs
+        output_dir.mkdir(parents=True)
     ctx = StageContext(
         stage=spec.name, config=cfg, output_dir=output_dir, work_dir=work_dir,
         log_metrics=MlflowMetrics(setup.uri, run_id),
     )
     with system_metrics(setup, run_id):
-        result = ray_session.run_stage(spec, ctx, local_inputs)
+        result = ray_session.run_stage(spec, ctx, local_inputs, files)
     if ray_session.stopping.is_set():  # a stage that finished while the run was stopped is not published
         raise KeyboardInterrupt("the run is being stopped")
 
@@ -218,7 +231,8 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
         pipeline_run=parent_run_id, data=datasets.digests(read),
         parents={n: ref.identity for n, ref in inputs.items() if n not in dag.DATASETS},
     )
-    refs = store.publish(client, run_id, result.outputs, spec.register, info, linked=checkpoint_metrics(result.metrics, read))
+    refs = store.publish(client, run_id, result.outputs, spec.register, info, linked=checkpoint_metrics(result.metrics, read),
+                         uploaded=files is not None)
     if spec.name == "rl":
         from flows import eval_report  # matplotlib: in this process only when there is a plot to draw
 

@@ -16,6 +16,10 @@ def _no_metrics(metrics: dict[str, float], step: int) -> None:
     """Default sink when a stage runs outside a tracked pipeline."""
 
 
+def _kept_locally(ckpt_dir: Path, tag: str) -> None:
+    """Default checkpoint sink: the work dir itself is where a rerun finds it."""
+
+
 def _never() -> bool:
     """Default stop check: nothing asks the stage to stop."""
     return False
@@ -40,6 +44,9 @@ class StageContext:
     should_stop: Callable[[], bool] = _never
     rank: int = 0
     world_size: int = 1
+    # called on every rank once checkpoint `tag` of a folder in `work_dir` is written (DeepSpeed's
+    # `latest` naming it): on nodes without a shared disk it goes to the tracking server for a rerun
+    on_checkpoint: Callable[[Path, str], None] = _kept_locally
 
     @property
     def is_main(self) -> bool:

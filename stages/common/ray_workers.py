@@ -84,13 +84,29 @@ class StageWorker:
     def rendezvous(self) -> tuple[str, int]:
         return free_address()
 
-    def run(self, entrypoint: str, ctx: StageContext, inputs: dict[str, Path], master: tuple[str, int], cwd: str):
-        os.chdir(cwd)  # relative paths in the config mean what they meant to the driver
-        join_env(master, self.rank, self.world_size)
+    def run(self, entrypoint: str, ctx: StageContext, inputs: dict[str, Path], master: tuple[str, int] | None, cwd: str,
+            files=None):
+        """`files` (`artifacts.node_files.RunFiles`): no disk is shared with the driver; the inputs come from
+        the tracking server, work and outputs stay on this node, and rank 0 uploads the outputs."""
+        if os.path.isdir(cwd):
+            os.chdir(cwd)  # relative paths in the config mean what they meant to the driver
+        if master is not None:
+            join_env(master, self.rank, self.world_size)
         module, func = entrypoint.split(":")
         stage_fn = getattr(importlib.import_module(module), func)
+        ctx = dataclasses.replace(ctx, rank=self.rank, world_size=self.world_size)
         try:
-            return run_timed(stage_fn, dataclasses.replace(ctx, rank=self.rank, world_size=self.world_size), inputs)
+            if files is None:
+                return run_timed(stage_fn, ctx, inputs)
+            inputs = files.fetch_inputs()
+            rank = self.rank if master is not None else None  # a driver stage uploads its actors' checkpoints whole
+            ctx = dataclasses.replace(ctx, work_dir=files.work_dir(), output_dir=files.output_dir(),
+                                      on_checkpoint=functools.partial(files.checkpoint_saved, rank=rank))
+            result = run_timed(stage_fn, ctx, inputs)
+            if self.rank == 0:
+                files.upload_outputs(result.outputs)
+            files.finished()
+            return result
         finally:
             from stages.common.deepspeed_engine import release_engines  # torch: only in the worker
 
@@ -260,8 +276,9 @@ def stage_shape(infra: InfraConfig, distributed: bool) -> Shape:
 
 
 def run_stage(entrypoint: str, ctx: StageContext, inputs: dict[str, Path], infra: InfraConfig, distributed: bool,
-              pool: WorkerPool | None = None) -> StageResult:
-    """Run the stage function on its ranks, in workers from `pool` (fresh ones without a pool)."""
+              pool: WorkerPool | None = None, files=None) -> StageResult:
+    """Run the stage function on its ranks, in workers from `pool` (fresh ones without a pool); `files`:
+    see `StageWorker.run`."""
     shape = stage_shape(infra, distributed)
     check_resources(ctx.stage, shape)
     pool = pool or WorkerPool(keep_idle=False)
@@ -269,9 +286,25 @@ def run_stage(entrypoint: str, ctx: StageContext, inputs: dict[str, Path], infra
     healthy = False
     try:
         master = ray.get(ranks.workers[0].rendezvous.remote())
-        results = ray.get([w.run.remote(entrypoint, ctx, inputs, master, os.getcwd()) for w in ranks.workers])
+        results = ray.get([w.run.remote(entrypoint, ctx, inputs, master, os.getcwd(), files) for w in ranks.workers])
         # a worker still holding a stage's model (ZeRO-3) is replaced, not kept for the next stage
         healthy = all(ray.get([w.reusable.remote() for w in ranks.workers]))
         return results[0]
     finally:
         pool.release(ranks, healthy)
+
+
+DRIVER_SHARE = 0.01  # of one unit of each `infra.worker_resources` resource: enough to place it, none used up
+
+
+def run_driver_stage(entrypoint: str, ctx: StageContext, infra: InfraConfig, files) -> StageResult:
+    """A stage that starts actors of its own (RL), run in a process on a stage node rather than in the
+    driver's, so that it reads and writes no file of the driver's (`files`). It takes no CPU from its
+    actors; stopping the flow (Ray shut down in the driver) ends it and its actors with it."""
+    resources = {k: DRIVER_SHARE for k in infra.worker_resources}
+    driver = StageWorker.options(num_cpus=0, resources=resources).remote(0, 1, 1)
+    try:
+        return ray.get(driver.run.remote(entrypoint, ctx, {}, None, os.getcwd(), files))
+    finally:
+        ray.kill(driver)
+

@@ -154,6 +154,7 @@ def train_loop(
                 progress.update(done, force=True, **{f"eval_{k}": v for k, v in outcome.last_eval.items()})
         if done % train.save_every == 0 and done < steps:
             deepspeed_engine.save_resumable(engine, ckpt_dir, done)
+            ctx.on_checkpoint(ckpt_dir, f"step{done}")
     if start >= steps:  # resumed at the end: nothing left to train, still report the eval
         engine.eval()
         with torch.no_grad():

@@ -307,7 +307,7 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
                 ctx.log_metrics({f"eval/{k}": v for k, v in last_eval.items()}, done)
                 progress.update(done, force=True, **{f"eval_{k}": v for k, v in last_eval.items()})
             if done % rl.save_every == 0 and done < total:
-                save(actors, ckpt, done, {"cursor": cursor, "kl_coef": kl_ctl.value, "before": before})
+                save(actors, ckpt, done, {"cursor": cursor, "kl_coef": kl_ctl.value, "before": before}, ctx.on_checkpoint)
         if start >= total:
             last_eval = evaluate(actors, tokenizer, eval_prompts, cfg)
         out = ctx.output_dir / "rl_model"
@@ -463,11 +463,14 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     return batch, logs
 
 
-def save(actors: Actors, ckpt: dict[str, Path], step: int, extra: dict) -> None:
-    """Critic first (its older tag kept), then the policy, whose `latest` marks the step as complete."""
+def save(actors: Actors, ckpt: dict[str, Path], step: int, extra: dict, on_checkpoint) -> None:
+    """Critic first (its older tag kept), then the policy, whose `latest` marks the step as complete;
+    each announced to `on_checkpoint` (the stage context's) in that order."""
     if actors.critic:
         actors.on_all(actors.critic, "save", str(ckpt["critic"]), step, None, False)
+        on_checkpoint(ckpt["critic"], f"step{step}")
     actors.on_all(actors.policy, "save", str(ckpt["policy"]), step, extra)
+    on_checkpoint(ckpt["policy"], f"step{step}")
     if actors.critic:
         actors.on_all(actors.critic[:1], "prune", str(ckpt["critic"]), step)
 

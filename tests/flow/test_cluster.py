@@ -1,7 +1,7 @@
 """`rlhf cluster up|down` on this machine: PostgreSQL, the MLflow server on it with its artifact proxy, a
-2-node Ray cluster and a Prefect server + process worker, each checked through its own client; a flow run
-of the pipeline's deployment on the work pool runs its stage worker on the worker node; `down` leaves no
-process behind."""
+2-node Ray cluster and a Prefect server + process worker, each checked through its own client; the tiny
+pipeline as a flow run of the full deployment on the work pool runs every stage on the worker node with
+every file through the MLflow server, then again all cached; `down` leaves no process behind."""
 
 from __future__ import annotations
 
@@ -15,9 +15,20 @@ from pathlib import Path
 
 import pytest
 
+from artifacts import registry, store
 from flows import cluster, processes
 from flows.serve import answers
+from stages import dag
 from tests.flow.conftest import CLI, cli_env
+
+# the tiny preset cut to a few steps a stage: what is checked is where the work and its files go
+QUICK = [
+    "data.synthetic.num_train=200", "data.synthetic.num_eval=21", "data.synthetic.num_prompts=20", "eval.max_samples=20",
+    "sft.max_steps=6", "sft.eval_every=3", "sft.save_every=3", "rm.max_steps=4", "prm.max_steps=4",
+    "rl.max_steps=2", "rl.rollout_batch_size=4", "rl.n_samples_per_prompt=4", "rl.train_batch_size=8",
+    "rl.micro_train_batch_size=4", "rl.eval_every=2", "rl.save_every=1", "eval.samples_per_prompt=1",
+    "dpo.max_steps=2", "dpo.micro_batch_size=4",
+]
 
 
 RAY_NODES = """
@@ -94,21 +105,35 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         nodes = json.loads(nodes.stdout.splitlines()[-1])
         assert len(nodes) == 2 and sorted(r.get(cluster.WORKER_RESOURCE, 0) for r in nodes) == [0, 2]
 
-        # Prefect: a flow run of the stage deployment, picked up by the pool's worker, its stage on the worker node
+        # Prefect: the whole pipeline as a flow run of the full deployment, picked up by the pool's worker, every
+        # stage on the worker node, every file through the MLflow server; then again, all cached
         assert answers(u["prefect"] + "/health") and cluster.worker_online(state.ports, state.pool)
-        started = time.monotonic()
-        flow_run = subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "run", "rlhf-pipeline/stage",
-                                   "--watch", "-p", 'only=["data_prep"]'], cwd=tmp_path, env=env | {"PREFECT_API_URL": u["prefect"]},
-                                  capture_output=True, text=True, timeout=300)
-        timings["flow run"] = time.monotonic() - started
-        worker_log = (root / "prefect-worker" / "prefect-worker.log").read_text()
-        assert flow_run.returncode == 0 and "Completed" in flow_run.stdout, flow_run.stdout[-3000:] + worker_log[-3000:]
+        for attempt in ("cold", "cached"):
+            started = time.monotonic()
+            flow_run = subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "run", "rlhf-pipeline/full",
+                                       "--watch", "-p", f"overrides={json.dumps([cluster.PIN, *QUICK])}"],
+                                      cwd=tmp_path, env=env | {"PREFECT_API_URL": u["prefect"]}, capture_output=True,
+                                      text=True, timeout=900)
+            timings[f"flow run, {attempt}"] = time.monotonic() - started
+            worker_log = (root / "prefect-worker" / "prefect-worker.log").read_text()
+            assert flow_run.returncode == 0 and "Completed" in flow_run.stdout, flow_run.stdout[-3000:] + worker_log[-5000:]
+        assert "[rl] cached: reusing" in worker_log and "[eval] cached: reusing" in worker_log, worker_log[-5000:]
         assert stage_worker_logs(root, "ray-worker") and not stage_worker_logs(root, "ray-head")
-        (data_prep,) = client.search_runs([client.get_experiment_by_name("rlhf-pipeline").experiment_id],
-                                          "tags.`rlhf.stage` = 'data_prep'")
-        # its outputs, logged through the server; stored, for now, where the pipeline's experiment puts them: a
-        # folder under the driver's state folder (tracking.artifact_root), which the nodes here share
-        assert data_prep.info.status == "FINISHED" and client.list_artifacts(data_prep.info.run_id)
+        experiment = client.get_experiment_by_name("rlhf-pipeline")
+        runs = client.search_runs([experiment.experiment_id], f"tags.`{store.TAG_STATUS}` = '{store.COMPLETE}'")
+        assert {r.data.tags[store.TAG_STAGE] for r in runs} == {"data_prep", "sft", "rm", "prm", "rl", "dpo", "eval"}
+        assert all(r.info.artifact_uri.startswith("mlflow-artifacts:/") for r in runs)
+        # no stage file on the driver's disk: the flow run downloaded the datasets (for their digests), nothing else
+        state = tmp_path / ".rlhf"
+        assert not list(state.glob("work/*/output")) and not list(state.glob("mlartifacts"))
+        assert {p.name for p in state.glob("downloads/*/*")} <= set(dag.DATASETS)
+        # the worker node fetched each model it read into its own folder, and cleared its work and outputs
+        node = root / "ray-worker" / "files"
+        assert {"base_model", "sft_model"} <= {p.name for p in node.glob("downloads/*/*")}
+        assert not [p for p in node.glob("work/*") if p.is_dir()] and not any(node.glob("output/*"))
+        rl = next(r for r in runs if r.data.tags[store.TAG_STAGE] == "rl")
+        assert {"train/reward", "eval/accuracy"} <= set(rl.data.metrics)
+        assert client.get_model_version(registry.registered_name("rl_model"), "1").source.startswith("mlflow-artifacts:/")
     finally:
         started = time.monotonic()
         down = rlhf("down")

@@ -1,0 +1,160 @@
+"""A stage's files on a tracking server, for stage work on nodes that share no disk with the driver.
+
+With `tracking.uri=http(s)://...` a stage worker reads nothing by a path the driver gave it: each node
+downloads the inputs its ranks read into a folder of its own (`RLHF_NODE_DIR`, default
+`<tmp>/rlhf-node`), the stage writes its work and outputs there, and rank 0 uploads the outputs to the
+stage's MLflow run through the server. Resumable checkpoints go up to the run as they are written
+(under `work/`, mirroring the work dir), so a rerun of the stage on any node starts from the newest
+checkpoint an earlier run of the same fingerprint left.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from artifacts import store
+
+WORK = "work"  # a run's artifact folder of resumable checkpoints, mirroring its work dir
+LATEST = "latest"  # DeepSpeed's pointer to a checkpoint folder's newest complete tag: uploaded last
+RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_")
+
+
+def node_dir() -> Path:
+    """This node's folder for stage files (`RLHF_NODE_DIR`, set where a node starts)."""
+    return Path(os.environ.get("RLHF_NODE_DIR") or Path(tempfile.gettempdir()) / "rlhf-node")
+
+
+def owner(name: str) -> int:
+    """The rank that writes a checkpoint file: ZeRO's per-rank partitions name theirs; rank 0 writes the rest."""
+    found = RANK_FILE.search(name)
+    return int(found.group(1)) if found else 0
+
+
+def files_to_upload(tag_dir: Path, rank: int | None) -> list[Path]:
+    """The files of one checkpoint tag that `rank` wrote (None: all of them, for a single process)."""
+    files = sorted(p for p in tag_dir.rglob("*") if p.is_file())
+    return [p for p in files if rank is None or owner(p.name) == rank]
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """What a stage worker needs to find its inputs and leave its files on the tracking server."""
+
+    tracking_uri: str
+    run_id: str
+    inputs: dict[str, str]  # artifact name -> the run that produced it
+    work_name: str  # "<stage>-<fingerprint>"
+    resume_run: str | None = None  # an earlier run of this stage and fingerprint that uploaded checkpoints
+    merge_adapters: bool = False  # the stage takes whole models: a LoRA adapter input is merged on the node
+
+    def client(self):
+        from mlflow import MlflowClient
+
+        return MlflowClient(self.tracking_uri)
+
+    @property
+    def local_work_dir(self) -> Path:
+        return node_dir() / "work" / self.work_name
+
+    def fetch_inputs(self) -> dict[str, Path]:
+        """The inputs, downloaded to this node once per producing run (ranks on one node share the copy)."""
+        paths = {name: store.download(store.ArtifactRef(name, run), node_dir() / "downloads", self.tracking_uri)
+                 for name, run in self.inputs.items()}
+        if self.merge_adapters:
+            from stages.common.checkpoint_paths import is_adapter
+
+            if any(is_adapter(p) for p in paths.values()):
+                from stages import lora_merge
+
+                paths = {name: lora_merge.materialize(p) for name, p in paths.items()}
+        return paths
+
+    def work_dir(self) -> Path:
+        """This node's work dir for the run, holding `resume_run`'s checkpoints: made once per node and run
+        (the first rank to come downloads them while the others wait on the lock)."""
+        work = self.local_work_dir
+        work.parent.mkdir(parents=True, exist_ok=True)
+        with open(work.parent / f"{self.work_name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            made = work.parent / f"{self.work_name}.{self.run_id}"
+            if not made.exists():
+                shutil.rmtree(work, ignore_errors=True)  # an earlier run's, on this node: the server's copy decides
+                work.mkdir(parents=True)
+                if self.resume_run is not None:
+                    download_checkpoints(self.client(), self.resume_run, work)
+                made.touch()
+        return work
+
+    def output_dir(self) -> Path:
+        path = node_dir() / "output" / self.run_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def checkpoint_saved(self, ckpt_dir: Path, tag: str, rank: int | None = None) -> None:
+        """Upload checkpoint `tag` of `ckpt_dir` (in the work dir): each rank its own files, then, once
+        every rank's are up, rank 0 the `latest` pointer, so the server never names a tag it lacks."""
+        client = self.client()
+        where = f"{WORK}/{ckpt_dir.relative_to(self.local_work_dir).as_posix()}"
+        for path in files_to_upload(ckpt_dir / tag, rank):
+            client.log_artifact(self.run_id, str(path), f"{where}/{path.parent.relative_to(ckpt_dir).as_posix()}")
+        if rank is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                dist.barrier()
+        if rank in (None, 0) and (ckpt_dir / LATEST).is_file():
+            client.log_artifact(self.run_id, str(ckpt_dir / LATEST), where)
+
+    def upload_outputs(self, outputs: dict[str, Path]) -> None:
+        """Rank 0: each output folder to the run, under its name; then this node's copies go."""
+        client = self.client()
+        for name, path in outputs.items():
+            client.log_artifacts(self.run_id, str(path), name)
+        shutil.rmtree(self.output_dir(), ignore_errors=True)
+
+    def finished(self) -> None:
+        """The stage's outputs are up: its checkpoints on this node are not needed again."""
+        shutil.rmtree(self.local_work_dir, ignore_errors=True)
+        (self.local_work_dir.parent / f"{self.work_name}.{self.run_id}").unlink(missing_ok=True)
+
+
+def resumable_run(client, experiment_id: str, stage: str, fingerprint: str, exclude: str) -> str | None:
+    """The newest other run of `stage` with this fingerprint that ended without its outputs and left
+    checkpoints on the server; None when there is none."""
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{store.TAG_STAGE}` = '{stage}' and tags.`{store.TAG_FINGERPRINT}` = '{fingerprint}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=20,
+    )
+    for run in runs:
+        if run.info.run_id != exclude and run.data.tags.get(store.TAG_STATUS) != store.COMPLETE \
+                and client.list_artifacts(run.info.run_id, WORK):
+            return run.info.run_id
+    return None
+
+
+def checkpoint_folders(client, run_id: str, path: str = WORK) -> list[str]:
+    """The artifact folders under `path` of a run that hold a `latest` pointer (their subfolders are tags)."""
+    entries = client.list_artifacts(run_id, path)
+    if any(not e.is_dir and e.path.rsplit("/", 1)[-1] == LATEST for e in entries):
+        return [path]
+    return [found for e in entries if e.is_dir for found in checkpoint_folders(client, run_id, e.path)]
+
+
+def download_checkpoints(client, run_id: str, work: Path) -> None:
+    """The newest tag of each checkpoint folder `run_id` uploaded, into the work dir where it was written
+    (its `latest` pointer last, as DeepSpeed writes it)."""
+    for folder in checkpoint_folders(client, run_id):
+        local = work / PurePosixPath(folder).relative_to(WORK)
+        local.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=work) as staging:
+            tag = Path(client.download_artifacts(run_id, f"{folder}/{LATEST}", staging)).read_text().strip()
+        client.download_artifacts(run_id, f"{folder}/{tag}", str(local))
+        (local / LATEST).write_text(tag)

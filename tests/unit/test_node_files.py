@@ -1,0 +1,118 @@
+"""Stage files through the tracking store for nodes without a shared disk (`artifacts.node_files`): who
+uploads which checkpoint file, the checkpoints a rerun on another node finds, and the outputs a worker
+uploads, which publishing then registers without uploading again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from artifacts import node_files, registry, store
+
+
+def test_each_rank_uploads_the_partitions_it_wrote_and_rank_0_the_rest(tmp_path):
+    tag = tmp_path / "step2"
+    tag.mkdir()
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                 "zero_pp_rank_1_mp_rank_00_optim_states.pt", "zero_pp_rank_12_mp_rank_00_optim_states.pt"):
+        (tag / name).write_text(name)
+    names = lambda rank: [p.name for p in node_files.files_to_upload(tag, rank)]  # noqa: E731
+    assert names(0) == ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+    assert names(1) == ["zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert names(12) == ["zero_pp_rank_12_mp_rank_00_optim_states.pt"]
+    assert names(2) == []
+    assert len(names(None)) == 4
+
+
+@pytest.fixture
+def tracking(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the registry follows it, as in the pipeline's driver
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("e", artifact_location=(tmp_path / "artifacts").as_uri())
+    return uri, client, experiment
+
+
+def stage_run(client, experiment, fingerprint="fp1") -> str:
+    return client.create_run(experiment, tags={store.TAG_STAGE: "sft", store.TAG_FINGERPRINT: fingerprint}).info.run_id
+
+
+def save_checkpoint(work: Path, folder: str, step: int) -> Path:
+    """What DeepSpeed leaves after `save_checkpoint(tag=f"step{step}")` with the older tag pruned."""
+    ckpt = work / folder
+    (ckpt / f"step{step}").mkdir(parents=True)
+    (ckpt / f"step{step}" / "mp_rank_00_model_states.pt").write_text(f"weights at {step}")
+    (ckpt / "latest").write_text(f"step{step}")
+    return ckpt
+
+
+def test_a_rerun_on_another_node_resumes_from_the_newest_uploaded_checkpoint(tracking, tmp_path, monkeypatch):
+    uri, client, experiment = tracking
+    monkeypatch.setenv("RLHF_NODE_DIR", str(tmp_path / "node-a"))
+    first = node_files.RunFiles(uri, stage_run(client, experiment), {}, "sft-fp1")
+    work = first.work_dir()
+    assert work == tmp_path / "node-a" / "work" / "sft-fp1"
+    for step in (1, 2):
+        ckpt = save_checkpoint(work, "checkpoints/policy", step)
+        first.checkpoint_saved(ckpt, f"step{step}")
+        if step == 1:
+            import shutil
+
+            shutil.rmtree(ckpt / "step1")  # pruned, as DeepSpeed's caller does
+    client.set_terminated(first.run_id, "FAILED")
+    other_fingerprint = stage_run(client, experiment, "fp2")
+    node_files.RunFiles(uri, other_fingerprint, {}, "sft-fp2").checkpoint_saved(
+        save_checkpoint(tmp_path / "node-a" / "work" / "sft-fp2", "checkpoints/policy", 9), "step9")
+
+    rerun_id = stage_run(client, experiment)
+    assert node_files.resumable_run(client, experiment, "sft", "fp1", rerun_id) == first.run_id
+    assert node_files.resumable_run(client, experiment, "sft", "fp3", rerun_id) is None
+    monkeypatch.setenv("RLHF_NODE_DIR", str(tmp_path / "node-b"))
+    rerun = node_files.RunFiles(uri, rerun_id, {}, "sft-fp1", resume_run=first.run_id)
+    resumed = rerun.work_dir() / "checkpoints" / "policy"
+    assert (resumed / "latest").read_text() == "step2"
+    assert sorted(p.name for p in resumed.iterdir()) == ["latest", "step2"]  # the newest tag only
+    assert (resumed / "step2" / "mp_rank_00_model_states.pt").read_text() == "weights at 2"
+    (resumed / "step2" / "scratch").write_text("written by the rerun")
+    assert rerun.work_dir() == resumed.parent.parent and (resumed / "step2" / "scratch").exists()  # prepared once
+
+    # a complete run's checkpoints are never resumed from
+    client.set_tag(first.run_id, store.TAG_STATUS, store.COMPLETE)
+    assert node_files.resumable_run(client, experiment, "sft", "fp1", rerun_id) is None
+
+
+def test_outputs_uploaded_by_the_worker_are_published_without_a_second_upload(tracking, tmp_path, monkeypatch):
+    uri, client, experiment = tracking
+    monkeypatch.setenv("RLHF_NODE_DIR", str(tmp_path / "node"))
+    producer = stage_run(client, experiment)
+    model = tmp_path / "made" / "sft_model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_text("weights")
+    client.log_artifacts(producer, str(model), "sft_model")
+
+    consumer = stage_run(client, experiment)
+    files = node_files.RunFiles(uri, consumer, {"sft_model": producer}, "rm-fp1")
+    fetched = files.fetch_inputs()["sft_model"]
+    assert fetched == tmp_path / "node" / "downloads" / producer / "sft_model"
+    assert (fetched / "model.safetensors").read_text() == "weights"
+
+    out = files.output_dir() / "reward_model"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_text("rm weights")
+    files.upload_outputs({"reward_model": out})
+    assert not out.exists()  # the node's copy goes once the server has it
+    info = registry.CheckpointInfo(experiment_id=experiment, stage="rm", summary="a reward model", fingerprint="fp1",
+                                   config={}, pipeline_run="", data={}, parents={})
+    refs = store.publish(client, consumer, {"reward_model": out}, ("reward_model",), info, uploaded=True)
+    assert refs["reward_model"].identity == f"runs:/{consumer}/reward_model"
+    # (MLflow lists the logged model's MLmodel beside the run's own)
+    listed = {Path(a.path).name for a in client.list_artifacts(consumer, "reward_model")}
+    assert listed == {"MLmodel", "config.json", "model.safetensors"}
+    run_folder = Path(client.get_run(consumer).info.artifact_uri.removeprefix("file://")) / "reward_model"
+    assert sorted(p.name for p in run_folder.iterdir()) == ["MLmodel", "config.json", "model.safetensors"]
+    version = client.get_model_version(registry.registered_name("reward_model"), "1")
+    assert version.run_id == consumer
