@@ -19,6 +19,8 @@ from mlflow import MlflowClient
 from mlflow.entities import LoggedModelOutput, Metric
 from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS, MLFLOW_RUN_NOTE
 
+from artifacts import tracking
+
 MODEL_PREFIX = "rlhf-"
 CHAMPION = "champion"
 TAG_EVAL_PREFIX = "rlhf.eval."  # version tags: the eval metric the version scored and the eval run
@@ -143,7 +145,11 @@ def register_model(client: MlflowClient, name: str, source: str, run_id: str, in
             pass  # created concurrently
     if info is None:
         return client.create_model_version(name, source=source, run_id=run_id)
-    version = client.create_model_version(name, source=source, run_id=run_id, model_id=model_id, tags=info.tags(),
+    # a tracking server takes a version's `model_id` only with a source inside that logged model's own
+    # artifacts; the weights stay in the run, so there the version names its run alone (the logged model
+    # still lists the version, below)
+    linked = None if tracking.is_server(client.tracking_uri) else model_id
+    version = client.create_model_version(name, source=source, run_id=run_id, model_id=linked, tags=info.tags(),
                                           description=info.description(artifact, run_id))
     if model_id is not None:  # the logged model's "Model versions" (what `mlflow.register_model` records)
         client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps([{"name": name, "version": version.version}])})
