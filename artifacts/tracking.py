@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from artifacts import disk_full, sqlite_store
+from configs.errors import PipelineError
 from configs.schema import TrackingConfig
 
 
@@ -67,11 +68,47 @@ def resolve(cfg: TrackingConfig) -> TrackingSetup:
     return setup
 
 
+REACH_TIMEOUT_S = 5.0  # a tracking server or database that does not answer within it is reported, not retried
+
+
+def check_reachable(uri: str) -> None:
+    """One line, at once, when the tracking server or the store's database does not answer; MLflow itself
+    retries a refused connection for minutes and then shows its traceback."""
+    import socket
+
+    if is_server(uri):
+        import requests
+
+        try:
+            requests.get(f"{uri.rstrip('/')}/health", timeout=REACH_TIMEOUT_S)
+        except requests.RequestException as exc:
+            reason = exc.__class__.__name__ if not exc.args else str(exc.args[0]).rsplit(": ", 1)[-1].rstrip(")'\"")
+            raise PipelineError(f"tracking.uri={uri}: no MLflow server answers ({reason}); start it (`rlhf cluster up` "
+                                "starts one here) or point tracking.uri / MLFLOW_TRACKING_URI at a running one") from None
+        return
+    if uri.split(":", 1)[0].split("+", 1)[0] not in DATABASE_PORTS:
+        return
+    from sqlalchemy.engine import make_url
+
+    url = make_url(uri)
+    host, port = url.host or "localhost", url.port or DATABASE_PORTS[url.get_backend_name()]
+    try:
+        socket.create_connection((host, port), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise PipelineError(f"tracking.uri={url.render_as_string(hide_password=True)}: cannot reach the database at "
+                            f"{host}:{port} ({exc.strerror or exc}); start it, or point tracking.uri / "
+                            "MLFLOW_TRACKING_URI at a running one") from None
+
+
+DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+
+
 def open_store(setup: TrackingSetup):
     """A client on the store, its tables made. A new SQLite store that the disk had no room for is
     removed again: half its tables would stop the next run's MLflow."""
     from mlflow import MlflowClient
 
+    check_reachable(setup.uri)
     path = setup.sqlite_file
     new = path is not None and not path.exists()
     try:

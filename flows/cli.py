@@ -71,7 +71,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         ray_cluster.use_local_token()  # Ray reads it when first imported, which is about to happen
     state_dir = Path(cfg.tracking.state_dir).expanduser().resolve()
     fresh = not state_dir.exists()
-    fresh_store = new_store(cfg)  # a damaged store stops here, before anything starts
+    tracking.check_reachable(tracking.resolve_uri(cfg.tracking))  # a server or database that does not answer stops here
+    fresh_store = new_store(cfg)  # and a damaged store, before anything starts
     disk_full.check_room(state_dir)  # and a full disk
     _prefect_home(cfg.tracking.state_dir)
     with run_end.bounded_interrupt():

@@ -3,6 +3,7 @@
 The first test runs the real `rlhf` command in a subprocess; the others call its `main` in this
 process (the same code, without paying the interpreter start and imports each time)."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -229,4 +230,17 @@ def test_a_failure_inside_the_flow_is_one_line_and_a_fresh_folder_keeps_no_store
     assert "Traceback" not in result.stdout + result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {pin}: no run 0123456789abcdef0123456789abcdef in sqlite:///"), result.stderr
+    assert not (workdir / ".rlhf").exists()
+
+
+@pytest.mark.parametrize("uri, fragments", [
+    ("http://127.0.0.1:9", ["tracking.uri=http://127.0.0.1:9", "no MLflow server answers", "rlhf cluster up"]),
+    ("postgresql+psycopg2://rlhf:secret@127.0.0.1:9/mlflow",
+     ["tracking.uri=postgresql+psycopg2://rlhf:***@127.0.0.1:9/mlflow", "cannot reach the database at 127.0.0.1:9"]),
+])
+def test_a_tracking_server_or_database_that_does_not_answer_is_one_line_at_once(cli, workdir, uri, fragments):
+    """MLflow alone retries a refused connection for minutes, then prints its traceback."""
+    started = time.monotonic()
+    line = assert_one_line_error(cli("run", f"tracking.uri={uri}"), *fragments)
+    assert time.monotonic() - started < 30 and "secret" not in line
     assert not (workdir / ".rlhf").exists()
