@@ -139,6 +139,8 @@ class InfraConfig(Section):
     # answering) is rerun, resuming from its last checkpoint; other errors fail at once
     retries: int = Field(2, ge=0, description="reruns of a stage after a transient fault")
     retry_delay_s: float = Field(10.0, ge=0.0, description="wait before the first rerun; doubles each time")
+    node_wait_s: float = Field(0.0, ge=0.0, description="how long a stage waits for the cluster to have the nodes "
+                               "it needs (a lost node coming back) before it fails; 0: fail at once")
     stage_retries: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict, description="per-stage retries, e.g. {rl: 4}")
 
 

@@ -10,6 +10,8 @@ import gc
 import importlib
 import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
@@ -147,10 +149,28 @@ def cluster_name(resources: dict[str, float]) -> str:
 Shape = tuple[int, int, float, tuple[tuple[str, float], ...]]  # workers, CPUs each, GPUs each, custom resources each
 
 
-def check_resources(stage: str, shape: Shape) -> None:
+NODE_POLL_S = 1.0  # how often a stage waiting for nodes (`infra.node_wait_s`) looks at the cluster again
+
+
+def capacity_within(resources: dict[str, float], enough: Callable[[float, float], bool], wait_s: float) -> tuple[float, float]:
+    """`capacity`, once it is `enough` or `wait_s` has passed (nodes joining meanwhile, e.g. a lost one back)."""
+    deadline, said = time.monotonic() + wait_s, False
+    while True:
+        have = capacity(resources)
+        if enough(*have) or time.monotonic() >= deadline:
+            return have
+        if not said:
+            print(f"[ray] waiting up to {wait_s:g} s (infra.node_wait_s) for {cluster_name(resources)} to have the "
+                  f"resources; it has {have[0]:g} CPU / {have[1]:g} GPU", flush=True)
+            said = True
+        time.sleep(NODE_POLL_S)
+
+
+def check_resources(stage: str, shape: Shape, wait_s: float = 0.0) -> None:
     n_workers, cpus, gpus, resources = shape
-    have_cpu, have_gpu = capacity(dict(resources))
-    if n_workers * cpus > have_cpu or n_workers * gpus > have_gpu:
+    enough = lambda cpu, gpu: n_workers * cpus <= cpu and n_workers * gpus <= gpu  # noqa: E731
+    have_cpu, have_gpu = capacity_within(dict(resources), enough, wait_s)
+    if not enough(have_cpu, have_gpu):
         raise PipelineError(
             f"stage {stage} needs {n_workers} worker(s) x {cpus} CPU / {gpus} GPU, but {cluster_name(dict(resources))} has "
             f"{have_cpu:g} CPU / {have_gpu:g} GPU (see infra.num_workers, infra.cpus_per_worker, infra.gpus_per_worker)"
@@ -280,7 +300,7 @@ def run_stage(entrypoint: str, ctx: StageContext, inputs: dict[str, Path], infra
     """Run the stage function on its ranks, in workers from `pool` (fresh ones without a pool); `files`:
     see `StageWorker.run`."""
     shape = stage_shape(infra, distributed)
-    check_resources(ctx.stage, shape)
+    check_resources(ctx.stage, shape, infra.node_wait_s)
     pool = pool or WorkerPool(keep_idle=False)
     ranks = pool.acquire(shape)
     healthy = False

@@ -22,8 +22,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from configs.errors import PipelineError
 from configs.schema import PipelineConfig
-from stages.common.ray_workers import bundle, capacity, cluster_name, thread_env
-from stages.rl.layout import Role, check_fits, group_sizes, hosts, pools
+from stages.common.ray_workers import bundle, capacity_within, cluster_name, thread_env
+from stages.rl.layout import Role, bundles_needed, check_fits, group_sizes, hosts, pools
 
 
 @dataclass
@@ -79,7 +79,9 @@ class Placement:
         self.hosts = hosts(cfg)
         self.pools = pools(cfg, list(self.sizes))
         cpus, gpus = infra.cpus_per_worker, infra.gpus_per_worker
-        check_fits(cfg, *capacity(infra.worker_resources), cluster_name(infra.worker_resources))
+        need_cpu, need_gpu = bundles_needed(cfg, needs_critic)
+        have = capacity_within(infra.worker_resources, lambda c, g: need_cpu <= c and need_gpu <= g, infra.node_wait_s)
+        check_fits(cfg, *have, cluster_name(infra.worker_resources))
         self.groups: list[PlacementGroup] = []
         self.slots: dict[Role, list[Slot]] = {}
         for pool in self.pools:

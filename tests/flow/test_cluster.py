@@ -5,8 +5,12 @@ every file through the MLflow server, then again all cached; `down` leaves no pr
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -54,6 +58,75 @@ def root():
 def stage_worker_logs(root: Path, node: str) -> list[Path]:
     logs = cluster.ray_temp_dir(root, node) / "session_latest" / "logs"
     return [p for p in logs.glob("worker-*.out") if "StageWorker" in p.read_text(errors="replace")]
+
+
+def kill(root: Path, service: str) -> None:
+    """SIGKILL every process of a service `up` started, as a machine that died would leave it."""
+    rows = processes.table()
+    for pid in processes.family(rows, cluster.load(root).procs[service]):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def restart(root: Path, service: str, command: list[str], env: dict[str, str]) -> None:
+    """Start a service again as `up` did (recorded in the state file, so that `down` stops it)."""
+    starter = cluster.Starter(cluster.load(root))
+    starter.start(service, command, env)
+
+
+def wait_for(what: str, found, timeout: float = 300.0):
+    deadline = time.monotonic() + timeout
+    while not (value := found()):
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(0.5)
+    return value
+
+
+def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[str, str], client) -> None:
+    """SFT on the worker node; once its first checkpoint is on the MLflow server the node dies (its folder
+    with it) and a new one joins in its place: the stage is retried (`infra.node_wait_s`: it waits for the
+    node), resumes on the new node from the server's checkpoint; the MLflow server restarts meanwhile
+    and the uploads go on; one complete run and one new registered version come of it."""
+    state = cluster.load(root)
+    ports, u = state.ports, cluster.urls(state.ports)
+    overrides = [cluster.PIN, *QUICK, "sft.max_steps=600", "sft.save_every=25", "sft.eval_every=600",
+                 "infra.retry_delay_s=1", "infra.node_wait_s=180"]
+    experiment = client.get_experiment_by_name("rlhf-pipeline").experiment_id
+    versions = len(client.search_model_versions(f"name = '{registry.registered_name('sft_model')}'"))
+    log = root / "prefect-worker" / "prefect-worker.log"
+    flow_run = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "deployment", "run", "rlhf-pipeline/stage",
+                                 "--watch", "-p", 'only=["sft"]', "-p", f"overrides={json.dumps(overrides)}"],
+                                cwd=workdir, env=env | {"PREFECT_API_URL": u["prefect"]}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    try:
+        def sft_runs():
+            return client.search_runs([experiment], "tags.`rlhf.stage` = 'sft' and params.`sft.max_steps` = '600'",
+                                      order_by=["attributes.start_time ASC"])
+
+        def checkpointed():
+            runs = sft_runs()
+            return runs and any(a.path.endswith("/latest") for a in client.list_artifacts(runs[0].info.run_id, "work/checkpoints"))
+        wait_for("checkpoint on the server", checkpointed)
+        kill(root, "ray-worker")
+        shutil.rmtree(root / "ray-worker" / "files")  # a new machine in the lost one's place
+        restart(root, "ray-worker", cluster.ray_worker_command(ports, cluster.ray_temp_dir(root, "ray-worker"), state.worker_cpus),
+                cluster.RAY_ENV | {"RLHF_NODE_DIR": str(root / "ray-worker" / "files")})
+        second = wait_for("rerun of sft", lambda: len(sft_runs()) > 1 and sft_runs()[1])
+        kill(root, "mlflow")
+        restart(root, "mlflow", cluster.mlflow_command(ports, root / "mlflow" / "artifacts"), cluster.MLFLOW_ENV)
+        out, _ = flow_run.communicate(timeout=600)
+    finally:
+        if flow_run.poll() is None:
+            flow_run.kill()
+    text = log.read_text()
+    assert flow_run.returncode == 0 and "Completed" in out, out[-3000:] + text[-5000:]
+    first, *_ = runs = sft_runs()
+    assert f"[sft] resuming from the checkpoints of MLflow run {first.info.run_id}" in text
+    assert re.search(r"\[sft\] resumed from step (\d+)/600", text)
+    assert [r.data.tags.get(store.TAG_STATUS) for r in runs] == ["failed", store.COMPLETE]
+    assert runs[1].info.run_id == second.info.run_id
+    new = client.search_model_versions(f"name = '{registry.registered_name('sft_model')}'")
+    assert len(new) == versions + 1 and max(new, key=lambda v: int(v.version)).run_id == second.info.run_id
 
 
 def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, root):
@@ -134,6 +207,10 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         rl = next(r for r in runs if r.data.tags[store.TAG_STAGE] == "rl")
         assert {"train/reward", "eval/accuracy"} <= set(rl.data.metrics)
         assert client.get_model_version(registry.registered_name("rl_model"), "1").source.startswith("mlflow-artifacts:/")
+
+        started = time.monotonic()
+        survive_node_loss_and_server_restart(root, tmp_path, env, client)
+        timings["faults"] = time.monotonic() - started
     finally:
         started = time.monotonic()
         down = rlhf("down")
