@@ -150,6 +150,7 @@ Shape = tuple[int, int, float, tuple[tuple[str, float], ...]]  # workers, CPUs e
 
 
 NODE_POLL_S = 1.0  # how often a stage waiting for nodes (`infra.node_wait_s`) looks at the cluster again
+PLACEMENT_POLL_S = 5.0  # how often a pending reservation checks that the cluster still has its resources
 
 
 def capacity_within(resources: dict[str, float], enough: Callable[[float, float], bool], wait_s: float) -> tuple[float, float]:
@@ -186,10 +187,18 @@ class WorkerSet:
     pg: object
 
     @classmethod
-    def start(cls, shape: Shape) -> WorkerSet:
+    def start(cls, shape: Shape, stage: str = "", wait_s: float = 0.0) -> WorkerSet:
+        """Reserve the shape's bundles and start its workers. The reservation waits while other work holds
+        the resources; when the cluster no longer has them at all (its nodes lost), it waits `wait_s` for
+        nodes to join, then fails with `check_resources`' line."""
         n, cpus, gpus, resources = shape
         pg = placement_group([bundle(cpus, gpus, dict(resources))] * n, strategy="PACK")
-        ray.get(pg.ready())
+        try:
+            while not ray.wait([pg.ready()], timeout=PLACEMENT_POLL_S)[0]:
+                check_resources(stage, shape, wait_s)
+        except BaseException:
+            remove_placement_group(pg)
+            raise
         workers = [
             StageWorker.options(
                 num_cpus=cpus,
@@ -224,7 +233,9 @@ class WorkerPool:
         self._busy = 0  # sets out with a running stage
         self._outside = 0  # running work that needs the cluster's resources outside the pool
 
-    def acquire(self, shape: Shape) -> WorkerSet:
+    def acquire(self, shape: Shape, stage: str = "", wait_s: float = 0.0) -> WorkerSet:
+        """Workers of `shape` for `stage`: an idle set of that shape, else a new one once the cluster has
+        room (`wait_s`: see `WorkerSet.start`)."""
         with self._cond:
             while True:
                 reusable = next((s for s in self._idle if s.shape == shape), None)
@@ -240,7 +251,7 @@ class WorkerPool:
         try:
             for s in doomed:
                 s.kill()
-            return WorkerSet.start(shape)
+            return WorkerSet.start(shape, stage, wait_s)
         except BaseException:
             self.release(None, healthy=False)
             raise
@@ -302,7 +313,7 @@ def run_stage(entrypoint: str, ctx: StageContext, inputs: dict[str, Path], infra
     shape = stage_shape(infra, distributed)
     check_resources(ctx.stage, shape, infra.node_wait_s)
     pool = pool or WorkerPool(keep_idle=False)
-    ranks = pool.acquire(shape)
+    ranks = pool.acquire(shape, ctx.stage, infra.node_wait_s)
     healthy = False
     try:
         master = ray.get(ranks.workers[0].rendezvous.remote())

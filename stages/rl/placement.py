@@ -79,9 +79,8 @@ class Placement:
         self.hosts = hosts(cfg)
         self.pools = pools(cfg, list(self.sizes))
         cpus, gpus = infra.cpus_per_worker, infra.gpus_per_worker
-        need_cpu, need_gpu = bundles_needed(cfg, needs_critic)
-        have = capacity_within(infra.worker_resources, lambda c, g: need_cpu <= c and need_gpu <= g, infra.node_wait_s)
-        check_fits(cfg, *have, cluster_name(infra.worker_resources))
+        self.cfg, self.needs_critic = cfg, needs_critic
+        self.check_cluster()
         self.groups: list[PlacementGroup] = []
         self.slots: dict[Role, list[Slot]] = {}
         for pool in self.pools:
@@ -102,9 +101,22 @@ class Placement:
                 raise PipelineError("stage rl: stopped while waiting for the Ray cluster's resources")
             ready = bool(ray.wait([pg.ready()], timeout=1.0)[0])
             waited += 1.0
+            if not ready:
+                try:
+                    self.check_cluster()  # the resources are held by other work, not gone with a node
+                except PipelineError:
+                    self.release()
+                    raise
             if not ready and waited % self.WAIT_NOTE_S == 0:
                 print(f"[rl] waiting {waited:.0f}s for {n} bundle(s) of {bundle}: another stage holds the cluster's "
                       f"resources", flush=True)
+
+    def check_cluster(self) -> None:
+        """One line when the cluster cannot fit the layout, once `infra.node_wait_s` has passed for nodes to join."""
+        infra = self.cfg.infra
+        need_cpu, need_gpu = bundles_needed(self.cfg, self.needs_critic)
+        have = capacity_within(infra.worker_resources, lambda c, g: need_cpu <= c and need_gpu <= g, infra.node_wait_s)
+        check_fits(self.cfg, *have, cluster_name(infra.worker_resources))
 
     def release(self) -> None:
         groups, self.groups = self.groups, []

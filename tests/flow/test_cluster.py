@@ -21,6 +21,7 @@ import pytest
 
 from artifacts import registry, store
 from flows import cluster, processes
+from flows.ray_cluster import use_local_token
 from flows.serve import answers
 from stages import dag
 from tests.flow.conftest import CLI, cli_env
@@ -82,14 +83,14 @@ def wait_for(what: str, found, timeout: float = 300.0):
     return value
 
 
-def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[str, str], client) -> None:
+def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[str, str], client, monkeypatch) -> None:
     """SFT on the worker node; once its first checkpoint is on the MLflow server the node dies (its folder
     with it) and a new one joins in its place: the stage is retried (`infra.node_wait_s`: it waits for the
     node), resumes on the new node from the server's checkpoint; the MLflow server restarts meanwhile
     and the uploads go on; one complete run and one new registered version come of it."""
     state = cluster.load(root)
     ports, u = state.ports, cluster.urls(state.ports)
-    overrides = [cluster.PIN, *QUICK, "sft.max_steps=600", "sft.save_every=25", "sft.eval_every=600",
+    overrides = [cluster.PIN, *QUICK, "sft.max_steps=150", "sft.save_every=10", "sft.eval_every=150",
                  "infra.retry_delay_s=1", "infra.node_wait_s=180"]
     experiment = client.get_experiment_by_name("rlhf-pipeline").experiment_id
     versions = len(client.search_model_versions(f"name = '{registry.registered_name('sft_model')}'"))
@@ -100,7 +101,7 @@ def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[st
                                 stderr=subprocess.STDOUT, text=True)
     try:
         def sft_runs():
-            return client.search_runs([experiment], "tags.`rlhf.stage` = 'sft' and params.`sft.max_steps` = '600'",
+            return client.search_runs([experiment], "tags.`rlhf.stage` = 'sft' and params.`sft.max_steps` = '150'",
                                       order_by=["attributes.start_time ASC"])
 
         def checkpointed():
@@ -109,6 +110,8 @@ def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[st
         wait_for("checkpoint on the server", checkpointed)
         kill(root, "ray-worker")
         shutil.rmtree(root / "ray-worker" / "files")  # a new machine in the lost one's place
+        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+        use_local_token()  # as `up` did: the new node presents this machine's Ray token
         restart(root, "ray-worker", cluster.ray_worker_command(ports, cluster.ray_temp_dir(root, "ray-worker"), state.worker_cpus),
                 cluster.RAY_ENV | {"RLHF_NODE_DIR": str(root / "ray-worker" / "files")})
         second = wait_for("rerun of sft", lambda: len(sft_runs()) > 1 and sft_runs()[1])
@@ -129,7 +132,7 @@ def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[st
     assert len(new) == versions + 1 and max(new, key=lambda v: int(v.version)).run_id == second.info.run_id
 
 
-def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, root):
+def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, root, monkeypatch):
     from mlflow import MlflowClient
 
     env = cli_env(tmp_path) | {"PREFECT_WORKER_QUERY_SECONDS": "1"}  # the worker picks a flow run up at once
@@ -209,7 +212,7 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         assert client.get_model_version(registry.registered_name("rl_model"), "1").source.startswith("mlflow-artifacts:/")
 
         started = time.monotonic()
-        survive_node_loss_and_server_restart(root, tmp_path, env, client)
+        survive_node_loss_and_server_restart(root, tmp_path, env, client, monkeypatch)
         timings["faults"] = time.monotonic() - started
     finally:
         started = time.monotonic()

@@ -42,3 +42,20 @@ def test_a_pin_on_the_local_cluster_is_one_line_before_anything_starts():
     cfg = load_config(None, ["infra.worker_resources={worker_node: 1}"])
     with pytest.raises(PipelineError, match=r"^infra.worker_resources=\{worker_node: 1\}: .* set RAY_ADDRESS"):
         check_local_resources(cfg)
+
+
+def test_a_stage_waits_for_a_lost_node_only_as_long_as_node_wait_s(monkeypatch, capsys):
+    """`infra.node_wait_s`: the size check looks again until the pinned nodes are back, then passes; with no
+    wait, or when the wait runs out, it fails with its one line at once."""
+    from stages.common import ray_workers
+
+    clusters = iter([[HEAD], [HEAD, node(alive=False, CPU=4, worker_node=4)], [HEAD, WORKER]])
+    monkeypatch.setattr(ray_workers.ray, "nodes", lambda: next(clusters))
+    monkeypatch.setattr(ray_workers, "NODE_POLL_S", 0.01)
+    shape = (2, 1, 0, (("worker_node", 1),))
+    ray_workers.check_resources("sft", shape, wait_s=60)
+    assert "[ray] waiting up to 60 s (infra.node_wait_s)" in capsys.readouterr().out
+    monkeypatch.setattr(ray_workers.ray, "nodes", lambda: [HEAD])
+    for wait_s in (0, 0.05):
+        with pytest.raises(PipelineError, match=r"stage sft needs 2 worker\(s\) x 1 CPU .* has 0 CPU"):
+            ray_workers.check_resources("sft", shape, wait_s=wait_s)
