@@ -36,9 +36,10 @@ def owner(name: str) -> int:
     return int(found.group(1)) if found else 0
 
 
-def files_to_upload(tag_dir: Path, rank: int | None) -> list[Path]:
-    """The files of one checkpoint tag that `rank` wrote (None: all of them, for a single process)."""
-    files = sorted(p for p in tag_dir.rglob("*") if p.is_file())
+def files_to_upload(tag: Path, rank: int | None) -> list[Path]:
+    """The files of one checkpoint tag (a folder, or one file) that `rank` wrote (None: all of them, for a
+    single process)."""
+    files = [tag] if tag.is_file() else sorted(p for p in tag.rglob("*") if p.is_file())
     return [p for p in files if rank is None or owner(p.name) == rank]
 
 
@@ -97,12 +98,14 @@ class RunFiles:
         return path
 
     def checkpoint_saved(self, ckpt_dir: Path, tag: str, rank: int | None = None) -> None:
-        """Upload checkpoint `tag` of `ckpt_dir` (in the work dir): each rank its own files, then, once
-        every rank's are up, rank 0 the `latest` pointer, so the server never names a tag it lacks."""
+        """Upload checkpoint `tag` (a folder or a file) of `ckpt_dir` (in the work dir): each rank its own
+        files, then, once every rank's are up, rank 0 the `latest` pointer naming `tag`, so the server
+        never names a tag it lacks."""
         client = self.client()
         where = f"{WORK}/{ckpt_dir.relative_to(self.local_work_dir).as_posix()}"
         for path in files_to_upload(ckpt_dir / tag, rank):
-            client.log_artifact(self.run_id, str(path), f"{where}/{path.parent.relative_to(ckpt_dir).as_posix()}")
+            below = path.parent.relative_to(ckpt_dir).as_posix()
+            client.log_artifact(self.run_id, str(path), where if below == "." else f"{where}/{below}")
         if rank is not None:
             import torch.distributed as dist
 

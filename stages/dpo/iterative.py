@@ -88,6 +88,9 @@ class Rounds:
                 engine.train()
                 checkpoint.save_work_file({"pairs": rnd.objective.pairs, "ref": rnd.ref, "stats": rnd.stats}, path,
                                           self.ctx.is_main, self.ctx.world_size)
+                if self.ctx.is_main:  # the newest round's file, for a rerun on a node without this work dir
+                    (self.dir / "latest").write_text(path.name)
+                self.ctx.on_checkpoint(self.dir, path.name)
             self.current = (r, rnd)
         return self.current[1]
 

@@ -78,6 +78,16 @@ def test_a_rerun_on_another_node_resumes_from_the_newest_uploaded_checkpoint(tra
     (resumed / "step2" / "scratch").write_text("written by the rerun")
     assert rerun.work_dir() == resumed.parent.parent and (resumed / "step2" / "scratch").exists()  # prepared once
 
+    # a checkpoint that is one file (iterative DPO's newest round) comes back the same way
+    rounds = rerun.work_dir() / "rounds"
+    rounds.mkdir()
+    (rounds / "round3.pt").write_text("pairs of round 3")
+    (rounds / "latest").write_text("round3.pt")
+    rerun.checkpoint_saved(rounds, "round3.pt")
+    monkeypatch.setenv("RLHF_NODE_DIR", str(tmp_path / "node-c"))
+    third = node_files.RunFiles(uri, stage_run(client, experiment), {}, "sft-fp1", resume_run=rerun_id)
+    assert (third.work_dir() / "rounds" / "round3.pt").read_text() == "pairs of round 3"
+
     # a complete run's checkpoints are never resumed from
     client.set_tag(first.run_id, store.TAG_STATUS, store.COMPLETE)
     assert node_files.resumable_run(client, experiment, "sft", "fp1", rerun_id) is None
