@@ -90,7 +90,7 @@ def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[st
     and the uploads go on; one complete run and one new registered version come of it."""
     state = cluster.load(root)
     ports, u = state.ports, cluster.urls(state.ports)
-    overrides = [cluster.PIN, *QUICK, "sft.max_steps=150", "sft.save_every=10", "sft.eval_every=150",
+    overrides = [cluster.PIN, *QUICK, "sft.max_steps=60", "sft.save_every=10", "sft.eval_every=60",
                  "infra.retry_delay_s=1", "infra.node_wait_s=180"]
     experiment = client.get_experiment_by_name("rlhf-pipeline").experiment_id
     versions = len(client.search_model_versions(f"name = '{registry.registered_name('sft_model')}'"))
@@ -101,7 +101,7 @@ def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[st
                                 stderr=subprocess.STDOUT, text=True)
     try:
         def sft_runs():
-            return client.search_runs([experiment], "tags.`rlhf.stage` = 'sft' and params.`sft.max_steps` = '150'",
+            return client.search_runs([experiment], "tags.`rlhf.stage` = 'sft' and params.`sft.max_steps` = '60'",
                                       order_by=["attributes.start_time ASC"])
 
         def checkpointed():
@@ -125,7 +125,7 @@ def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[st
     assert flow_run.returncode == 0 and "Completed" in out, out[-3000:] + text[-5000:]
     first, *_ = runs = sft_runs()
     assert f"[sft] resuming from the checkpoints of MLflow run {first.info.run_id}" in text
-    assert re.search(r"\[sft\] resumed from step (\d+)/150", text)
+    assert re.search(r"\[sft\] resumed from step (\d+)/60", text)
     assert [r.data.tags.get(store.TAG_STATUS) for r in runs] == ["failed", store.COMPLETE]
     assert runs[1].info.run_id == second.info.run_id
     new = client.search_model_versions(f"name = '{registry.registered_name('sft_model')}'")
