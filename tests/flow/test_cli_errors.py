@@ -221,6 +221,7 @@ def test_overrides_after_an_option_are_read_as_overrides(cli, workdir):
     assert_no_work_started(workdir)
 
 
+@pytest.mark.slow
 def test_a_failure_inside_the_flow_is_one_line_and_a_fresh_folder_keeps_no_store(workdir):
     """The flow fails before any stage ran (a pinned input names no run): no Prefect traceback on the
     terminal, the error last, and the store the run made for it is gone."""

@@ -26,6 +26,8 @@ from flows.serve import answers
 from stages import dag
 from tests.flow.conftest import CLI, cli_env
 
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
+
 # the tiny preset cut to a few steps a stage: what is checked is where the work and its files go
 QUICK = [
     "data.synthetic.num_train=200", "data.synthetic.num_eval=21", "data.synthetic.num_prompts=20", "eval.max_samples=20",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import ray
 
 from configs import load_config
@@ -11,6 +12,8 @@ from configs.schema import InfraConfig
 from flows.ray_cluster import RaySession, drop_early, session_for, start_early
 from stages import dag
 from stages.common.ray_workers import stage_shape
+
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 
 
 @ray.remote(num_cpus=1)

@@ -19,6 +19,8 @@ from artifacts import store
 from tests.flow.conftest import CLI, cli_env, mlflow_client
 from tests.full_disk import sqlite_cannot_grow, tmpfs_mounts
 
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
+
 MOVE_IT_AWAY = "; move it away to start a new store, or restore it from a backup"
 
 

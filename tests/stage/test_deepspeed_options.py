@@ -48,6 +48,7 @@ def test_every_zero_stage_trains_as_stage_0(zero_stage):
 
 @pytest.mark.parametrize("zero_stage, offload_optimizer, offload_params",
                          [(2, True, False), (3, True, False), (3, True, True)])
+@pytest.mark.slow
 def test_offloaded_engines_train_as_the_plain_one(zero_stage, offload_optimizer, offload_params):
     _, plain = train_three_steps(InfraConfig(zero_stage=zero_stage))
     engine, offloaded = train_three_steps(InfraConfig(zero_stage=zero_stage, offload_optimizer=offload_optimizer,
@@ -92,6 +93,7 @@ assert compiler.compile() is torch.compile  # DeepSpeed's own decorator is back 
 """
 
 
+@pytest.mark.slow
 def test_engines_start_without_compiling_deepspeeds_kernels():
     """Every ZeRO engine imports DeepSpeed's Muon optimizer; compiling its kernels lengthened each training
     process's start. DeepSpeed's shared-memory all-reduce op (inference only) was built at the first

@@ -32,6 +32,7 @@ def trained(prepared, tmp_path_factory):
     return run_dpo(prepared, tmp_path_factory.mktemp("dpo"), recorder=rec), rec
 
 
+@pytest.mark.slow
 def test_dpo_logs_reward_metrics_per_eval_step_and_separates_the_pairs(trained):
     result, rec = trained
     evals = [(s, m) for s, m in rec.rows if "eval/reward_accuracy" in m]
@@ -83,6 +84,7 @@ def test_objective_at_the_reference(prepared, overrides, expected, shared_prompt
         assert logs["margin"] == pytest.approx(0.0, abs=1e-6) and logs["nll"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_a_shared_prompt_row_scores_and_trains_as_two_padded_rows(prepared, attention):
     """One row per pair (prompt once, each response masked from the other) gives each response the
@@ -116,6 +118,7 @@ def test_pairs_that_do_not_share_a_prompt_or_have_an_empty_response_keep_two_row
     assert not dpo.PairObjective(d, [*shared, (([1, 2], [3]), ([1, 2], []))], 0, shared_prompt=True).shared_prompt
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_from_last_checkpoint_and_matches_uninterrupted(prepared, trained, tmp_path, capsys):
     with pytest.raises(KeyboardInterrupt):
         run_dpo(prepared, tmp_path, recorder=Recorder(fail_at=4))  # dies at step 4's eval, before its save
@@ -208,6 +211,7 @@ def test_best_worst_pairs_by_hand():
     assert best_worst_pairs(rewards) == [(1, 0), None, (0, 1)]
 
 
+@pytest.mark.slow
 def test_each_round_pairs_the_policys_best_and_worst_samples(iterative, prepared):
     from stages.common import checkpoint
 
@@ -240,6 +244,7 @@ def test_first_rounds_reference_is_the_starting_policy(iterative, prepared):
     assert torch.allclose(saved["ref"][: len(chosen)], expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_killed_iterative_run_resumes_on_the_saved_round(prepared, length_reward, iterative, tmp_path, capsys):
     with pytest.raises(KeyboardInterrupt):
         run_iterative(prepared, tmp_path, length_reward, Recorder(fail_at=3))  # round 2 made at step 2, saved at 2

@@ -9,6 +9,8 @@ from stages import eval_results, evaluate
 from stages.rewards import RewardModelScorer
 from tests.stage.conftest import FAST, make_ctx
 
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
+
 # A free-form task's reward: the response's length in characters (not 0/1, no answer to check).
 LENGTH_REWARD = "def reward_func(queries, prompts, labels):\n    return [len(q) - len(p) for q, p in zip(queries, prompts)]\n"
 SMALL = [*FAST, "eval.max_samples=8", "eval.max_new_tokens=12", "eval.samples_per_prompt=2"]

@@ -3,7 +3,11 @@ takes, without the numbers that only a GPU gives)."""
 
 import json
 
+import pytest
+
 from benchmarks import gpu_smoke
+
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 
 
 def test_gpu_smoke_runs_every_stage_under_zero_2_and_3(tmp_path, capsys):

@@ -6,6 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
+
 NO_SERVICES = "import sys; sys.modules.update(ray=None, mlflow=None, prefect=None); "
 
 

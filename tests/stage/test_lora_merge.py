@@ -46,6 +46,7 @@ def merged(adapters, prepared, tmp_path_factory):
     return lora_merge.run(ctx, inputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_stage_with_lora_saves_only_an_adapter_on_its_base(adapters, prepared, stage):
     path = adapters[stage]

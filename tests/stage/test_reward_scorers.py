@@ -213,6 +213,7 @@ def serve_rm(rms):
             proc.wait()
 
 
+@pytest.mark.slow
 def test_serve_rm_cli_matches_in_process_scorer(tok, rms, serve_rm):
     base = serve_rm
     queries = texts(tok)
@@ -251,6 +252,7 @@ def test_serve_rm_answers_a_request_over_its_size_limit_413_at_once_and_goes_on_
     assert small.ok and len(small.json()["rewards"]) == 1 and time.monotonic() - started < 5
 
 
+@pytest.mark.slow
 def test_serve_rm_scores_concurrent_requests_in_turns(serve_rm):
     """A small request sent while a large one is being scored is answered first: requests take turns on
     the model batch by batch, so none waits out another."""

@@ -86,6 +86,7 @@ def test_prm_stage_writes_a_checkpoint_the_step_scorer_reads(prepared, tmp_path)
     assert all(0.0 < p < 1.0 for s in steps for p in s)
 
 
+@pytest.mark.slow
 def test_rm_with_lora_trains_and_saves_only_an_adapter_that_peft_loads(prepared, tmp_path):
     from peft import PeftModel
 

@@ -14,7 +14,7 @@ from stages.rl import rollout_engines
 from stages.rl.vllm_engine import VLLMRolloutEngine, runtime_env
 from tests.stage.test_rl_stage import run_rl
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")
+pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

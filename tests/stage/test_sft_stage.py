@@ -5,6 +5,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from stages import sft
 from tests.stage.conftest import make_ctx
 
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
+
 
 class Recorder:
     def __init__(self, fail_at: int | None = None):

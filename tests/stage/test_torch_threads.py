@@ -2,9 +2,12 @@
 `torch.set_num_threads`, which turns MKL's dynamic threading off (`dist_env.use_threads`;
 `python -m benchmarks run threads` measures what that costs)."""
 
+import pytest
 import ray
 
 from stages.common import dist_env, ray_workers
+
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 
 
 @ray.remote

@@ -20,6 +20,8 @@ from stages.common import deepspeed_engine
 from stages.common.ray_workers import WorkerPool, run_stage
 from stages.contract import StageContext, StageResult
 
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
+
 INFRA = InfraConfig(num_workers=1, cpus_per_worker=2)
 HERE = "tests.stage.test_worker_pool"
 

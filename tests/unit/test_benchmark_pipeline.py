@@ -4,7 +4,11 @@ with `python -m benchmarks run pipeline`)."""
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.pipeline import PipelineRun, StageSpan, covered, report, sample_memory
+
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 
 
 def test_covered_counts_overlapping_spans_once():

@@ -68,6 +68,7 @@ def test_other_failures_are_not_a_full_disk(tmp_path):
     assert disk_full.no_space(RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos"), tmp_path) is None
 
 
+@pytest.mark.slow
 def test_the_store_that_cannot_grow_is_named(client, tmp_path):
     run_id = client.create_run(client.exp).info.run_id
     with sqlite_cannot_grow():

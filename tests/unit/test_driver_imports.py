@@ -7,7 +7,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = ("torch", "transformers", "peft", "deepspeed", "datasets", "vllm")
+
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 
 DRIVER = f"""
 import sys

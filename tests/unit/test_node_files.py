@@ -11,6 +11,8 @@ from mlflow import MlflowClient
 
 from artifacts import node_files, registry, store
 
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
+
 
 def test_each_rank_uploads_the_partitions_it_wrote_and_rank_0_the_rest(tmp_path):
     tag = tmp_path / "step2"

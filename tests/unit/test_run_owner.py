@@ -9,9 +9,12 @@ import textwrap
 import time
 
 import psutil
+import pytest
 from mlflow.entities import RunStatus
 
 from artifacts import run_owner, store
+
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 
 CREATE_AND_HANG = textwrap.dedent("""
     import sys, time

@@ -2,9 +2,12 @@
 
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from mlflow import MlflowClient
 
 from artifacts import store
+
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 
 
 def test_concurrent_downloads_of_one_output_all_succeed(tmp_path, monkeypatch):
