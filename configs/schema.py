@@ -274,6 +274,34 @@ class DPOConfig(TrainingConfig):
         return self
 
 
+class RejectionSamplingConfig(TrainingConfig):
+    """Rejection sampling (best-of-n), OpenRLHF's `train_rejection_sampling` loop: each round samples
+    `samples_per_prompt` responses to `prompts_per_round` fresh prompts with the current policy (the SFT
+    policy in the first round), scores them with the `reward` section's source, keeps each prompt's best
+    response when its reward reaches `threshold`, and fine-tunes the policy on the kept responses with
+    the SFT loss (`epochs` passes, or `max_steps` optimizer steps, per round; a fresh optimizer and
+    schedule each round, as OpenRLHF's loop starts a new SFT run)."""
+
+    enabled: bool = Field(False, description="run the rs stage: rs_model, scored beside the other policies by eval")
+    lr: float = Field(5e-6, gt=0)
+    max_steps: int | None = Field(None, gt=0, description="optimizer steps per round; overrides epochs")
+    rounds: int = Field(1, gt=0, description="generate -> reward -> filter -> train rounds, each from the last one's policy")
+    prompts_per_round: int = Field(256, gt=0, description="fresh prompts sampled each round")
+    samples_per_prompt: int = Field(4, gt=0, description="responses sampled per prompt (the n of best-of-n)")
+    threshold: float | None = Field(None, allow_inf_nan=False, description="a prompt's best response is kept only when "
+                                    "its reward is at least this; empty: every prompt's best is kept")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest set of tokens holding this much probability")
+    max_new_tokens: int = Field(64, gt=0, description="most tokens sampled per response")
+    generate_batch_size: int = Field(64, gt=0, description="sequences per generate call")
+
+    @model_validator(mode="after")
+    def _whole_model(self) -> RejectionSamplingConfig:
+        if self.lora.rank:
+            raise ValueError("lora.rank: rejection sampling trains the whole policy, round after round; leave rs.lora.rank at 0")
+        return self
+
+
 class RewardConfig(Section):
     """Where rewards come from for later stages (one scorer interface over all sources)."""
 
@@ -485,6 +513,7 @@ class PipelineConfig(Section):
     reward: RewardConfig = RewardConfig()
     rl: RLConfig = RLConfig()
     dpo: DPOConfig = DPOConfig()
+    rs: RejectionSamplingConfig = RejectionSamplingConfig()
     eval: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")
