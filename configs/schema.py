@@ -19,9 +19,8 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class TinyModelConfig(Section):
-    """A small Llama-style model built from scratch (used when `model.name_or_path` is empty); the keys are
-    transformers' `LlamaConfig` fields."""
+class TinyArchitecture(Section):
+    """A small Llama-style model built from scratch; the keys are transformers' `LlamaConfig` fields."""
 
     hidden_size: int = Field(128, gt=0)
     intermediate_size: int = Field(384, gt=0)
@@ -29,6 +28,12 @@ class TinyModelConfig(Section):
     num_attention_heads: int = Field(4, gt=0)
     num_key_value_heads: int = Field(4, gt=0)
     max_position_embeddings: int = Field(128, gt=0)
+
+
+class TinyModelConfig(TinyArchitecture):
+    """A small Llama-style model built from scratch (used when `model.name_or_path` is empty); the keys are
+    transformers' `LlamaConfig` fields."""
+
     vocab_size: int = Field(96, gt=0, description="target size of the BPE tokenizer trained on the task")
 
 
@@ -302,6 +307,45 @@ class RejectionSamplingConfig(TrainingConfig):
         return self
 
 
+class TinyStudentConfig(TinyArchitecture):
+    """The shape of a fresh distillation student (`kd.student: tiny`): by default half the tiny model's width
+    and depth."""
+
+    hidden_size: int = Field(64, gt=0)
+    intermediate_size: int = Field(192, gt=0)
+    num_hidden_layers: int = Field(2, gt=0)
+
+
+class KDConfig(TrainingConfig):
+    """Knowledge distillation, OpenRLHF's `train_kd`: a student trained on the SFT data with
+    (1 - kd_coef) x its NLL plus kd_coef x the divergence between the teacher's and its own next-token
+    distributions on the response tokens (the teacher frozen, in every rank)."""
+
+    enabled: bool = Field(False, description="run the kd stage: kd_model, scored beside the other policies by eval")
+    lr: float = Field(5e-6, gt=0)
+    teacher: Literal["rl", "dpo", "path"] = Field("rl", description="the teacher: the pipeline's RL or DPO policy (pin "
+                                                  "inputs.rl_model / inputs.dpo_model for another run's), or teacher_path")
+    teacher_path: str | None = Field(None, description="teacher: path: a local HF checkpoint or hub id with the student's "
+                                                       "tokenizer and vocabulary")
+    student: Literal["sft", "tiny"] = Field("sft", description="sft: the SFT policy is the student; tiny: a fresh model "
+                                                               "of student_tiny's shape with the SFT policy's tokenizer")
+    student_tiny: TinyStudentConfig = TinyStudentConfig()
+    kd_coef: float = Field(0.4, ge=0.0, le=1.0, description="weight of the divergence; the NLL gets 1 - kd_coef (OpenRLHF's kd_coef)")
+    divergence: Literal["forward", "reverse"] = Field("forward", description="forward: KL(teacher || student), OpenRLHF's; "
+                                                      "reverse: KL(student || teacher), MiniLLM's mode-seeking one, "
+                                                      "token by token on the training sequences")
+
+    @model_validator(mode="after")
+    def _teacher_and_student(self) -> KDConfig:
+        if (self.teacher == "path") != (self.teacher_path is not None):
+            raise ValueError("teacher_path names the teacher exactly when teacher: path (set both, or neither)")
+        if self.lora.rank:
+            raise ValueError("lora.rank: distillation trains the whole student; leave kd.lora.rank at 0")
+        if self.student != "tiny" and self.student_tiny != KDConfig.model_fields["student_tiny"].default:
+            raise ValueError("student_tiny shapes a fresh student: it needs student: tiny")
+        return self
+
+
 class RewardConfig(Section):
     """Where rewards come from for later stages (one scorer interface over all sources)."""
 
@@ -514,6 +558,7 @@ class PipelineConfig(Section):
     rl: RLConfig = RLConfig()
     dpo: DPOConfig = DPOConfig()
     rs: RejectionSamplingConfig = RejectionSamplingConfig()
+    kd: KDConfig = KDConfig()
     eval: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")

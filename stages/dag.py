@@ -77,8 +77,16 @@ def rejection_sampling(cfg) -> bool:
     return cfg.rs.enabled
 
 
+def distillation(cfg) -> bool:
+    return cfg.kd.enabled
+
+
+def kd_teacher(name: str) -> Callable:
+    return lambda cfg: cfg.kd.teacher == name
+
+
 # the policies of the stages a config turns on, each scored by eval beside the others when it runs
-OPTIONAL_POLICIES = {"rs_model": rejection_sampling}
+OPTIONAL_POLICIES = {"rs_model": rejection_sampling, "kd_model": distillation}
 
 
 def lora_of(cfg, section: str):
@@ -184,6 +192,20 @@ STAGES: tuple[StageSpec, ...] = (
         distributed=True,
         register=("rs_model",),
         run_when=rejection_sampling,
+    ),
+    StageSpec(
+        name="kd",
+        entrypoint="stages.kd.stage:run",
+        inputs=("sft_model", "sft_data", "rl_model", "dpo_model"),
+        input_when={"rl_model": kd_teacher("rl"), "dpo_model": kd_teacher("dpo")},
+        outputs=("kd_model",),
+        config_keys=("seed", "model.attn_implementation", "kd", *TRAINING_INFRA),
+        local_sources=("kd.teacher_path",),
+        key_metric="eval/kl",
+        summary="the distilled policy: a student (the SFT model or a smaller one) trained toward the teacher's distributions",
+        distributed=True,
+        register=("kd_model",),
+        run_when=distillation,
     ),
     StageSpec(
         name="lora_merge",

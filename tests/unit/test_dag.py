@@ -17,7 +17,7 @@ from stages.dag import BY_NAME, STAGES, check_order, producer, upstream
 
 
 def test_stage_names_and_order():
-    names = ["data_prep", "sft", "rm", "prm", "rl", "dpo", "rs", "lora_merge", "eval"]
+    names = ["data_prep", "sft", "rm", "prm", "rl", "dpo", "rs", "kd", "lora_merge", "eval"]
     assert [s.name for s in STAGES] == names and list(BY_NAME) == names
     assert all(BY_NAME[s.name] is s for s in STAGES)
 
@@ -63,7 +63,8 @@ def test_upstream():
     assert upstream(BY_NAME["rl"]) == ["data_prep", "sft", "rm", "prm"]
     assert upstream(BY_NAME["dpo"]) == ["data_prep", "sft", "rm", "prm"]
     assert upstream(BY_NAME["rs"]) == ["data_prep", "sft", "rm", "prm"]
-    assert upstream(BY_NAME["eval"]) == ["data_prep", "sft", "rm", "prm", "rl", "dpo", "rs"]
+    assert upstream(BY_NAME["kd"]) == ["data_prep", "sft", "rl", "dpo"]
+    assert upstream(BY_NAME["eval"]) == ["data_prep", "sft", "rm", "prm", "rl", "dpo", "rs", "kd"]
     assert upstream(BY_NAME["lora_merge"]) == ["sft", "rm", "prm", "rl", "dpo"]
 
 
@@ -183,6 +184,7 @@ EDITS = {
     "stages.data_prep": set(BY_NAME),  # read_split: every stage reads its data with it
     "stages.common.generation": {"rl", "dpo", "rs", "eval"},
     "stages.sft": {"sft", "rs"},  # rs trains with SFT's loss
+    "stages.kd.losses": {"kd"},
     "stages.preflight": set(),  # the flow's checks: no stage imports them
     "flows.summary": set(),
 }
@@ -198,7 +200,7 @@ def test_editing_a_module_changes_the_code_version_of_the_stages_that_import_it(
 
 
 def test_distributed_and_metrics():
-    assert [s.name for s in STAGES if s.distributed] == ["sft", "rm", "prm", "dpo", "rs"]
+    assert [s.name for s in STAGES if s.distributed] == ["sft", "rm", "prm", "dpo", "rs", "kd"]
     assert BY_NAME["dpo"].register == ("dpo_model",) and BY_NAME["dpo"].key_metric == "eval/reward_accuracy"
     assert BY_NAME["sft"].register == ("sft_model",)
     assert BY_NAME["rm"].register == ("reward_model",) and BY_NAME["prm"].register == ("prm",)
@@ -231,6 +233,20 @@ def test_rejection_sampling_runs_only_when_enabled_and_eval_then_scores_its_poli
     assert "rs_model" not in ev.wanted_inputs(off) and "rs_model" in ev.wanted_inputs(on)
     assert "rs" not in dag.needed_by({"eval"}, off) and "rs" in dag.needed_by({"eval"}, on)
     assert "rs_model" in ev.optional_inputs  # a skipped rs does not skip eval
+
+
+def test_distillation_runs_only_when_enabled_on_the_teacher_it_names():
+    kd, ev = BY_NAME["kd"], BY_NAME["eval"]
+    assert not kd.run_when(PipelineConfig()) and "kd_model" not in ev.wanted_inputs(PipelineConfig())
+    by_teacher = {teacher: PipelineConfig.model_validate({"kd": {"enabled": True, "teacher": teacher, **extra}})
+                  for teacher, extra in (("rl", {}), ("dpo", {}), ("path", {"teacher_path": "/x"}))}
+    assert kd.wanted_inputs(by_teacher["rl"]) == ("sft_model", "sft_data", "rl_model")
+    assert kd.wanted_inputs(by_teacher["dpo"]) == ("sft_model", "sft_data", "dpo_model")
+    assert kd.wanted_inputs(by_teacher["path"]) == ("sft_model", "sft_data")
+    assert dag.needed_by({"kd"}, by_teacher["path"]) == {"data_prep", "sft"}
+    assert "kd_model" in ev.wanted_inputs(by_teacher["rl"]) and "kd_model" in ev.optional_inputs
+    assert kd.local_sources == ("kd.teacher_path",)  # a local teacher counts by its content
+    assert config_subset(by_teacher["rl"], kd.config_keys) != config_subset(by_teacher["dpo"], kd.config_keys)
 
 
 def test_needed_by_follows_the_inputs_the_config_wants():
