@@ -346,6 +346,31 @@ class KDConfig(TrainingConfig):
         return self
 
 
+class ConditionalSFTConfig(TrainingConfig):
+    """Conditional SFT (arXiv:2308.12050, OpenRLHF's `csft` processor): the SFT data scored by a reward
+    model (`reward.rm_paths`, else the pipeline's own), each prompt given its response's score through
+    `template`, and the SFT policy fine-tuned on the result; at generation (the eval stage) the policy
+    is prompted with `target_reward`."""
+
+    enabled: bool = Field(False, description="run the csft stage: csft_model, scored beside the other policies by eval")
+    lr: float = Field(5e-6, gt=0)
+    template: str = Field("{prompt}<rm_score>: {reward}\n", description="how a prompt carries its score: {prompt} "
+                          "(the rendered prompt) and {reward} (one decimal) replaced; OpenRLHF's default, after the prompt")
+    normalize_reward: bool = Field(True, description="scores as z-scores over the training rows (OpenRLHF's "
+                                                     "--normalize_reward); the eval split uses the same mean and std")
+    target_reward: float = Field(2.0, allow_inf_nan=False, description="the score the policy is prompted with at "
+                                 "generation (in normalized units with normalize_reward)")
+
+    @model_validator(mode="after")
+    def _template_and_whole_model(self) -> ConditionalSFTConfig:
+        missing = [key for key in ("{prompt}", "{reward}") if key not in self.template]
+        if missing:
+            raise ValueError(f"template must contain {' and '.join(missing)}")
+        if self.lora.rank:
+            raise ValueError("lora.rank: conditional SFT trains the whole policy; leave csft.lora.rank at 0")
+        return self
+
+
 class RewardConfig(Section):
     """Where rewards come from for later stages (one scorer interface over all sources)."""
 
@@ -559,7 +584,15 @@ class PipelineConfig(Section):
     dpo: DPOConfig = DPOConfig()
     rs: RejectionSamplingConfig = RejectionSamplingConfig()
     kd: KDConfig = KDConfig()
+    csft: ConditionalSFTConfig = ConditionalSFTConfig()
     eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _csft_single_turn(self) -> "PipelineConfig":
+        if self.csft.enabled and self.data.sft is not None and self.data.sft.multiturn:
+            raise ValueError("csft.enabled with data.sft.multiturn: conditional SFT puts one score in each prompt, "
+                             "so it takes single-turn SFT rows; set data.sft.multiturn=false or csft.enabled=false")
+        return self
 
     @model_validator(mode="after")
     def _hybrid_engine_needs_whole_weights(self) -> "PipelineConfig":

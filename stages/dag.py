@@ -85,8 +85,17 @@ def kd_teacher(name: str) -> Callable:
     return lambda cfg: cfg.kd.teacher == name
 
 
+def conditional_sft(cfg) -> bool:
+    return cfg.csft.enabled
+
+
+def own_reward_model(cfg) -> bool:
+    """Conditional SFT scores with the pipeline's RM unless reward.rm_paths names others."""
+    return not cfg.reward.rm_paths
+
+
 # the policies of the stages a config turns on, each scored by eval beside the others when it runs
-OPTIONAL_POLICIES = {"rs_model": rejection_sampling, "kd_model": distillation}
+OPTIONAL_POLICIES = {"rs_model": rejection_sampling, "kd_model": distillation, "csft_model": conditional_sft}
 
 
 def lora_of(cfg, section: str):
@@ -206,6 +215,20 @@ STAGES: tuple[StageSpec, ...] = (
         distributed=True,
         register=("kd_model",),
         run_when=distillation,
+    ),
+    StageSpec(
+        name="csft",
+        entrypoint="stages.conditional_sft:run",
+        inputs=("sft_model", "sft_data", "reward_model"),
+        input_when={"reward_model": own_reward_model},
+        outputs=("csft_model",),
+        config_keys=("seed", "model.attn_implementation", "csft", *TRAINING_INFRA, "reward.rm_paths", "reward.batch_size"),
+        local_sources=("reward.rm_paths",),
+        key_metric="eval/loss",
+        summary="the conditional-SFT policy: the SFT model trained on the SFT data with each response's RM score in its prompt",
+        distributed=True,
+        register=("csft_model",),
+        run_when=conditional_sft,
     ),
     StageSpec(
         name="lora_merge",

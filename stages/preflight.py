@@ -11,7 +11,7 @@ import os
 from functools import reduce
 from pathlib import Path
 
-from configs.errors import CheckpointError, PipelineError
+from configs.errors import CheckpointError, ConfigError, PipelineError
 from configs.schema import DatasetConfig, PipelineConfig
 from stages import reward_file
 from stages.common import checkpoint_paths, moe, vocabulary
@@ -26,6 +26,7 @@ def check(cfg: PipelineConfig) -> None:
     check_inputs(cfg)
     check_reward(cfg)
     check_distillation(cfg)
+    check_conditional_sft(cfg)
     check_local_resources(cfg)
 
 
@@ -95,6 +96,17 @@ def check_distillation(cfg: PipelineConfig) -> None:
                                   vocabulary.logit_width(student) if kd.student == "sft" else None)
     if problem:
         raise CheckpointError(vocabulary.message(f"kd.teacher_path={kd.teacher_path}", f"model.name_or_path={student}", problem))
+
+
+def check_conditional_sft(cfg: PipelineConfig) -> None:
+    """Conditional SFT scores the SFT data with a reward model: `reward.rm_paths`, a pinned
+    `inputs.reward_model`, or the one the rm stage trains, which needs preference data."""
+    if not cfg.csft.enabled or pinned_away(BY_NAME["csft"], cfg) or cfg.reward.rm_paths or "reward_model" in cfg.inputs:
+        return
+    if cfg.data.source == "files" and cfg.data.preference is None:
+        raise ConfigError("csft.enabled: conditional SFT scores the SFT data with a reward model, and this pipeline has "
+                          "none (reward.rm_paths is empty and, without data.preference, the rm stage trains none); set "
+                          "reward.rm_paths, data.preference or inputs.reward_model")
 
 
 def check_aux_loss(cfg: PipelineConfig) -> None:

@@ -105,3 +105,42 @@ def test_a_teacher_with_another_tokenizer_stops_the_run_in_one_line(tmp_path, te
                                  f"(model.name_or_path={student}): {problem}; distil a teacher that shares the "
                                  "student's tokenizer and vocabulary")
     check_distillation(load_config(None, [f"model.name_or_path={student}"]))  # kd off: nothing checked
+
+
+# --- conditional SFT: the reward in the prompt --------------------------------------------
+
+
+def test_a_prompt_carries_its_score_with_one_decimal_and_other_braces_stay():
+    from stages.common.conditioning import condition
+
+    assert condition("<|user|>\nCompute 2+3\n<|assistant|>\n", "{prompt}<rm_score>: {reward}\n", 1.26) == \
+        "<|user|>\nCompute 2+3\n<|assistant|>\n<rm_score>: 1.3\n"
+    assert condition("a {x} b", "score {reward} | {prompt}", -0.04) == "score -0.0 | a {x} b"
+
+
+def test_scores_are_normalized_with_the_training_rows_mean_and_std():
+    from stages.conditional_sft import normalized
+
+    train, other = normalized(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([4.0, 0.0]))  # mean 2, sample std 1
+    assert train.tolist() == [-1.0, 0.0, 1.0] and other.tolist() == [2.0, -2.0]
+    train, other = normalized(torch.tensor([5.0, 5.0]), torch.tensor([6.0]))  # no spread: shifted only
+    assert train.tolist() == [0.0, 0.0] and other.tolist() == [1.0]
+
+
+def test_conditional_sft_without_a_reward_model_stops_the_run_in_one_line(tmp_path):
+    from configs.errors import ConfigError
+    from configs.schema import PipelineConfig
+    from stages.preflight import check_conditional_sft
+
+    files = {"source": "files", "sft": {"paths": ["x.jsonl"]}, "prompts": {"paths": ["y.jsonl"]}}
+    cfg = PipelineConfig.model_validate({"data": files, "csft": {"enabled": True}})
+    with pytest.raises(ConfigError) as failed:
+        check_conditional_sft(cfg)
+    assert str(failed.value) == (
+        "csft.enabled: conditional SFT scores the SFT data with a reward model, and this pipeline has none "
+        "(reward.rm_paths is empty and, without data.preference, the rm stage trains none); set reward.rm_paths, "
+        "data.preference or inputs.reward_model")
+    check_conditional_sft(PipelineConfig.model_validate({"data": files, "csft": {"enabled": True},
+                                                         "reward": {"rm_paths": ["/rm"]}}))
+    check_conditional_sft(PipelineConfig.model_validate({"csft": {"enabled": True}}))  # the synthetic task has pairs
+    check_conditional_sft(PipelineConfig.model_validate({"data": files}))  # csft off
