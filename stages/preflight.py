@@ -92,8 +92,13 @@ def check_distillation(cfg: PipelineConfig) -> None:
     student_tokens = vocabulary.file_vocabulary(student) if student else None
     if teacher_tokens is None or student_tokens is None:
         return
-    problem = vocabulary.mismatch(teacher_tokens, student_tokens, vocabulary.logit_width(kd.teacher_path),
-                                  vocabulary.logit_width(student) if kd.student == "sft" else None)
+    widths = (vocabulary.logit_width(kd.teacher_path), vocabulary.logit_width(student) if kd.student == "sft" else None)
+    placeholder = cfg.prm.placeholder_token
+    if cfg.data.source == "synthetic" and placeholder not in student_tokens:
+        # data prep may add it to the student's tokenizer and grow its embeddings: compare without it
+        teacher_tokens = {token: i for token, i in teacher_tokens.items() if token != placeholder}
+        widths = (None, None)
+    problem = vocabulary.mismatch(teacher_tokens, student_tokens, *widths)
     if problem:
         raise CheckpointError(vocabulary.message(f"kd.teacher_path={kd.teacher_path}", f"model.name_or_path={student}", problem))
 

@@ -71,28 +71,29 @@ def test_nll_and_the_kd_mix():
 # --- knowledge distillation: the teacher shares the student's tokenizer, checked before any stage ---
 
 
-def checkpoint_files(folder, vocab: dict[str, int], width: int):
-    """The files the pre-run check reads: config.json, tokenizer.json (a BPE and one added token), weights."""
+def checkpoint_files(folder, vocab: dict[str, int], width: int, added=("<|end|>", "<|step|>")):
+    """The files the pre-run check reads: config.json, tokenizer.json (a BPE and its added tokens), weights."""
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": width}))
-    tokenizer = {"model": {"type": "BPE", "vocab": vocab}, "added_tokens": [{"id": len(vocab), "content": "<|end|>"}]}
+    tokenizer = {"model": {"type": "BPE", "vocab": vocab},
+                 "added_tokens": [{"id": len(vocab) + i, "content": token} for i, token in enumerate(added)]}
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
     (folder / "model.safetensors").write_bytes(b"")
     return folder
 
 
 @pytest.mark.parametrize("teacher_vocab, width, problem", [
-    ({"a": 0, "b": 1, "c": 2}, 4, None),
-    ({"a": 0, "b": 1, "c": 2}, 8, "its logits cover 8 tokens, the student's 4"),
-    ({"a": 0, "b": 1}, 4, "its vocabulary has 3 tokens, the student's 4"),
-    ({"a": 0, "c": 1, "b": 2}, 4, "token 'b' has id 2 in it, 1 in the student's"),
+    ({"a": 0, "b": 1, "c": 2}, 5, None),
+    ({"a": 0, "b": 1, "c": 2}, 8, "its logits cover 8 tokens, the student's 5"),
+    ({"a": 0, "b": 1}, 5, "its vocabulary has 4 tokens, the student's 5"),
+    ({"a": 0, "c": 1, "b": 2}, 5, "token 'b' has id 2 in it, 1 in the student's"),
 ])
 def test_a_teacher_with_another_tokenizer_stops_the_run_in_one_line(tmp_path, teacher_vocab, width, problem):
     from configs import load_config
     from configs.errors import CheckpointError
     from stages.preflight import check_distillation
 
-    student = checkpoint_files(tmp_path / "student", {"a": 0, "b": 1, "c": 2}, 4)
+    student = checkpoint_files(tmp_path / "student", {"a": 0, "b": 1, "c": 2}, 5)
     teacher = checkpoint_files(tmp_path / "teacher", teacher_vocab, width)
     cfg = load_config(None, [f"model.name_or_path={student}", "kd.enabled=true", "kd.teacher=path",
                              f"kd.teacher_path={teacher}"])
@@ -105,6 +106,18 @@ def test_a_teacher_with_another_tokenizer_stops_the_run_in_one_line(tmp_path, te
                                  f"(model.name_or_path={student}): {problem}; distil a teacher that shares the "
                                  "student's tokenizer and vocabulary")
     check_distillation(load_config(None, [f"model.name_or_path={student}"]))  # kd off: nothing checked
+
+
+def test_the_step_placeholder_data_prep_adds_to_the_students_tokenizer_is_no_mismatch(tmp_path):
+    """A teacher this pipeline trained from the same hub model has `prm.placeholder_token` (data prep added it
+    and grew the embeddings); the student's model does not have it yet."""
+    from configs import load_config
+    from stages.preflight import check_distillation
+
+    student = checkpoint_files(tmp_path / "student", {"a": 0, "b": 1, "c": 2}, 4, added=("<|end|>",))
+    teacher = checkpoint_files(tmp_path / "teacher", {"a": 0, "b": 1, "c": 2}, 5)
+    check_distillation(load_config(None, [f"model.name_or_path={student}", "kd.enabled=true", "kd.teacher=path",
+                                          f"kd.teacher_path={teacher}"]))
 
 
 # --- conditional SFT: the reward in the prompt --------------------------------------------
