@@ -134,6 +134,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
             tmp.replace(finished)  # a killed save leaves no policy a resume would trust
         if ctx.world_size > 1:
             dist.barrier()
+        del engine, model, state
+        deepspeed_engine.release_engines()  # the next round's engine starts with the memory free
         policy, offset = finished, offset + round_steps(ctx, len(kept))
     out = ctx.output_dir / "rs_model"
     if ctx.is_main:
