@@ -19,9 +19,8 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class TinyModelConfig(Section):
-    """A small Llama-style model built from scratch (used when `model.name_or_path` is empty); the keys are
-    transformers' `LlamaConfig` fields."""
+class TinyArchitecture(Section):
+    """A small Llama-style model built from scratch; the keys are transformers' `LlamaConfig` fields."""
 
     hidden_size: int = Field(128, gt=0)
     intermediate_size: int = Field(384, gt=0)
@@ -29,6 +28,12 @@ class TinyModelConfig(Section):
     num_attention_heads: int = Field(4, gt=0)
     num_key_value_heads: int = Field(4, gt=0)
     max_position_embeddings: int = Field(128, gt=0)
+
+
+class TinyModelConfig(TinyArchitecture):
+    """A small Llama-style model built from scratch (used when `model.name_or_path` is empty); the keys are
+    transformers' `LlamaConfig` fields."""
+
     vocab_size: int = Field(96, gt=0, description="target size of the BPE tokenizer trained on the task")
 
 
@@ -276,6 +281,98 @@ class DPOConfig(TrainingConfig):
         return self
 
 
+class RejectionSamplingConfig(TrainingConfig):
+    """Rejection sampling (best-of-n), OpenRLHF's `train_rejection_sampling` loop: each round samples
+    `samples_per_prompt` responses to `prompts_per_round` fresh prompts with the current policy (the SFT
+    policy in the first round), scores them with the `reward` section's source, keeps each prompt's best
+    response when its reward reaches `threshold`, and fine-tunes the policy on the kept responses with
+    the SFT loss (`epochs` passes, or `max_steps` optimizer steps, per round; a fresh optimizer and
+    schedule each round, as OpenRLHF's loop starts a new SFT run)."""
+
+    enabled: bool = Field(False, description="run the rs stage: rs_model, scored beside the other policies by eval")
+    lr: float = Field(5e-6, gt=0)
+    max_steps: int | None = Field(None, gt=0, description="optimizer steps per round; overrides epochs")
+    rounds: int = Field(1, gt=0, description="generate -> reward -> filter -> train rounds, each from the last one's policy")
+    prompts_per_round: int = Field(256, gt=0, description="fresh prompts sampled each round")
+    samples_per_prompt: int = Field(4, gt=0, description="responses sampled per prompt (the n of best-of-n)")
+    threshold: float | None = Field(None, allow_inf_nan=False, description="a prompt's best response is kept only when "
+                                    "its reward is at least this; empty: every prompt's best is kept")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest set of tokens holding this much probability")
+    max_new_tokens: int = Field(64, gt=0, description="most tokens sampled per response")
+    generate_batch_size: int = Field(64, gt=0, description="sequences per generate call")
+
+    @model_validator(mode="after")
+    def _whole_model(self) -> RejectionSamplingConfig:
+        if self.lora.rank:
+            raise ValueError("lora.rank: rejection sampling trains the whole policy, round after round; leave rs.lora.rank at 0")
+        return self
+
+
+class TinyStudentConfig(TinyArchitecture):
+    """The shape of a fresh distillation student (`kd.student: tiny`): by default half the tiny model's width
+    and depth."""
+
+    hidden_size: int = Field(64, gt=0)
+    intermediate_size: int = Field(192, gt=0)
+    num_hidden_layers: int = Field(2, gt=0)
+
+
+class KDConfig(TrainingConfig):
+    """Knowledge distillation, OpenRLHF's `train_kd`: a student trained on the SFT data with
+    (1 - kd_coef) x its NLL plus kd_coef x the divergence between the teacher's and its own next-token
+    distributions on the response tokens (the teacher frozen, in every rank)."""
+
+    enabled: bool = Field(False, description="run the kd stage: kd_model, scored beside the other policies by eval")
+    lr: float = Field(5e-6, gt=0)
+    teacher: Literal["rl", "dpo", "path"] = Field("rl", description="the teacher: the pipeline's RL or DPO policy (pin "
+                                                  "inputs.rl_model / inputs.dpo_model for another run's), or teacher_path")
+    teacher_path: str | None = Field(None, description="teacher: path: a local HF checkpoint or hub id with the student's "
+                                                       "tokenizer and vocabulary")
+    student: Literal["sft", "tiny"] = Field("sft", description="sft: the SFT policy is the student; tiny: a fresh model "
+                                                               "of student_tiny's shape with the SFT policy's tokenizer")
+    student_tiny: TinyStudentConfig = TinyStudentConfig()
+    kd_coef: float = Field(0.4, ge=0.0, le=1.0, description="weight of the divergence; the NLL gets 1 - kd_coef (OpenRLHF's kd_coef)")
+    divergence: Literal["forward", "reverse"] = Field("forward", description="forward: KL(teacher || student), OpenRLHF's; "
+                                                      "reverse: KL(student || teacher), MiniLLM's mode-seeking one, "
+                                                      "token by token on the training sequences")
+
+    @model_validator(mode="after")
+    def _teacher_and_student(self) -> KDConfig:
+        if (self.teacher == "path") != (self.teacher_path is not None):
+            raise ValueError("teacher_path names the teacher exactly when teacher: path (set both, or neither)")
+        if self.lora.rank:
+            raise ValueError("lora.rank: distillation trains the whole student; leave kd.lora.rank at 0")
+        if self.student != "tiny" and self.student_tiny != KDConfig.model_fields["student_tiny"].default:
+            raise ValueError("student_tiny shapes a fresh student: it needs student: tiny")
+        return self
+
+
+class ConditionalSFTConfig(TrainingConfig):
+    """Conditional SFT (arXiv:2308.12050, OpenRLHF's `csft` processor): the SFT data scored by a reward
+    model (`reward.rm_paths`, else the pipeline's own), each prompt given its response's score through
+    `template`, and the SFT policy fine-tuned on the result; at generation (the eval stage) the policy
+    is prompted with `target_reward`."""
+
+    enabled: bool = Field(False, description="run the csft stage: csft_model, scored beside the other policies by eval")
+    lr: float = Field(5e-6, gt=0)
+    template: str = Field("{prompt}<rm_score>: {reward}\n", description="how a prompt carries its score: {prompt} "
+                          "(the rendered prompt) and {reward} (one decimal) replaced; OpenRLHF's default, after the prompt")
+    normalize_reward: bool = Field(True, description="scores as z-scores over the training rows (OpenRLHF's "
+                                                     "--normalize_reward); the eval split uses the same mean and std")
+    target_reward: float = Field(2.0, allow_inf_nan=False, description="the score the policy is prompted with at "
+                                 "generation (in normalized units with normalize_reward)")
+
+    @model_validator(mode="after")
+    def _template_and_whole_model(self) -> ConditionalSFTConfig:
+        missing = [key for key in ("{prompt}", "{reward}") if key not in self.template]
+        if missing:
+            raise ValueError(f"template must contain {' and '.join(missing)}")
+        if self.lora.rank:
+            raise ValueError("lora.rank: conditional SFT trains the whole policy; leave csft.lora.rank at 0")
+        return self
+
+
 class RewardConfig(Section):
     """Where rewards come from for later stages (one scorer interface over all sources)."""
 
@@ -487,7 +584,17 @@ class PipelineConfig(Section):
     reward: RewardConfig = RewardConfig()
     rl: RLConfig = RLConfig()
     dpo: DPOConfig = DPOConfig()
+    rs: RejectionSamplingConfig = RejectionSamplingConfig()
+    kd: KDConfig = KDConfig()
+    csft: ConditionalSFTConfig = ConditionalSFTConfig()
     eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _csft_single_turn(self) -> "PipelineConfig":
+        if self.csft.enabled and self.data.sft is not None and self.data.sft.multiturn:
+            raise ValueError("csft.enabled with data.sft.multiturn: conditional SFT puts one score in each prompt, "
+                             "so it takes single-turn SFT rows; set data.sft.multiturn=false or csft.enabled=false")
+        return self
 
     @model_validator(mode="after")
     def _hybrid_engine_needs_whole_weights(self) -> "PipelineConfig":

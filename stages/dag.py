@@ -73,6 +73,31 @@ SCORES_WITH = {artifact: scores_with(artifact) for artifact in REWARD_MODELS}
 RL_EVAL_KEYS = tuple(f"eval.{key}" for key in EvalConfig.model_fields if key != "metric")
 
 
+def rejection_sampling(cfg) -> bool:
+    return cfg.rs.enabled
+
+
+def distillation(cfg) -> bool:
+    return cfg.kd.enabled
+
+
+def kd_teacher(name: str) -> Callable:
+    return lambda cfg: cfg.kd.teacher == name
+
+
+def conditional_sft(cfg) -> bool:
+    return cfg.csft.enabled
+
+
+def own_reward_model(cfg) -> bool:
+    """Conditional SFT scores with the pipeline's RM unless reward.rm_paths names others."""
+    return not cfg.reward.rm_paths
+
+
+# the policies of the stages a config turns on, each scored by eval beside the others when it runs
+OPTIONAL_POLICIES = {"rs_model": rejection_sampling, "kd_model": distillation, "csft_model": conditional_sft}
+
+
 def lora_of(cfg, section: str):
     """The LoRA config of a dotted section, e.g. `rl.actor`."""
     for part in section.split("."):
@@ -164,6 +189,48 @@ STAGES: tuple[StageSpec, ...] = (
         register=("dpo_model",),
     ),
     StageSpec(
+        name="rs",
+        entrypoint="stages.rejection_sampling:run",
+        inputs=("sft_model", "sft_data", "prompts", *REWARD_MODELS),
+        input_when=SCORES_WITH,
+        outputs=("rs_model",),
+        config_keys=("seed", "model.attn_implementation", "rs", *TRAINING_INFRA, "reward", "prm.step_separator"),
+        local_sources=REWARD_FILES,
+        key_metric="eval/loss",
+        summary="the rejection-sampling policy: the SFT model trained on the best of its own samples the reward keeps",
+        distributed=True,
+        register=("rs_model",),
+        run_when=rejection_sampling,
+    ),
+    StageSpec(
+        name="kd",
+        entrypoint="stages.kd.stage:run",
+        inputs=("sft_model", "sft_data", "rl_model", "dpo_model"),
+        input_when={"rl_model": kd_teacher("rl"), "dpo_model": kd_teacher("dpo")},
+        outputs=("kd_model",),
+        config_keys=("seed", "model.attn_implementation", "kd", *TRAINING_INFRA),
+        local_sources=("kd.teacher_path",),
+        key_metric="eval/kl",
+        summary="the distilled policy: a student (the SFT model or a smaller one) trained toward the teacher's distributions",
+        distributed=True,
+        register=("kd_model",),
+        run_when=distillation,
+    ),
+    StageSpec(
+        name="csft",
+        entrypoint="stages.conditional_sft:run",
+        inputs=("sft_model", "sft_data", "reward_model"),
+        input_when={"reward_model": own_reward_model},
+        outputs=("csft_model",),
+        config_keys=("seed", "model.attn_implementation", "csft", *TRAINING_INFRA, "reward.rm_paths", "reward.batch_size"),
+        local_sources=("reward.rm_paths",),
+        key_metric="eval/loss",
+        summary="the conditional-SFT policy: the SFT model trained on the SFT data with each response's RM score in its prompt",
+        distributed=True,
+        register=("csft_model",),
+        run_when=conditional_sft,
+    ),
+    StageSpec(
         name="lora_merge",
         entrypoint="stages.lora_merge:run",
         inputs=("sft_model", "reward_model", "prm", "dpo_model", "rl_model"),
@@ -179,9 +246,10 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="eval",
         entrypoint="stages.evaluate:run",
-        inputs=("base_model", "sft_model", "rl_model", "dpo_model", "sft_data", "eval_data", *REWARD_MODELS),
-        input_when=SCORES_WITH,
-        optional_inputs=("dpo_model",),
+        inputs=("base_model", "sft_model", "rl_model", "dpo_model", *OPTIONAL_POLICIES, "sft_data", "eval_data",
+                *REWARD_MODELS),
+        input_when={**SCORES_WITH, **OPTIONAL_POLICIES},
+        optional_inputs=("dpo_model", *OPTIONAL_POLICIES),
         outputs=("eval_report",),
         # no prm.step_separator: a PRM scorer reads the separator it was trained with from its checkpoint
         config_keys=("seed", "model.attn_implementation", "eval", "reward"),

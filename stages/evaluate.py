@@ -1,5 +1,6 @@
 """Eval stage: every model it is given, on the held-out set, scored by the `reward` section's source
-(a `reward_func` file, an RM, a PRM or a remote server).
+(a `reward_func` file, an RM, a PRM or a remote server). A conditional-SFT policy is prompted with the
+target reward its checkpoint records (stages/common/conditioning.py).
 
 Per model (stages.eval_metrics, as the RL stage's periodic evals): the mean reward of the greedy
 responses; the mean reward of `eval.samples_per_prompt` responses drawn per prompt at
@@ -20,7 +21,7 @@ import torch
 from transformers import set_seed
 
 from configs.errors import ConfigError
-from stages.common import checkpoint
+from stages.common import checkpoint, conditioning
 from stages.common.answers import extract_answer, is_correct, matches
 from stages.common.generation import generate
 from stages.common.progress import Progress
@@ -51,15 +52,17 @@ def evaluate_model(model_dir: Path, cfg, prompts: list[dict], sft_eval: list[dic
     tokenizer = checkpoint.load_tokenizer(model_dir)
     model = checkpoint.load_frozen_lm(model_dir, cfg.model)
     texts, labels = [p["prompt"] for p in prompts], [p["label"] for p in prompts]
-    generated = generate(model, tokenizer, texts, batch_size=e.batch_size, max_new_tokens=e.max_new_tokens)
+    # a conditional-SFT policy is prompted with its target reward; the scorer sees the plain prompts
+    conditioned = conditioning.prompts_for(model_dir, texts)
+    generated = generate(model, tokenizer, conditioned, batch_size=e.batch_size, max_new_tokens=e.max_new_tokens)
     responses = [tokenizer.decode(ids, skip_special_tokens=True) for ids in generated]
     rewards = scorer.score(texts, responses, labels).rewards.tolist()
     drawn, sampled = [[] for _ in prompts], [[] for _ in prompts]  # [n][k] responses and their rewards
     if k:
         asked, asked_labels = [t for t in texts for _ in range(k)], [label for label in labels for _ in range(k)]
         flat = [tokenizer.decode(ids, skip_special_tokens=True) for ids in
-                generate(model, tokenizer, asked, batch_size=e.batch_size, max_new_tokens=e.max_new_tokens,
-                         do_sample=True, temperature=e.sample_temperature)]
+                generate(model, tokenizer, [t for t in conditioned for _ in range(k)], batch_size=e.batch_size,
+                         max_new_tokens=e.max_new_tokens, do_sample=True, temperature=e.sample_temperature)]
         scores = scorer.score(asked, flat, asked_labels).rewards.tolist()
         drawn, sampled = by_prompt(flat, len(prompts)), by_prompt(scores, len(prompts))
     samples = [{"prompt": t, "response": r, "reward": v, "label": label}

@@ -11,10 +11,10 @@ import os
 from functools import reduce
 from pathlib import Path
 
-from configs.errors import PipelineError
+from configs.errors import CheckpointError, ConfigError, PipelineError
 from configs.schema import DatasetConfig, PipelineConfig
 from stages import reward_file
-from stages.common import checkpoint_paths, moe
+from stages.common import checkpoint_paths, moe, vocabulary
 from stages.dag import BY_NAME, LORA_SECTIONS, STAGES, lora_of, pinned_away
 from stages.rl.layout import check_fits, resolve_layout
 
@@ -25,6 +25,8 @@ AUX_LOSS_SECTIONS = ("sft", "rm", "prm", "dpo", "rl.actor")  # config sections w
 def check(cfg: PipelineConfig) -> None:
     check_inputs(cfg)
     check_reward(cfg)
+    check_distillation(cfg)
+    check_conditional_sft(cfg)
     check_local_resources(cfg)
 
 
@@ -75,6 +77,41 @@ def check_reward(cfg: PipelineConfig) -> None:
     scores = any("reward" in spec.wanted_config(spec.config_keys, cfg) and not pinned_away(spec, cfg) for spec in STAGES)
     if scores and cfg.reward.source == "func":
         reward_file.check(reward_file.resolve_func_path(cfg.reward.func_path))
+
+
+def check_distillation(cfg: PipelineConfig) -> None:
+    """`kd.teacher: path`: the teacher is a checkpoint, and where it and the student's model
+    (`model.name_or_path`) are both local folders with a tokenizer.json, they share the tokenizer and
+    vocabulary (else the kd stage checks the loaded tokenizers before it trains)."""
+    kd = cfg.kd
+    if not kd.enabled or kd.teacher != "path" or pinned_away(BY_NAME["kd"], cfg):
+        return
+    checkpoint_paths.validate(kd.teacher_path, "kd.teacher_path")
+    student = cfg.model.name_or_path
+    teacher_tokens = vocabulary.file_vocabulary(kd.teacher_path)
+    student_tokens = vocabulary.file_vocabulary(student) if student else None
+    if teacher_tokens is None or student_tokens is None:
+        return
+    widths = (vocabulary.logit_width(kd.teacher_path), vocabulary.logit_width(student) if kd.student == "sft" else None)
+    placeholder = cfg.prm.placeholder_token
+    if cfg.data.source == "synthetic" and placeholder not in student_tokens:
+        # data prep may add it to the student's tokenizer and grow its embeddings: compare without it
+        teacher_tokens = {token: i for token, i in teacher_tokens.items() if token != placeholder}
+        widths = (None, None)
+    problem = vocabulary.mismatch(teacher_tokens, student_tokens, *widths)
+    if problem:
+        raise CheckpointError(vocabulary.message(f"kd.teacher_path={kd.teacher_path}", f"model.name_or_path={student}", problem))
+
+
+def check_conditional_sft(cfg: PipelineConfig) -> None:
+    """Conditional SFT scores the SFT data with a reward model: `reward.rm_paths`, a pinned
+    `inputs.reward_model`, or the one the rm stage trains, which needs preference data."""
+    if not cfg.csft.enabled or pinned_away(BY_NAME["csft"], cfg) or cfg.reward.rm_paths or "reward_model" in cfg.inputs:
+        return
+    if cfg.data.source == "files" and cfg.data.preference is None:
+        raise ConfigError("csft.enabled: conditional SFT scores the SFT data with a reward model, and this pipeline has "
+                          "none (reward.rm_paths is empty and, without data.preference, the rm stage trains none); set "
+                          "reward.rm_paths, data.preference or inputs.reward_model")
 
 
 def check_aux_loss(cfg: PipelineConfig) -> None:

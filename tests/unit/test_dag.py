@@ -17,7 +17,7 @@ from stages.dag import BY_NAME, STAGES, check_order, producer, upstream
 
 
 def test_stage_names_and_order():
-    names = ["data_prep", "sft", "rm", "prm", "rl", "dpo", "lora_merge", "eval"]
+    names = ["data_prep", "sft", "rm", "prm", "rl", "dpo", "rs", "kd", "csft", "lora_merge", "eval"]
     assert [s.name for s in STAGES] == names and list(BY_NAME) == names
     assert all(BY_NAME[s.name] is s for s in STAGES)
 
@@ -62,7 +62,10 @@ def test_upstream():
     assert upstream(BY_NAME["sft"]) == ["data_prep"]
     assert upstream(BY_NAME["rl"]) == ["data_prep", "sft", "rm", "prm"]
     assert upstream(BY_NAME["dpo"]) == ["data_prep", "sft", "rm", "prm"]
-    assert upstream(BY_NAME["eval"]) == ["data_prep", "sft", "rm", "prm", "rl", "dpo"]
+    assert upstream(BY_NAME["rs"]) == ["data_prep", "sft", "rm", "prm"]
+    assert upstream(BY_NAME["kd"]) == ["data_prep", "sft", "rl", "dpo"]
+    assert upstream(BY_NAME["csft"]) == ["data_prep", "sft", "rm"]
+    assert upstream(BY_NAME["eval"]) == ["data_prep", "sft", "rm", "prm", "rl", "dpo", "rs", "kd", "csft"]
     assert upstream(BY_NAME["lora_merge"]) == ["sft", "rm", "prm", "rl", "dpo"]
 
 
@@ -178,9 +181,12 @@ EDITS = {
     "stages.eval_results": {"eval"},
     "stages.eval_metrics": {"rl", "eval"},  # RL's periodic evals share eval's metrics
     "stages.reward_model": {"rm", "lora_merge"},  # lora_merge saves merged reward models with it
-    "stages.rewards.remote": {"rl", "dpo", "eval"},  # the reward sources iterative DPO and eval score with too
+    "stages.rewards.remote": {"rl", "dpo", "rs", "csft", "eval"},  # the reward sources iterative DPO, rs and eval score with too
     "stages.data_prep": set(BY_NAME),  # read_split: every stage reads its data with it
-    "stages.common.generation": {"rl", "dpo", "eval"},
+    "stages.common.generation": {"rl", "dpo", "rs", "eval"},
+    "stages.sft": {"sft", "rs", "csft"},  # rs and csft train with SFT's loss
+    "stages.common.conditioning": {"csft", "eval"},  # eval prompts a csft policy as it was trained
+    "stages.kd.losses": {"kd"},
     "stages.preflight": set(),  # the flow's checks: no stage imports them
     "flows.summary": set(),
 }
@@ -196,7 +202,7 @@ def test_editing_a_module_changes_the_code_version_of_the_stages_that_import_it(
 
 
 def test_distributed_and_metrics():
-    assert [s.name for s in STAGES if s.distributed] == ["sft", "rm", "prm", "dpo"]
+    assert [s.name for s in STAGES if s.distributed] == ["sft", "rm", "prm", "dpo", "rs", "kd", "csft"]
     assert BY_NAME["dpo"].register == ("dpo_model",) and BY_NAME["dpo"].key_metric == "eval/reward_accuracy"
     assert BY_NAME["sft"].register == ("sft_model",)
     assert BY_NAME["rm"].register == ("reward_model",) and BY_NAME["prm"].register == ("prm",)
@@ -219,6 +225,42 @@ def test_lora_merge_runs_only_when_a_stage_trains_an_adapter():
             nested = {part: nested}
         assert merge.run_when(PipelineConfig.model_validate(nested)) == (section != "rl.critic")
     assert set(merge.optional_inputs) == set(merge.inputs)
+
+
+def test_rejection_sampling_runs_only_when_enabled_and_eval_then_scores_its_policy():
+    rs, ev = BY_NAME["rs"], BY_NAME["eval"]
+    off, on = PipelineConfig(), PipelineConfig.model_validate({"rs": {"enabled": True}, "reward": {"source": "rm"}})
+    assert not rs.run_when(off) and rs.run_when(on) and rs.register == ("rs_model",)
+    assert rs.wanted_inputs(on) == ("sft_model", "sft_data", "prompts", "reward_model")
+    assert "rs_model" not in ev.wanted_inputs(off) and "rs_model" in ev.wanted_inputs(on)
+    assert "rs" not in dag.needed_by({"eval"}, off) and "rs" in dag.needed_by({"eval"}, on)
+    assert "rs_model" in ev.optional_inputs  # a skipped rs does not skip eval
+
+
+def test_distillation_runs_only_when_enabled_on_the_teacher_it_names():
+    kd, ev = BY_NAME["kd"], BY_NAME["eval"]
+    assert not kd.run_when(PipelineConfig()) and "kd_model" not in ev.wanted_inputs(PipelineConfig())
+    by_teacher = {teacher: PipelineConfig.model_validate({"kd": {"enabled": True, "teacher": teacher, **extra}})
+                  for teacher, extra in (("rl", {}), ("dpo", {}), ("path", {"teacher_path": "/x"}))}
+    assert kd.wanted_inputs(by_teacher["rl"]) == ("sft_model", "sft_data", "rl_model")
+    assert kd.wanted_inputs(by_teacher["dpo"]) == ("sft_model", "sft_data", "dpo_model")
+    assert kd.wanted_inputs(by_teacher["path"]) == ("sft_model", "sft_data")
+    assert dag.needed_by({"kd"}, by_teacher["path"]) == {"data_prep", "sft"}
+    assert "kd_model" in ev.wanted_inputs(by_teacher["rl"]) and "kd_model" in ev.optional_inputs
+    assert kd.local_sources == ("kd.teacher_path",)  # a local teacher counts by its content
+    assert config_subset(by_teacher["rl"], kd.config_keys) != config_subset(by_teacher["dpo"], kd.config_keys)
+
+
+def test_conditional_sft_runs_only_when_enabled_on_the_pipelines_rm_unless_the_reward_names_rms():
+    csft, ev = BY_NAME["csft"], BY_NAME["eval"]
+    assert not csft.run_when(PipelineConfig()) and "csft_model" not in ev.wanted_inputs(PipelineConfig())
+    own = PipelineConfig.model_validate({"csft": {"enabled": True}})
+    assert csft.wanted_inputs(own) == ("sft_model", "sft_data", "reward_model") and "csft_model" in ev.wanted_inputs(own)
+    named = PipelineConfig.model_validate({"csft": {"enabled": True}, "reward": {"rm_paths": ["/rm"]}})
+    assert csft.wanted_inputs(named) == ("sft_model", "sft_data") and dag.needed_by({"csft"}, named) == {"data_prep", "sft"}
+    # what it scores with counts; the reward source RL and eval score with does not
+    func = PipelineConfig.model_validate({"csft": {"enabled": True}, "reward": {"func_path": "other.py"}})
+    assert config_subset(func, csft.config_keys) == config_subset(own, csft.config_keys)
 
 
 def test_needed_by_follows_the_inputs_the_config_wants():

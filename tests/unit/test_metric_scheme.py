@@ -38,7 +38,7 @@ def test_every_stage_key_metric_follows_the_scheme():
     from stages.dag import STAGES
 
     assert {s.name: s.key_metric.partition("/")[0] for s in STAGES} == {
-        "data_prep": "rows", "sft": "eval", "rm": "eval", "prm": "eval", "rl": "eval", "dpo": "eval",
+        "data_prep": "rows", "sft": "eval", "rm": "eval", "prm": "eval", "rl": "eval", "dpo": "eval", "rs": "eval", "kd": "eval", "csft": "eval",
         "lora_merge": "merge", "eval": "score"}
 
 

@@ -1,0 +1,97 @@
+"""Conditional SFT stage (arXiv:2308.12050 as OpenRLHF implements it): the SFT data scored by a reward
+model, each prompt given its response's score (`csft.template`, normalized with `csft.normalize_reward`),
+and the SFT policy fine-tuned on the conditioned rows with the SFT loss. The saved policy records its
+template and `csft.target_reward` (`stages/common/conditioning.py`), which the eval stage prompts it with.
+
+Reads `sft_model`, `sft_data` and the RM (`reward.rm_paths`, else the pipeline's `reward_model`);
+writes `csft_model`. The scores are saved in the work dir before training, and training is resumable
+as every training stage's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import set_seed
+
+from configs.errors import DataError
+from stages.common import checkpoint, conditioning, deepspeed_engine, moe
+from stages.common.tokenization import encode_segments, pad_batch
+from stages.common.trainer import fit
+from stages.contract import StageContext, StageResult
+from stages.data_prep import read_split
+from stages.rewards.factory import reward_models
+from stages.sft import eval_loss, lm_loss
+
+
+def normalized(train: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both score vectors as z-scores with the training scores' mean and std (std 1 where they are all equal)."""
+    mean, std = train.mean(), train.std() if train.numel() > 1 else torch.tensor(0.0)
+    std = std if float(std) > 0 else torch.tensor(1.0)
+    return (train - mean) / std, (other - mean) / std
+
+
+def response_text(tokenizer, segment: str) -> str:
+    """A trained segment as the policy's sampled response reads: up to its first EOS, special tokens dropped."""
+    ids = tokenizer(segment, add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    return tokenizer.decode(ids[: ids.index(eos)] if eos in ids else ids, skip_special_tokens=True)
+
+
+def scores(ctx: StageContext, rows: dict[str, list[dict]], tokenizer, own_rm: Path | None) -> dict[str, torch.Tensor]:
+    """Each split's RM scores, saved in the work dir (a resumed run reuses them); every rank scores all
+    rows (the same deterministic forward passes) rather than waiting on rank 0."""
+    path = ctx.work_dir / "scores.pt"
+    if path.is_file():
+        return torch.load(path)
+    rm, out = reward_models(ctx.config.reward, own_rm), {}
+    for split, split_rows in rows.items():
+        for i, row in enumerate(split_rows):
+            if len(row["texts"]) != 2 or row["train"] != [False, True]:
+                raise DataError(f"sft_data/{split} row {i}: {len(row['texts'])} segments; conditional SFT takes "
+                                "single-turn rows (prompt, response)")
+        prompts = [row["texts"][0] for row in split_rows]
+        responses = [response_text(tokenizer, row["texts"][1]) for row in split_rows]
+        out[split] = rm.score(prompts, responses, [None] * len(split_rows)).rewards.float()
+    checkpoint.save_work_file(out, path, ctx.is_main, ctx.world_size)
+    return out
+
+
+def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+    cfg, c = ctx.config, ctx.config.csft
+    set_seed(cfg.seed)
+    deepspeed_engine.init_distributed()
+    tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
+    rows = {split: read_split(inputs["sft_data"], split) for split in ("train", "eval")}
+    scored = scores(ctx, rows, tokenizer, inputs.get("reward_model"))
+    if ctx.is_main:
+        print(f"[{ctx.stage}] scored {len(scored['train'])} SFT rows: reward mean {float(scored['train'].mean()):.3f}, "
+              f"std {float(scored['train'].std()):.3f}", flush=True)
+    train_scores, eval_scores = scored["train"], scored["eval"]
+    if c.normalize_reward:
+        train_scores, eval_scores = normalized(train_scores, eval_scores)
+
+    def encode(split_rows: list[dict], split_scores: torch.Tensor) -> list[tuple[list[int], list[int]]]:
+        return [encode_segments(tokenizer, [conditioning.condition(r["texts"][0], c.template, float(score)), r["texts"][1]],
+                                r["train"]) for r, score in zip(split_rows, split_scores)]
+
+    train_rows, eval_rows = encode(rows["train"], train_scores), encode(rows["eval"], eval_scores)
+    model = checkpoint.load_causal_lm(inputs["sft_model"], cfg.model)
+    moe.check(model.config, c.aux_loss_coef, "csft.aux_loss_coef")
+    pad_id = tokenizer.pad_token_id
+    engine, outcome = fit(
+        ctx, model, c, train_rows,
+        collate=lambda batch_rows: pad_batch(batch_rows, pad_id),
+        loss_fn=lambda engine, batch: lm_loss(engine, batch, c.aux_loss_coef),
+        evaluate=lambda engine: {"loss": eval_loss(engine, eval_rows, c.micro_batch_size, pad_id, ctx.rank, ctx.world_size)},
+    )
+    state = deepspeed_engine.full_state_dict(engine)
+    out = ctx.output_dir / "csft_model"
+    if ctx.is_main:
+        checkpoint.save(engine.module, tokenizer, out, state_dict=state)
+        conditioning.write(out, c.template, c.target_reward)
+    metrics = {"eval/loss": outcome.last_eval["loss"], "train/loss": outcome.last_train.get("loss", float("nan"))}
+    if outcome.start_step:
+        metrics["resumed_from_step"] = float(outcome.start_step)
+    return StageResult(outputs={"csft_model": out}, metrics=metrics)

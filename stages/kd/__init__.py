@@ -1,0 +1,1 @@
+"""Knowledge distillation: a teacher policy's token distributions distilled into a student."""
