@@ -29,6 +29,7 @@ EXPERIMENT = "rlhf-pipeline"
 ML_VIEW = "workflowType=machine_learning"  # MLflow 3's UI opens on its GenAI view otherwise
 CHROMIUM = "/usr/bin/chromium"
 SETTLE_MS = 3000
+IDLE_MS = 10_000  # the UI polls the server, so the network may never idle: the view is drawn well before
 
 
 def api(base: str, path: str, body: dict | None = None) -> dict:
@@ -89,7 +90,7 @@ def visit(page, url: str, shot: Path) -> None:
     page.goto(url)
     page.wait_for_timeout(SETTLE_MS)
     try:
-        page.wait_for_load_state("networkidle", timeout=60_000)
+        page.wait_for_load_state("networkidle", timeout=IDLE_MS)
     except Exception:  # noqa: BLE001 - the UI polls; idle or not, the view is drawn by now
         pass
     page.wait_for_timeout(SETTLE_MS)

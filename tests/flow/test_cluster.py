@@ -1,7 +1,9 @@
 """`rlhf cluster up|down` on this machine: PostgreSQL, the MLflow server on it with its artifact proxy, a
 2-node Ray cluster and a Prefect server + process worker, each checked through its own client; the tiny
 pipeline as a flow run of the full deployment on the work pool runs every stage on the worker node with
-every file through the MLflow server, then again all cached; `down` leaves no process behind."""
+every file through the MLflow server, then again all cached, and the server's UI shows the two runs in
+headless Chromium; a node lost mid-SFT and an MLflow server restart are survived; `down` leaves no
+process behind."""
 
 from __future__ import annotations
 
@@ -212,6 +214,13 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         rl = next(r for r in runs if r.data.tags[store.TAG_STAGE] == "rl")
         assert {"train/reward", "eval/accuracy"} <= set(rl.data.metrics)
         assert client.get_model_version(registry.registered_name("rl_model"), "1").source.startswith("mlflow-artifacts:/")
+
+        # the server's own UI in headless Chromium: the views a user compares these runs in
+        started = time.monotonic()
+        ui = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "browser" / "mlflow_ui.py"), u["mlflow"],
+                             str(tmp_path / "ui")], capture_output=True, text=True, timeout=600)
+        timings["browser"] = time.monotonic() - started
+        assert ui.returncode == 0, ui.stdout[-3000:] + ui.stderr[-3000:]
 
         started = time.monotonic()
         survive_node_loss_and_server_restart(root, tmp_path, env, client, monkeypatch)
