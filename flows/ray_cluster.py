@@ -28,13 +28,20 @@ if TYPE_CHECKING:
 LOG_FLUSH_S = 1.0
 
 
+def token_env() -> dict[str, str]:
+    """What a process that joins a `ray start` cluster sets to present the token this machine has
+    (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); nothing where it has none."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return {}
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or Path("~/.ray/auth_token").expanduser().is_file():
+        return {"RAY_AUTH_MODE": "token"}
+    return {}
+
+
 def use_local_token() -> None:
     """Clusters from `ray start` expect token auth, but a driver given an explicit address assumes none:
-    present the token this machine has (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)."""
-    if "RAY_AUTH_MODE" in os.environ:
-        return
-    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or Path("~/.ray/auth_token").expanduser().is_file():
-        os.environ["RAY_AUTH_MODE"] = "token"
+    present the token this machine has. Ray reads the mode once, when first used in a process."""
+    os.environ.update(token_env())
 
 
 def named_address(infra: InfraConfig) -> str | None:

@@ -23,7 +23,7 @@ import pytest
 
 from artifacts import registry, store
 from flows import cluster, processes
-from flows.ray_cluster import use_local_token
+from flows.ray_cluster import token_env
 from flows.serve import answers
 from stages import dag
 from tests.flow.conftest import CLI, cli_env
@@ -87,7 +87,7 @@ def wait_for(what: str, found, timeout: float = 300.0):
     return value
 
 
-def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[str, str], client, monkeypatch) -> None:
+def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[str, str], client) -> None:
     """SFT on the worker node; once its first checkpoint is on the MLflow server the node dies (its folder
     with it) and a new one joins in its place: the stage is retried (`infra.node_wait_s`: it waits for the
     node), resumes on the new node from the server's checkpoint; the MLflow server restarts meanwhile
@@ -114,10 +114,10 @@ def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[st
         wait_for("checkpoint on the server", checkpointed)
         kill(root, "ray-worker")
         shutil.rmtree(root / "ray-worker" / "files")  # a new machine in the lost one's place
-        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-        use_local_token()  # as `up` did: the new node presents this machine's Ray token
+        # as `up` started it, presenting this machine's Ray token (set for the node alone: Ray in this
+        # process keeps the auth mode it first read, and later tests start local clusters here)
         restart(root, "ray-worker", cluster.ray_worker_command(ports, cluster.ray_temp_dir(root, "ray-worker"), state.worker_cpus),
-                cluster.RAY_ENV | {"RLHF_NODE_DIR": str(root / "ray-worker" / "files")})
+                cluster.RAY_ENV | token_env() | {"RLHF_NODE_DIR": str(root / "ray-worker" / "files")})
         second = wait_for("rerun of sft", lambda: len(sft_runs()) > 1 and sft_runs()[1])
         kill(root, "mlflow")
         restart(root, "mlflow", cluster.mlflow_command(ports, root / "mlflow" / "artifacts"), cluster.MLFLOW_ENV)
@@ -136,7 +136,7 @@ def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[st
     assert len(new) == versions + 1 and max(new, key=lambda v: int(v.version)).run_id == second.info.run_id
 
 
-def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, root, monkeypatch):
+def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, root):
     from mlflow import MlflowClient
 
     env = cli_env(tmp_path) | {"PREFECT_WORKER_QUERY_SECONDS": "1"}  # the worker picks a flow run up at once
@@ -223,7 +223,7 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         assert ui.returncode == 0, ui.stdout[-3000:] + ui.stderr[-3000:]
 
         started = time.monotonic()
-        survive_node_loss_and_server_restart(root, tmp_path, env, client, monkeypatch)
+        survive_node_loss_and_server_restart(root, tmp_path, env, client)
         timings["faults"] = time.monotonic() - started
     finally:
         started = time.monotonic()
