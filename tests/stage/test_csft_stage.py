@@ -17,6 +17,8 @@ from stages.rewards.reward_model import RewardModelScorer
 from tests.stage.conftest import FAST, make_ctx
 from tests.stage.test_sft_stage import Recorder
 
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
+
 SHORT = [*FAST, "csft.enabled=true", "csft.max_steps=4", "csft.micro_batch_size=8", "csft.eval_every=4",
          "csft.save_every=100", "csft.lr=2e-3", "eval.max_samples=4", "eval.samples_per_prompt=0",
          "eval.max_new_tokens=8"]

@@ -45,6 +45,7 @@ def test_dpo_logs_reward_metrics_per_eval_step_and_separates_the_pairs(trained):
     assert result.metrics["eval/margin"] > 0 and result.metrics["eval/reward_accuracy"] > 0.6
 
 
+@pytest.mark.slow
 def test_dpo_checkpoint_loads_with_plain_transformers(trained, prepared):
     result, _ = trained
     model = AutoModelForCausalLM.from_pretrained(result.outputs["dpo_model"])
@@ -232,6 +233,7 @@ def test_each_round_pairs_the_policys_best_and_worst_samples(iterative, prepared
     assert AutoModelForCausalLM.from_pretrained(result.outputs["dpo_model"]) is not None
 
 
+@pytest.mark.slow
 def test_first_rounds_reference_is_the_starting_policy(iterative, prepared):
     """Round 0's reference log-probs are the SFT (here: base) model's, from an independent HF forward."""
     _, _, root = iterative

@@ -14,6 +14,8 @@ from stages.kd import stage as kd
 from tests.stage.conftest import FAST, make_ctx
 from tests.stage.test_sft_stage import Recorder
 
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
+
 SHORT = [*FAST, "kd.enabled=true", "kd.teacher=dpo", "kd.student=tiny", "kd.kd_coef=1.0", "kd.max_steps=4",
          "kd.micro_batch_size=8", "kd.eval_every=2", "kd.save_every=100", "kd.lr=3e-3", "kd.warmup_ratio=0"]
 

@@ -59,6 +59,7 @@ def test_stage_with_lora_saves_only_an_adapter_on_its_base(adapters, prepared, s
     assert any("lora_B" in k and v.abs().max() > 0 for k, v in weights.items())  # it trained
 
 
+@pytest.mark.slow
 def test_merge_stage_merges_every_adapter_and_reports_the_logit_check(merged):
     out = merged.outputs["merged_models"]
     assert sorted(p.name for p in out.iterdir()) == ["dpo_model", "prm", "reward_model", "sft_model"]  # rl_model: a full model

@@ -227,6 +227,7 @@ def test_serve_rm_cli_matches_in_process_scorer(tok, rms, serve_rm):
     assert (batch.rewards - local).abs().max() < 1e-4
 
 
+@pytest.mark.slow
 def test_serve_rm_answers_a_request_over_its_size_limit_413_at_once_and_goes_on_serving(serve_rm):
     """A 5 MB body (about 170,000 queries) would hold the model for minutes and every request behind it."""
     base = serve_rm

@@ -30,6 +30,7 @@ def rm_result(prepared, tmp_path_factory):
     return run_rm(prepared, tmp_path_factory.mktemp("rm"))
 
 
+@pytest.mark.slow
 def test_rm_logs_pairwise_accuracy_and_margin_per_eval_step(rm_result):
     result, logged = rm_result
     assert [s for s, m in logged if "eval/accuracy" in m] == [5, 10]
@@ -57,6 +58,7 @@ def test_rm_checkpoint_loads_as_hf_sequence_classifier_and_matches_the_scorer(rm
     assert float((ours - theirs).abs().max()) < 1e-4
 
 
+@pytest.mark.slow
 def test_rm_head_prefix_and_normalisation_follow_the_config(prepared, tmp_path, rm_result):
     result, _ = run_rm(prepared, tmp_path, ["rm.value_head_prefix=value_head", "rm.normalize_reward=true"])
     path = result.outputs["reward_model"]
@@ -70,6 +72,7 @@ def test_rm_head_prefix_and_normalisation_follow_the_config(prepared, tmp_path, 
     assert torch.allclose(normalized, (raw - m) / s, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_prm_stage_writes_a_checkpoint_the_step_scorer_reads(prepared, tmp_path):
     cfg = load_config(None, SHORT)
     logged = []

@@ -28,7 +28,7 @@ STEP_KEYS = {"train/reward", "rollout/reward_std", "train/kl", "actor/entropy", 
              "time/experience", "time/training", "time/weight_sync", "rollout/samples_per_s", "rollout/logprob_gap"}
 
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")
+pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]  # slow: the fast lane leaves out Ray
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,6 @@ def grpo(prepared, grpo_args, tmp_path_factory):
     return run_rl(prepared, tmp_path_factory.mktemp("grpo"), grpo_args)
 
 
-@pytest.mark.slow
 def test_grpo_logs_every_step_metric_and_evals(grpo):
     result, logged = grpo
     steps = [(s, m) for s, m in logged if "train/reward" in m]
@@ -93,7 +92,6 @@ def test_grpo_trains_the_policy_and_syncs_the_engine(grpo, prepared):
     assert model.config.vocab_size > 0
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["hf", "hybrid"])  # hybrid, not recomputed: the tiny preset's RL
 def test_sampling_log_probs_stand_in_for_the_old_ones_when_not_recomputed(grpo, grpo_args, prepared, tmp_path, engine):
     """rl.recompute_old_log_probs=false: the same first rollout (same seed) trains to the same losses,
@@ -109,7 +107,6 @@ def test_sampling_log_probs_stand_in_for_the_old_ones_when_not_recomputed(grpo, 
         assert fast[key] == pytest.approx(full[key], abs=1e-5), key
 
 
-@pytest.mark.slow
 def test_hybrid_engine_samples_as_the_engine_does_without_engine_actors_or_weight_sync(grpo, grpo_args, prepared,
                                                                                          tmp_path):
     """rl.engine=hybrid: the policy rank samples with the weights it trains and holds the reference. The
@@ -132,7 +129,6 @@ def test_hybrid_engine_samples_as_the_engine_does_without_engine_actors_or_weigh
     assert AutoModelForCausalLM.from_pretrained(result.outputs["rl_model"]).config.vocab_size > 0
 
 
-@pytest.mark.slow
 def test_hf_engine_in_calls_of_generate_batch_size_returns_every_prompt_in_order(prepared):
     """rl.generate_batch_size splits an engine's share into several `generate` calls; greedy answers
     (which do not depend on the batch) come back the same, one per prompt, in the prompts' order."""
@@ -157,7 +153,6 @@ def test_hf_engine_in_calls_of_generate_batch_size_returns_every_prompt_in_order
         assert split.log_probs == pytest.approx(whole.log_probs, abs=1e-4)
 
 
-@pytest.mark.slow
 def test_ppo_with_lora_actor_and_critic_syncs_merged_weights_and_saves_the_adapter(prepared, length_reward, tmp_path):
     """The engines sample from the merged LoRA policy: at step 2 their log-probs are the trainer's."""
     from peft import PeftModel
@@ -187,7 +182,6 @@ def quick_reward_model(stage, module, data: str, output: str, prepared, root):
     return result.outputs[output]
 
 
-@pytest.mark.slow
 def test_ppo_with_critic_and_reward_model(prepared, tmp_path):
     rm = quick_reward_model("rm", reward_model, "pref_data", "reward_model", prepared, tmp_path)
     result, logged = run_rl(prepared, tmp_path / "rl", ["rl.advantage_estimator=gae", "reward.source=rm"],
@@ -198,7 +192,6 @@ def test_ppo_with_critic_and_reward_model(prepared, tmp_path):
     assert result.outputs["rl_model"].is_dir()
 
 
-@pytest.mark.slow
 def test_reinforce_with_dense_process_rewards(prepared, tmp_path):
     prm_dir = quick_reward_model("prm", prm, "prm_data", "prm", prepared, tmp_path)
     result, logged = run_rl(prepared, tmp_path / "rl", ["rl.advantage_estimator=reinforce", "reward.source=prm"],
@@ -208,7 +201,6 @@ def test_reinforce_with_dense_process_rewards(prepared, tmp_path):
     assert result.outputs["rl_model"].is_dir()
 
 
-@pytest.mark.slow
 def test_weight_sync_through_the_object_store_gives_the_broadcast_run(grpo, grpo_args, prepared, tmp_path, capsys):
     """rl.weight_sync decides only how the engine gets the policy's weights: whole state dicts through the
     object store give the module's GRPO run (parameter-by-parameter broadcast over a gloo group) step for
@@ -225,7 +217,6 @@ def test_weight_sync_through_the_object_store_gives_the_broadcast_run(grpo, grpo
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
 
 
-@pytest.mark.slow
 def test_killed_rl_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(grpo, grpo_args, prepared, tmp_path):
     """Killed at step 2 (after the step-1 checkpoint; `rl.save_every=1`), the rerun resumes there and ends
     on the weights of the module's uninterrupted GRPO run, with the same settings."""
@@ -244,7 +235,6 @@ def test_killed_rl_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(
     assert first_eval == [m for s, m in grpo[1] if s == 0 and "eval/accuracy" in m]
 
 
-@pytest.mark.slow
 def test_reference_and_reward_groups_of_two_workers_match_one_worker(prepared, length_reward, tmp_path):
     # one CPU per bundle, so the colocated pool of two bundles fits the 2-CPU cluster in both runs
     args = ["rl.advantage_estimator=group_norm", f"reward.func_path={length_reward}", "rl.max_steps=1",
@@ -258,7 +248,6 @@ def test_reference_and_reward_groups_of_two_workers_match_one_worker(prepared, l
     assert evals[0] == evals[1] and len(evals[0]) == 2  # held-out evals before and after, scored in two shares
 
 
-@pytest.mark.slow
 def test_dynamic_filtering_replaces_groups_whose_scores_are_all_equal(prepared, tmp_path):
     # the untrained model never answers, so the rule reward is 0 for every sample: every group is filtered
     result, logged = run_rl(prepared, tmp_path, ["rl.dynamic_filtering=true", "rl.max_steps=1"])
@@ -297,7 +286,6 @@ def reward_func(queries, prompts, labels):
 """
 
 
-@pytest.mark.slow
 def test_a_reward_func_that_never_returns_ends_the_stage_and_its_worker(tmp_path):
     """A stuck reward_func ends the stage after reward.timeout_s with one line naming the file and the key;
     its reward worker, which nothing else could stop, is killed."""
@@ -326,7 +314,6 @@ def test_a_reward_func_that_never_returns_ends_the_stage_and_its_worker(tmp_path
         time.sleep(0.2)
 
 
-@pytest.mark.slow
 def test_a_reward_file_that_fails_to_load_in_the_worker_is_the_users_error(tmp_path):
     """A reward file that only fails when run (here, an import the driver's check does not run) comes back
     from the reward worker as the RewardError it is: not an actor death, so never retried as a lost worker."""

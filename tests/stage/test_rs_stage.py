@@ -13,6 +13,8 @@ from stages.common.tokenization import IGNORE_INDEX
 from tests.stage.conftest import FAST, make_ctx
 from tests.stage.test_sft_stage import Recorder
 
+pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
+
 SHORT = [*FAST, "rs.enabled=true", "rs.rounds=2", "rs.max_steps=2", "rs.micro_batch_size=8", "rs.eval_every=2",
          "rs.save_every=1", "rs.lr=2e-3", "rs.prompts_per_round=8", "rs.samples_per_prompt=4", "rs.max_new_tokens=12"]
 
