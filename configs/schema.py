@@ -360,8 +360,8 @@ class ConditionalSFTConfig(TrainingConfig):
                           "(the rendered prompt) and {reward} (one decimal) replaced; OpenRLHF's default, after the prompt")
     normalize_reward: bool = Field(True, description="scores as z-scores over the training rows (OpenRLHF's "
                                                      "--normalize_reward); the eval split uses the same mean and std")
-    target_reward: float = Field(2.0, allow_inf_nan=False, description="the score the policy is prompted with at "
-                                 "generation (in normalized units with normalize_reward)")
+    target_reward: float = Field(1.0, allow_inf_nan=False, description="the score the policy is prompted with at "
+                                 "generation (with normalize_reward: standard deviations above the training rows' mean)")
 
     @model_validator(mode="after")
     def _template_and_whole_model(self) -> ConditionalSFTConfig:

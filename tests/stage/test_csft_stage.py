@@ -61,7 +61,7 @@ def test_rows_are_conditioned_on_their_rm_scores_and_eval_prompts_with_the_targe
     assert float(saved["train"][0]) == pytest.approx(float(expected.rewards[0]), abs=1e-5)  # the RM scores the response as sampled
 
     out = result.outputs["csft_model"]
-    assert conditioning.prompts_for(out, ["P"]) == ["P<rm_score>: 2.0\n"]
+    assert conditioning.prompts_for(out, ["P"]) == ["P<rm_score>: 1.0\n"]
     seen, asked = PromptsSeen(), []
 
     def recording_generate(model, tokenizer, prompts, **options):  # the real generate, its prompts recorded
@@ -71,5 +71,5 @@ def test_rows_are_conditioned_on_their_rm_scores_and_eval_prompts_with_the_targe
     monkeypatch.setattr(evaluate, "generate", recording_generate)
     prompts = read_split(prepared["eval_data"], "eval")[:4]
     evaluate.evaluate_model(out, cfg, prompts, [], seen)
-    assert asked == [p["prompt"] + "<rm_score>: 2.0\n" for p in prompts]  # the policy is prompted with the target
+    assert asked == [p["prompt"] + "<rm_score>: 1.0\n" for p in prompts]  # the policy is prompted with the target
     assert seen.prompts == [p["prompt"] for p in prompts]  # the scorer sees the plain prompts
