@@ -28,8 +28,8 @@ from pathlib import Path
 EXPERIMENT = "rlhf-pipeline"
 ML_VIEW = "workflowType=machine_learning"  # MLflow 3's UI opens on its GenAI view otherwise
 CHROMIUM = "/usr/bin/chromium"
-SETTLE_MS = 3000
-IDLE_MS = 10_000  # the UI polls the server, so the network may never idle: the view is drawn well before
+SETTLE_MS = 1000
+READY_MS = 60_000  # the first view loads the UI's scripts
 
 
 def api(base: str, path: str, body: dict | None = None) -> dict:
@@ -86,17 +86,18 @@ def scroll_to(page, text: str, within: str, view: str, turns: int = 60) -> None:
     raise AssertionError(f"{view}: no {text!r} in the list")
 
 
-def visit(page, url: str, shot: Path) -> None:
+def visit(page, url: str, shot: Path, ready: str) -> None:
+    """Open a view and wait until it shows `ready` (the UI draws after its REST calls return; it polls,
+    so the network never idles), then a moment for its charts before the screenshot."""
     page.goto(url)
-    page.wait_for_timeout(SETTLE_MS)
     try:
-        page.wait_for_load_state("networkidle", timeout=IDLE_MS)
-    except Exception:  # noqa: BLE001 - the UI polls; idle or not, the view is drawn by now
+        page.get_by_text(ready).first.wait_for(timeout=READY_MS)
+    except Exception:  # noqa: BLE001 - the check that follows names what is missing
         pass
     page.wait_for_timeout(SETTLE_MS)
     for label in ("Close", "Got it"):  # the assistant panel and first-visit hints, not part of the views
         try:
-            page.get_by_role("button", name=label).first.click(timeout=500)
+            page.get_by_role("button", name=label).first.click(timeout=300)
         except Exception:  # noqa: BLE001 - not shown
             pass
     page.screenshot(path=str(shot))
@@ -127,35 +128,36 @@ def main(argv: list[str] | None = None) -> int:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_context(viewport={"width": 1440, "height": 900}).new_page()
 
-        visit(page, f"{home}/runs?{ML_VIEW}", args.out / "runs.png")
+        visit(page, f"{home}/runs?{ML_VIEW}", args.out / "runs.png", next(iter(names.values()))[:30])
         for name in names.values():
             check(page, name[:30], "runs list")
 
         compare = f"{base}/#/compare-runs?runs={json.dumps(compared)}&experiments={json.dumps([experiment_id])}&{ML_VIEW}"
-        visit(page, compare, args.out / "compare.png")
+        visit(page, compare, args.out / "compare.png", "Metrics")
         if "Nothing to compare" in page.inner_text("body"):
             raise AssertionError("compare view: 'Nothing to compare!' for two pipeline runs")
         page.get_by_text("Metrics", exact=True).first.scroll_into_view_if_needed()
         for key in ("data_prep/rows/sft_data/train", "eval/sft/accuracy", "sft/eval/loss"):  # in the list's order
             scroll_to(page, key, "data_prep/rows/pref_data/eval", "compare view")
-        visit(page, compare, args.out / "compare.png")  # the lists back at their first rows, keys and values in line
+        visit(page, compare, args.out / "compare.png", "Metrics")  # the lists back at their first rows, keys and values in line
         page.get_by_role("switch").nth(1).click()  # "Show diff only" of the sections Parameters, Metrics, Tags
         page.wait_for_timeout(1000)
         page.get_by_text("Metrics", exact=True).first.scroll_into_view_if_needed()
         page.screenshot(path=str(args.out / "compare-metrics.png"))
 
-        visit(page, f"{home}/runs/{cached['info']['run_id']}?{ML_VIEW}", args.out / "cached-pipeline-run.png")
+        visit(page, f"{home}/runs/{cached['info']['run_id']}?{ML_VIEW}", args.out / "cached-pipeline-run.png", "sft · cached")
         for text in ("sft · cached", "eval · cached", "Description"):
             check(page, text, "cached pipeline run")
         links = page.eval_on_selector_all("a[href*='/runs/']", "els => els.map(e => e.getAttribute('href'))")
         if not any(version["run_id"] in link for link in links):  # the SFT run it reused
             raise AssertionError(f"cached pipeline run: its description links no stage run it reused (links: {links[:10]})")
 
-        visit(page, f"{home}/models?{ML_VIEW}", args.out / "models.png")
+        visit(page, f"{home}/models?{ML_VIEW}", args.out / "models.png", "rlhf-sft")
         for text in ("sft_model", "rlhf-sft"):
             check(page, text, "Models tab")
 
-        visit(page, f"{base}/#/models/rlhf-sft/versions/{version['version']}?{ML_VIEW}", args.out / "model-version.png")
+        visit(page, f"{base}/#/models/rlhf-sft/versions/{version['version']}?{ML_VIEW}", args.out / "model-version.png",
+              "fingerprint")
         for text in ("made by stage run", "fingerprint", "Inputs (1)"):
             check(page, text, "registered version")
         browser.close()
