@@ -2,12 +2,11 @@
 
 1. killed during SFT, then re-run: SFT resumes from its last checkpoint, nothing half-written is published
 2. the SFT model beats the base model on held-out accuracy; the GRPO policy beats the SFT model
-   on sampled held-out accuracy, and so does DPO; iterative DPO with the rule reward beats SFT and keeps up with offline
-   DPO; PPO with the PRM's dense reward raises the mean reward, KL bounded
+   on sampled held-out accuracy, and so does DPO; PPO with the PRM's dense reward raises the mean reward, KL bounded
+   (iterative DPO's learning is measured, not tested here: docs/benchmarks.md)
 3. the MLflow store holds the runs, params, loss curves and a loadable registered checkpoint
-4. a second identical run is all cached; a changed setting reruns exactly its stage and what
-   depends on it (iterative DPO: dpo and eval); `--force dpo` reruns DPO
-   though nothing changed, and eval follows it
+4. a second identical run is all cached; `--force dpo` reruns DPO though nothing changed, and eval
+   follows it
 5. `--only eval` with an input pinned to another stage's checkpoint runs just eval on it, without the
    pinned input's producer, on the `ray start --head` cluster named by `infra.ray_address`
 6. `rlhf serve` serves rlhf-pipeline/full and /stage; `prefect deployment run rlhf-pipeline/stage` with a
@@ -155,51 +154,6 @@ def test_dpo_beats_sft_on_sampled_held_out_accuracy_and_reports_reward_accuracy(
     assert version.run_id == dpo_run.info.run_id
 
 
-def test_iterative_dpo_with_the_rule_reward_beats_sft_and_keeps_up_with_offline_dpo(ws):
-    """Six rounds of sampling, ranking by the rule reward and DPO on best-vs-worst pairs, against
-    the offline DPO of the first run: same steps, learning rate and beta.
-
-    Sampled accuracy is 800 draws (200 prompts x 4), a standard error near 0.015 each and near 0.016 for
-    the difference of two models' (p near 0.88), greedy accuracy 200 (near 0.02): iterative DPO read
-    +0.032, +0.013 and -0.028 sampled, +0.05, +0.025 and +0.005 greedy over offline DPO in three runs of
-    this test, the third on an AVX-512 machine (other CPU kernels, so other trained models; SFT 0.945 /
-    0.601, 0.905 / 0.596 and 0.900 / 0.638). So it must beat SFT by a wide margin and stay level with
-    offline DPO: within two and a half standard errors of the difference on sampled accuracy."""
-    result = run_cli(ws, "run", "dpo.iterative.rounds=6")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    statuses = stage_statuses(ws)
-    assert statuses.pop("dpo") == "ran" and statuses.pop("eval") == "ran"
-    assert set(statuses.values()) <= {"cached", "skipped"}
-    assert "[dpo] round 6/6: 256 prompts x 4 samples" in result.stdout
-
-    def eval_of(dpo_run) -> dict[str, float]:
-        (run,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE
-                  and dpo_run.info.run_id in r.data.tags.get(store.TAG_INPUT_PREFIX + "dpo_model", "")]
-        return run.data.metrics
-
-    done = [r for r in stage_runs(ws, "dpo") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
-    (offline,) = [r for r in done if r.data.params["dpo.iterative.rounds"] == "0"]
-    (online,) = [r for r in done if r.data.params["dpo.iterative.rounds"] == "6"]
-    rounds = sorted(mlflow_client(ws).get_metric_history(online.info.run_id, "round/reward_mean"), key=lambda m: m.step)
-    assert [m.step for m in rounds] == [0, 25, 50, 75, 100, 125]
-    m_off, m_on = eval_of(offline), eval_of(online)
-    print("held-out accuracy (greedy / sampled at T=1):")
-    for name, m in (("sft", m_off), ("dpo offline", m_off), ("dpo iterative x6", m_on)):
-        key = "sft" if name == "sft" else "dpo"
-        print(f"  {name:<17} {m[f'{key}/accuracy']:.3f} / {m[f'{key}/sampled_accuracy']:.3f}")
-    print("  round reward mean (the policy's own samples): " + ", ".join(f"{m.value:.3f}" for m in rounds))
-    assert m_on["dpo/sampled_accuracy"] >= m_off["sft/sampled_accuracy"] + 0.12  # +0.25, +0.20, +0.23 measured
-    assert m_on["dpo/sampled_accuracy"] >= m_off["dpo/sampled_accuracy"] - 0.04
-    assert m_on["dpo/accuracy"] >= m_off["dpo/accuracy"] - 0.02  # greedy: +0.05, +0.025, +0.005 measured
-    # eval moved `champion` to the iterative DPO model only if it beat the offline one on eval.metric (the
-    # preset's: the greedy reward, which the rule reward makes the greedy accuracy)
-    assert m_on["dpo/reward"] == m_on["dpo/accuracy"] and m_off["dpo/reward"] == m_off["dpo/accuracy"]
-    if m_on["dpo/reward"] != m_off["dpo/reward"]:  # a tie crowns neither
-        better = online if m_on["dpo/reward"] > m_off["dpo/reward"] else offline
-        assert mlflow_client(ws).get_model_version_by_alias("rlhf-dpo", "champion").run_id == better.info.run_id
-    assert rounds[-1].value >= rounds[0].value + 0.15  # the policy's own samples get better round by round
-
-
 def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path, monkeypatch):
     client = mlflow_client(ws)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # the registry follows it
@@ -326,7 +280,7 @@ def test_force_reruns_the_stage_and_its_consumers_follow(ws):
     assert result.returncode == 0, result.stderr[-3000:]
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "cached", "prm": "cached", "rl": "cached",
                                   "dpo": "ran", "lora_merge": "skipped", "eval": "ran"}
-    assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-dpo'")) == 3  # offline, iterative, forced
+    assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-dpo'")) == 2  # offline, forced
 
 
 def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws):
