@@ -188,7 +188,7 @@ def test_ppo_with_critic_and_reward_model(prepared, tmp_path):
                             extra_inputs={"reward_model": rm})
     steps = [m for _, m in logged if "train/reward" in m]
     assert all("critic/value_loss" in m for m in steps)
-    assert steps[0]["reward_std"] > 0  # the RM scores differ between samples
+    assert steps[0]["rollout/reward_std"] > 0  # the RM scores differ between samples
     assert result.outputs["rl_model"].is_dir()
 
 
