@@ -17,12 +17,11 @@ from transformers import set_seed
 
 from configs.errors import DataError
 from stages.common import checkpoint, conditioning, deepspeed_engine, moe
-from stages.common.tokenization import encode_segments, pad_batch
-from stages.common.trainer import fit
+from stages.common.tokenization import encode_segments
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 from stages.rewards.factory import reward_models
-from stages.sft import eval_loss, lm_loss
+from stages.sft import fit_lm
 
 
 def normalized(train: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,12 +79,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     model = checkpoint.load_causal_lm(inputs["sft_model"], cfg.model)
     moe.check(model.config, c.aux_loss_coef, "csft.aux_loss_coef")
     pad_id = tokenizer.pad_token_id
-    engine, outcome = fit(
-        ctx, model, c, train_rows,
-        collate=lambda batch_rows: pad_batch(batch_rows, pad_id),
-        loss_fn=lambda engine, batch: lm_loss(engine, batch, c.aux_loss_coef),
-        evaluate=lambda engine: {"loss": eval_loss(engine, eval_rows, c.micro_batch_size, pad_id, ctx.rank, ctx.world_size)},
-    )
+    engine, outcome = fit_lm(ctx, model, c, train_rows, eval_rows, pad_id)
     state = deepspeed_engine.full_state_dict(engine)
     out = ctx.output_dir / "csft_model"
     if ctx.is_main:

@@ -26,12 +26,12 @@ from transformers import set_seed
 
 from configs.errors import DataError
 from stages.common import checkpoint, deepspeed_engine, generation, moe
-from stages.common.tokenization import IGNORE_INDEX, encode_segments, pad_batch
-from stages.common.trainer import SampleStream, fit, total_steps
+from stages.common.tokenization import IGNORE_INDEX, encode_segments
+from stages.common.trainer import SampleStream, total_steps
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
 from stages.rewards.factory import build_scorer
-from stages.sft import eval_loss, lm_loss
+from stages.sft import eval_loss, fit_lm
 
 Row = tuple[list[int], list[int]]  # token ids, labels (the prompt's masked)
 
@@ -121,12 +121,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         start = offset  # each round's optimizer steps follow the last round's in the stage's metric series
         round_ctx = dataclasses.replace(ctx, work_dir=round_dir,
                                         log_metrics=lambda metrics, step, start=start: ctx.log_metrics(metrics, start + step))
-        engine, outcome = fit(
-            round_ctx, model, s, kept,
-            collate=lambda rows: pad_batch(rows, pad_id),
-            loss_fn=lambda engine, batch: lm_loss(engine, batch, s.aux_loss_coef),
-            evaluate=lambda engine: {"loss": eval_loss(engine, eval_rows, s.micro_batch_size, pad_id, ctx.rank, ctx.world_size)},
-        )
+        engine, outcome = fit_lm(round_ctx, model, s, kept, eval_rows, pad_id)
         state = deepspeed_engine.full_state_dict(engine)
         if ctx.is_main:
             tmp = round_dir / "policy.tmp"

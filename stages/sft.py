@@ -53,6 +53,17 @@ def eval_loss(engine, rows: list[tuple[list[int], list[int]]], batch_size: int, 
     return float(total[0] / max(total[1], 1))
 
 
+def fit_lm(ctx: StageContext, model, train, train_rows: list, eval_rows: list, pad_id: int, packing: bool = False):
+    """`fit` with the SFT objective (response-token NLL, plus the MoE router loss) and held-out loss: the
+    SFT stage's training, and that of the stages that fine-tune on responses of their own (rs, csft)."""
+    return fit(
+        ctx, model, train, train_rows,
+        collate=pack_batch if packing else lambda rows: pad_batch(rows, pad_id),
+        loss_fn=lambda engine, batch: lm_loss(engine, batch, train.aux_loss_coef),
+        evaluate=lambda engine: {"loss": eval_loss(engine, eval_rows, train.micro_batch_size, pad_id, ctx.rank, ctx.world_size)},
+    )
+
+
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     cfg, s = ctx.config, ctx.config.sft
     set_seed(cfg.seed)
@@ -66,12 +77,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
 
     train_rows, eval_rows = encode("train"), encode("eval")
     pad_id = tokenizer.pad_token_id
-    engine, outcome = fit(
-        ctx, model, s, train_rows,
-        collate=pack_batch if s.packing else lambda rows: pad_batch(rows, pad_id),
-        loss_fn=lambda engine, batch: lm_loss(engine, batch, s.aux_loss_coef),
-        evaluate=lambda engine: {"loss": eval_loss(engine, eval_rows, s.micro_batch_size, pad_id, ctx.rank, ctx.world_size)},
-    )
+    engine, outcome = fit_lm(ctx, model, s, train_rows, eval_rows, pad_id, packing=s.packing)
 
     state = deepspeed_engine.full_state_dict(engine)
     out = ctx.output_dir / "sft_model"
