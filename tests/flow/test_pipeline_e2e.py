@@ -1,4 +1,5 @@
-"""The tiny pipeline end to end through the real CLI, as one scenario on one MLflow store:
+"""The tiny pipeline end to end through the real CLI, as one scenario on one MLflow store (its first run and
+the identical rerun are module fixtures, so each test also passes alone):
 
 1. killed during SFT, then re-run: SFT resumes from its last checkpoint, nothing half-written is published
 2. the SFT model beats the base model on held-out accuracy; the GRPO policy beats the SFT model
@@ -88,7 +89,10 @@ def assert_gone(processes, within_s: float) -> None:
     assert not alive(), alive()
 
 
-def test_killed_during_sft_then_resumed(ws):
+@pytest.fixture(scope="module")
+def first_run(ws) -> dict:
+    """The scenario every other test builds on, run once per module (so any test also runs alone): `rlhf run`
+    killed during SFT, what the kill left, then the rerun that finishes the pipeline."""
     proc = subprocess.Popen([*CLI, "run"], cwd=ws, env=cli_env(ws), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     deadline = time.monotonic() + 300
@@ -99,34 +103,54 @@ def test_killed_during_sft_then_resumed(ws):
         time.sleep(0.5)
     assert latest is not None, "SFT never wrote a checkpoint"
     cluster = cluster_processes(proc.pid)
-    # the local Ray cluster is the run's process group: its workers too, not in groups of their own
-    assert cluster and {pgid for _, pgid in cluster.values()} == {proc.pid}, cluster
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
-    assert_gone(cluster, within_s=2)  # killed with the group, not left to notice their raylet died
-    # Nothing of the killed SFT is published: no complete run, no registered version.
+    seen = {"cli_pid": proc.pid, "cluster_groups": {pgid for _, pgid in cluster.values()}}
+    try:
+        assert_gone(cluster, within_s=2)
+        seen["left_alive"] = []
+    except AssertionError as left:
+        seen["left_alive"] = str(left)
     sft_runs = stage_runs(ws, "sft")
-    assert sft_runs and all(r.data.tags.get(store.TAG_STATUS) != store.COMPLETE for r in sft_runs)
-    assert mlflow_client(ws).search_model_versions("name = 'rlhf-sft'") == []
+    seen["killed_sft_runs"] = [r.data.tags.get(store.TAG_STATUS) for r in sft_runs]
+    seen["killed_sft_versions"] = mlflow_client(ws).search_model_versions("name = 'rlhf-sft'")
+    seen["rerun"] = run_cli(ws, "run", timeout=1500)  # the rest of SFT and every other stage of the preset
+    seen["statuses"] = stage_statuses(ws)
+    return seen
 
-    result = run_cli(ws, "run", timeout=1500)  # the rest of SFT and every other stage of the preset
+
+def test_killed_during_sft_then_resumed(first_run):
+    # the local Ray cluster is the run's process group: its workers too, not in groups of their own
+    assert first_run["cluster_groups"] == {first_run["cli_pid"]}
+    assert first_run["left_alive"] == []  # killed with the group, not left to notice their raylet died
+    # nothing of the killed SFT is published: no complete run, no registered version
+    assert first_run["killed_sft_runs"] and store.COMPLETE not in first_run["killed_sft_runs"]
+    assert first_run["killed_sft_versions"] == []
+    result = first_run["rerun"]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "[sft] resumed from step" in result.stdout
     # the first eval crowns no model (one version each: no contest); the summary's lineage names each stage's sources
     assert "[eval] rlhf-sft version 1: no contest: the only version scored on reward" in result.stdout
     assert "inputs from" in result.stdout
-    statuses = stage_statuses(ws)
-    assert statuses == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran", "dpo": "ran", "lora_merge": "skipped", "eval": "ran"}
+    assert first_run["statuses"] == {"data_prep": "cached", "sft": "ran", "rm": "ran", "prm": "ran", "rl": "ran",
+                                     "dpo": "ran", "lora_merge": "skipped", "eval": "ran"}
 
 
-def test_sft_beats_base_on_held_out_accuracy(ws):
+@pytest.fixture(scope="module")
+def cached_rerun(ws, first_run) -> dict:
+    """The same `rlhf run` again, once per module."""
+    sft_runs = len(stage_runs(ws, "sft"))
+    return {"sft_runs_before": sft_runs, "result": run_cli(ws, "run")}
+
+
+def test_sft_beats_base_on_held_out_accuracy(ws, first_run):
     (eval_run,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
     base, sft = eval_run.data.metrics["base/accuracy"], eval_run.data.metrics["sft/accuracy"]
     print(f"held-out accuracy: base {base:.3f}, sft {sft:.3f}")
     assert sft >= base + 0.2
 
 
-def test_grpo_beats_sft_on_sampled_held_out_accuracy(ws):
+def test_grpo_beats_sft_on_sampled_held_out_accuracy(ws, first_run):
     (eval_run,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
     m = eval_run.data.metrics
     print("held-out accuracy (greedy / sampled at T=1): "
@@ -138,7 +162,7 @@ def test_grpo_beats_sft_on_sampled_held_out_accuracy(ws):
     assert sorted(m.step for m in history) == list(range(1, 31))  # one point per rollout step of the preset
 
 
-def test_dpo_beats_sft_on_sampled_held_out_accuracy_and_reports_reward_accuracy(ws):
+def test_dpo_beats_sft_on_sampled_held_out_accuracy_and_reports_reward_accuracy(ws, first_run):
     (eval_run,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
     m = eval_run.data.metrics
     (dpo_run,) = [r for r in stage_runs(ws, "dpo") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
@@ -154,7 +178,7 @@ def test_dpo_beats_sft_on_sampled_held_out_accuracy_and_reports_reward_accuracy(
     assert version.run_id == dpo_run.info.run_id
 
 
-def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, tmp_path, monkeypatch):
+def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, first_run, tmp_path, monkeypatch):
     client = mlflow_client(ws)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # the registry follows it
     exp = client.get_experiment_by_name("rlhf-pipeline")
@@ -220,14 +244,13 @@ def assert_the_ui_views(client, experiment_id, parent, sft_run, eval_run, versio
     assert len({frozenset(r.data.metrics) for r in children}) == 1
 
 
-def test_identical_rerun_is_all_cached_and_trains_nothing(ws):
-    before = len(stage_runs(ws, "sft"))
-    result = run_cli(ws, "run")
+def test_identical_rerun_is_all_cached_and_trains_nothing(ws, cached_rerun):
+    result = cached_rerun["result"]
     assert result.returncode == 0, result.stderr[-3000:]
     statuses = stage_statuses(ws)
     assert statuses.pop("lora_merge") == "skipped" and set(statuses.values()) == {"cached"}
     assert "[sft] step" not in result.stdout and "[ray] connected" not in result.stdout
-    assert len(stage_runs(ws, "sft")) == before
+    assert len(stage_runs(ws, "sft")) == cached_rerun["sft_runs_before"]
     # in the MLflow UI: named so, with a child run per stage it reused and the same headline metrics
     client = mlflow_client(ws)
     exp = client.get_experiment_by_name("rlhf-pipeline")
@@ -239,7 +262,7 @@ def test_identical_rerun_is_all_cached_and_trains_nothing(ws):
     assert newest.data.metrics == cold.data.metrics
 
 
-def test_reward_models_are_accurate_and_registered(ws):
+def test_reward_models_are_accurate_and_registered(ws, first_run):
     client = mlflow_client(ws)
     runs = {}
     for name, stage in (("rlhf-reward", "rm"), ("rlhf-prm", "prm")):
@@ -252,7 +275,7 @@ def test_reward_models_are_accurate_and_registered(ws):
     assert rm["eval/accuracy"] >= 0.9 and prm["eval/step_accuracy"] >= 0.9
 
 
-def test_force_reruns_the_stage_and_its_consumers_follow(ws):
+def test_force_reruns_the_stage_and_its_consumers_follow(ws, first_run):
     """Nothing changed, but `--force dpo` reruns DPO; eval consumes its new checkpoint, so its fingerprint
     changes and it reruns too; everything else stays cached."""
     result = run_cli(ws, "run", "--force", "dpo")
@@ -262,7 +285,7 @@ def test_force_reruns_the_stage_and_its_consumers_follow(ws):
     assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-dpo'")) == 2  # offline, forced
 
 
-def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws):
+def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws, cached_rerun):
     client = mlflow_client(ws)
     exp = client.get_experiment_by_name("rlhf-pipeline")
     parents = client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'", order_by=["attributes.start_time DESC"])
@@ -280,7 +303,7 @@ def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws):
     assert missing.returncode == 2 and missing.stderr.strip() == f"error: run not-a-run: no such MLflow run in {client.tracking_uri}"
 
 
-def test_a_pinned_input_runs_one_stage_on_the_cluster_named_in_the_config(ws, ray_head):
+def test_a_pinned_input_runs_one_stage_on_the_cluster_named_in_the_config(ws, first_run, ray_head):
     """`--only eval inputs.rl_model=runs:/<dpo run>/dpo_model infra.ray_address=...`: eval runs on the offline
     DPO checkpoint in the RL slot, on the `ray start` cluster; the rl stage does not run at all, and the
     eval run records that lineage."""
@@ -303,7 +326,7 @@ def test_a_pinned_input_runs_one_stage_on_the_cluster_named_in_the_config(ws, ra
     assert unknown.returncode == 2 and f"inputs.rl_model=runs:/{dpo.info.run_id}/nothing: run" in unknown.stderr
 
 
-def test_served_deployments_run_the_pipeline_and_one_stage(ws, tmp_path):
+def test_served_deployments_run_the_pipeline_and_one_stage(ws, first_run, tmp_path):
     """`rlhf serve` starts a Prefect server and the MLflow UI and serves rlhf-pipeline/full and /stage;
     `prefect deployment run` drives the stage one; stopping the serve stops both servers."""
     from flows.serve import answers
@@ -377,7 +400,7 @@ def stage_worker_pids(cli_pid: int) -> list[int]:
     return pids
 
 
-def test_a_lost_ray_worker_is_retried_and_the_rerun_resumes(ws):
+def test_a_lost_ray_worker_is_retried_and_the_rerun_resumes(ws, first_run):
     """SIGKILL the RM's Ray worker mid-training: Ray reports the actor died, the flow reruns the stage
     after `infra.retry_delay_s`, and the rerun resumes from the last checkpoint in the stage's work dir."""
     args = ["--only", "rm", "rm.max_steps=60", "rm.save_every=10", "infra.retry_delay_s=1"]
@@ -397,7 +420,7 @@ def test_a_lost_ray_worker_is_retried_and_the_rerun_resumes(ws):
     assert "ActorDiedError" in next(r for r in runs if r.data.tags[store.TAG_STATUS] == "failed").data.tags["rlhf.error"]
 
 
-def test_a_stage_that_raises_fails_the_flow_with_its_error_and_registers_nothing(ws, tmp_path):
+def test_a_stage_that_raises_fails_the_flow_with_its_error_and_registers_nothing(ws, first_run, tmp_path):
     """A reward function that raises: RL fails with one line naming the file and the error; the stages
     before it stay cached, the stages after it (eval, lora_merge) do not start, no RL model is registered."""
     boom = tmp_path / "boom.py"
@@ -416,7 +439,7 @@ def test_a_stage_that_raises_fails_the_flow_with_its_error_and_registers_nothing
     assert failed.data.tags[store.TAG_STATUS] == "failed" and failed.info.status == "FAILED"
 
 
-def test_two_pipeline_runs_at_once_on_one_store(ws):
+def test_two_pipeline_runs_at_once_on_one_store(ws, first_run):
     """Both finish; the stage they both need runs once (the second waits for it and reuses it), and
     its registered checkpoint is whole."""
     args = ["run", "--only", "rm", "rm.max_steps=25"]
@@ -434,7 +457,7 @@ def test_two_pipeline_runs_at_once_on_one_store(ws):
     load_reward_model(path)
 
 
-def test_ctrl_c_during_rl_stops_it_within_seconds_registers_nothing_and_keeps_its_checkpoints(ws, tmp_path):
+def test_ctrl_c_during_rl_stops_it_within_seconds_registers_nothing_and_keeps_its_checkpoints(ws, first_run, tmp_path):
     """A Ctrl-C in the terminal (SIGINT to the whole process group) mid-RL: RL runs in the flow process's
     task thread, where no KeyboardInterrupt lands; the flow stops it and its actors, marks its MLflow run
     KILLED, registers nothing, and the process ends with 130 and one line saying how to go on. Its
