@@ -407,6 +407,11 @@ DEFAULT_AGGREGATIONS = ", ".join(
     [f"{e.aggregation} for {e.name}" for e in ESTIMATORS.values() if e.aggregation != "token_mean"] + ["token_mean otherwise"])
 
 
+# async training's truncated importance-weight cap when rl.rollout_is_cap is left empty (the stale samples'
+# ratio of the trainer's to the engine's probabilities, capped as in truncated IS)
+ASYNC_IS_CAP = 2.0
+
+
 class RLConfig(Section):
     """Online RL from the SFT policy (OpenRLHF's PPO family). Batch sizes count sequences
     (prompts x samples) except `rollout_batch_size`, which counts prompts, as in OpenRLHF."""
@@ -467,7 +472,14 @@ class RLConfig(Section):
     dynamic_filtering: bool = Field(False, description="drop groups whose scores are all equal (DAPO)")
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong penalty over the last this many tokens; 0: off")
     overlong_penalty_factor: float = Field(1.0, ge=0.0, description="DAPO overlong penalty at the last token")
-    rollout_is_cap: float | None = Field(None, gt=0, description="truncated importance weights against the engine's log-probs")
+    rollout_is_cap: float | None = Field(None, gt=0, description="truncated importance weights against the engine's log-probs; "
+                                                                f"empty: none, or {ASYNC_IS_CAP:g} with async_train")
+    async_train: bool = Field(
+        False, description="the rollout engines generate the next step's samples while the policy trains on this "
+                           "step's (OpenRLHF's --async_train): those samples are one update stale, weighed by "
+                           "rollout_is_cap; the weights still sync at each step's end. Needs engine actors on "
+                           "bundles the policy does not share (rl.engine hf or vllm, colocate_all false; "
+                           "colocate_models keeps the rest on two bundles)")
     recompute_old_log_probs: bool = Field(
         True, description="the policy recomputes the old log-probs; false: the engine's sampled log-probs stand in "
                           "(one policy forward pass less per rollout; exact only where the engine computes as the trainer: "
@@ -476,6 +488,9 @@ class RLConfig(Section):
     colocate_actor_ref: bool = Field(False, description="the reference actors share the policy's bundles")
     colocate_critic_reward: bool = Field(False, description="the reward scorers share the critic's bundles")
     colocate_all: bool = Field(False, description="every actor group and engine shares the policy's bundles")
+    colocate_models: bool = Field(False, description="every model group (policy, critic, reference, reward) shares the "
+                                                     "policy's bundles, the rollout engines keep their own (the layout "
+                                                     "async_train overlaps on a small cluster)")
     eval_every: int = Field(10, gt=0, description="rollout steps between held-out evals")
     save_every: int = Field(10, gt=0, description="rollout steps between resumable checkpoints")
 
@@ -512,6 +527,13 @@ class RLConfig(Section):
     @property
     def needs_reference(self) -> bool:
         return self.init_kl_coef > 0
+
+    @property
+    def importance_cap(self) -> float | None:
+        """The truncated-IS cap in force: rollout_is_cap, else async training's default where old log-probs are recomputed."""
+        if self.rollout_is_cap is not None or not self.async_train or not self.recompute_old_log_probs:
+            return self.rollout_is_cap
+        return ASYNC_IS_CAP
 
     @property
     def estimator(self) -> Estimator:

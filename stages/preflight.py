@@ -16,7 +16,7 @@ from configs.schema import DatasetConfig, PipelineConfig
 from stages import reward_file
 from stages.common import checkpoint_paths, moe, vocabulary
 from stages.dag import BY_NAME, LORA_SECTIONS, STAGES, lora_of, pinned_away
-from stages.rl.layout import check_fits, resolve_layout
+from stages.rl.layout import check_async, check_fits, resolve_layout
 
 
 AUX_LOSS_SECTIONS = ("sft", "rm", "prm", "dpo", "rl.actor")  # config sections with an aux_loss_coef
@@ -155,3 +155,4 @@ def check_local_resources(cfg: PipelineConfig) -> None:
         )
     if not pinned_away(BY_NAME["rl"], cfg):
         check_fits(with_rl_layout(cfg), have, gpus, "the local Ray cluster (infra.num_cpus)")
+        check_async(with_rl_layout(cfg))

@@ -46,6 +46,9 @@ def layout(cfg: PipelineConfig) -> PipelineConfig:
     for key, n in (("rl.actor.num_workers", rl.actor.num_workers), ("rl.critic.num_workers", rl.critic.num_workers)):
         if n != 1:
             raise ConfigError(f"{key}={n}: a one-process RL run has one rank per model; set it to 1")
+    if rl.async_train:
+        raise ConfigError("rl.async_train: a one-process RL run calls its workers one after another, so nothing "
+                          "generates while the policy trains; run the stage on Ray, or set rl.async_train: false")
     if rl.engine != "auto":
         return cfg
     resolved = cfg.model_copy(deep=True)

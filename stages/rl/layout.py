@@ -73,7 +73,7 @@ def resolve_layout(cfg: PipelineConfig, cpus: float, gpus: float) -> PipelineCon
         return cfg
     resolved = cfg.model_copy(deep=True)
     resolved.rl.engine = "hf"
-    if fits(resolved, cfg.rl.needs_critic, cpus, gpus):
+    if fits(resolved, cfg.rl.needs_critic, cpus, gpus) or cfg.rl.async_train:  # async: engines of their own or nothing
         return resolved
     resolved.rl.engine = "hybrid" if cfg.infra.zero_stage != 3 else "hf"
     if "colocate_all" not in cfg.rl.model_fields_set:
@@ -83,7 +83,8 @@ def resolve_layout(cfg: PipelineConfig, cpus: float, gpus: float) -> PipelineCon
 
 def describe_layout(cfg: PipelineConfig) -> str:
     rl = cfg.rl
-    shared = "every group colocated" if rl.colocate_all else "groups on bundles of their own"
+    shared = ("every group colocated" if rl.colocate_all else "the models colocated, the engines apart" if rl.colocate_models
+              else "groups on bundles of their own")
     return f"rl.engine={rl.engine}, {shared}"
 
 
@@ -92,6 +93,8 @@ def pools(cfg: PipelineConfig, groups: list[Role]) -> list[list[Role]]:
     rl = cfg.rl
     if rl.colocate_all:
         return [groups]
+    if rl.colocate_models:
+        return [pool for pool in ([g for g in groups if g != Role.ENGINE], [g for g in groups if g == Role.ENGINE]) if pool]
     together = [[g for g in pair if g in groups] for option, pair in COLOCATE.items() if getattr(rl, option)]
     placed = {g for pool in together for g in pool}
     return [p for p in together if p] + [[g] for g in groups if g not in placed]
@@ -105,5 +108,23 @@ def check_fits(cfg: PipelineConfig, cpus: float, gpus: float, where: str) -> Non
         raise PipelineError(
             f"stage rl needs {need_cpu:g} CPU / {need_gpu:g} GPU for its actor groups {pools(cfg, list(sizes))} "
             f"({describe_layout(cfg)}, infra.cpus_per_worker={cfg.infra.cpus_per_worker:g}), but {where} has "
-            f"{cpus:g} CPU / {gpus:g} GPU; set rl.engine: auto (or hybrid) and rl.colocate_all: true, or use fewer workers"
+            f"{cpus:g} CPU / {gpus:g} GPU; " + (
+                "rl.async_train keeps the engines on bundles of their own: set rl.colocate_models: true (the models on "
+                "one pool, the engines on another), lower infra.cpus_per_worker, or set rl.async_train: false"
+                if cfg.rl.async_train else "set rl.engine: auto (or hybrid) and rl.colocate_all: true, or use fewer workers")
         )
+
+
+def check_async(cfg: PipelineConfig) -> None:
+    """One line when `rl.async_train` is asked of a layout where generation cannot overlap training: the
+    engines must be actors of their own, on bundles the policy does not share."""
+    rl = cfg.rl
+    if not rl.async_train:
+        return
+    if rl.engine in HOSTS:
+        raise PipelineError(f"rl.async_train: with rl.engine={rl.engine} the policy ranks sample themselves, so nothing "
+                            "generates while they train; set rl.engine: hf or vllm, or rl.async_train: false")
+    if any(Role.ACTOR in pool and Role.ENGINE in pool for pool in pools(cfg, [Role.ACTOR, Role.ENGINE])):
+        raise PipelineError("rl.async_train: rl.colocate_all puts the rollout engines on the policy's bundles, where they "
+                            "take turns with it; set rl.colocate_all: false (engines on bundles of their own), or "
+                            "rl.async_train: false")

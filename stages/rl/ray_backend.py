@@ -7,7 +7,7 @@ import ray
 from configs.schema import PipelineConfig
 from stages.common.ray_workers import actor_class, capacity
 from stages.rl import rollout_engines
-from stages.rl.layout import Role, resolve_layout
+from stages.rl.layout import Role, check_async, resolve_layout
 from stages.rl.placement import Placement, waves
 
 
@@ -29,7 +29,9 @@ class RayActors:
 
     def layout(self, cfg: PipelineConfig) -> PipelineConfig:
         # the flow resolves `rl.engine: auto` for a local cluster; on a named cluster it is resolved here
-        return resolve_layout(cfg, *self.resources(cfg))
+        resolved = resolve_layout(cfg, *self.resources(cfg))
+        check_async(resolved)
+        return resolved
 
     def reserve(self, cfg: PipelineConfig, needs_critic: bool, stop) -> None:
         rollout_engines.check(cfg, self.resources(cfg)[1])

@@ -153,15 +153,23 @@ def in_waves(actors: Actors, calls: dict[Role, Callable[[], list]]) -> dict[Role
     return results
 
 
-def generate(actors: Actors, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
-             top_p: float = 1.0) -> list[Sample]:
-    """Spread the prompts over the engines (contiguous chunks, so groups stay together)."""
+def launch_generation(actors: Actors, prompt_ids: list[list[int]], seed: int, temperature: float | None,
+                      max_new_tokens: int, top_p: float = 1.0) -> list:
+    """Spread the prompts over the engines (contiguous chunks, so groups stay together); the pending results."""
     engines, b = actors.engines, actors.backend
     k = math.ceil(len(prompt_ids) / len(engines))
     chunks = [prompt_ids[i * k : (i + 1) * k] for i in range(len(engines))]
-    results = b.get([b.call(e, "generate", c, seed + i, temperature, max_new_tokens, top_p)
-                     for i, (e, c) in enumerate(zip(engines, chunks)) if c])
-    return [s for r in results for s in r]
+    return [b.call(e, "generate", c, seed + i, temperature, max_new_tokens, top_p)
+            for i, (e, c) in enumerate(zip(engines, chunks)) if c]
+
+
+def collect_generation(actors: Actors, pending: list) -> list[Sample]:
+    return [s for r in actors.backend.get(pending) for s in r]
+
+
+def generate(actors: Actors, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
+             top_p: float = 1.0) -> list[Sample]:
+    return collect_generation(actors, launch_generation(actors, prompt_ids, seed, temperature, max_new_tokens, top_p))
 
 
 def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str, float]:
@@ -278,17 +286,24 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
                 actors.on_all(actors.critic, "load", str(ckpt["critic"]), f"step{start}")
             sync_weights(actors)
             print(f"[rl] resumed from step {start}/{total} ({ckpt['policy']})", flush=True)
+        if rl.async_train:
+            print(f"[rl] async: the engines draw each step's samples while the policy trains on the previous step's "
+                  f"(one update stale, importance weights capped at {rl.importance_cap})", flush=True)
         kl_ctl = AdaptiveKLController(kl_coef, rl.kl_target, rl.kl_horizon) if rl.kl_target else FixedKLController(kl_coef)
         if before is None:
             before = evaluate(actors, tokenizer, eval_prompts, cfg)
         ctx.log_metrics({f"eval/{k}": v for k, v in before.items()}, 0)  # a resumed run's MLflow run gets it too
         progress = Progress("rl", total, start=start)
-        last_eval, logs = before, {}
+        last_eval, logs, prefetched = before, {}, None
         for step in range(start, total):
             if ctx.should_stop():  # Ctrl-C: the checkpoints so far stay in the work dir for the rerun
                 raise KeyboardInterrupt(f"stopped before step {step + 1}/{total}")
             timer = Timer()
-            samples, scored, cursor, filtered = rollout(actors, tokenizer, prompts, stream, cursor, cfg, step, timer)
+            samples, scored, cursor, filtered = rollout(actors, tokenizer, prompts, stream, cursor, cfg, step, timer,
+                                                        prefetched)
+            # async: the engines draw the next step's first round now, with the weights this step's samples came
+            # from, while the policy makes experience and trains; the sync below waits for them to finish
+            prefetched = prefetch(actors, prompts, stream, cursor, cfg, step + 1) if rl.async_train and step + 1 < total else None
             with timer("experience"):
                 batch, logs = make_experience(actors, tokenizer, samples, scored, cfg, kl_ctl.value)
             with timer("training"):
@@ -340,20 +355,38 @@ def train(actors: Actors, batch: dict[str, torch.Tensor], step: int, use_kl_loss
     return logs
 
 
-def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStream, cursor: int, cfg, step: int, timer: Timer):
+def pick(prompts: list[Prompt], stream: SampleStream, cursor: int, want: int) -> list[Prompt]:
+    return [prompts[stream.micro_batch(p)[0]] for p in range(cursor, cursor + want)]
+
+
+def launch_round(actors: Actors, picked: list[Prompt], cfg, step: int, rounds: int) -> list:
+    """Generation of one rollout round (n samples per picked prompt), seeded by step and round."""
+    rl = cfg.rl
+    return launch_generation(actors, [p.ids for p in picked for _ in range(rl.n_samples_per_prompt)],
+                             cfg.seed * 100_003 + step * 101 + rounds, rl.temperature, rl.generate_max_len, rl.top_p)
+
+
+def prefetch(actors: Actors, prompts: list[Prompt], stream: SampleStream, cursor: int, cfg, step: int) -> list:
+    """Step `step`'s first rollout round, launched now (async training); `rollout` collects it."""
+    return launch_round(actors, pick(prompts, stream, cursor, cfg.rl.rollout_batch_size), cfg, step, 0)
+
+
+def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStream, cursor: int, cfg, step: int,
+            timer: Timer, prefetched: list | None = None):
     """`rollout_batch_size` prompts x n samples, scored; with dynamic filtering, groups whose scores are
     all equal are replaced by fresh prompts (up to MAX_FILL_ROUNDS extra rollouts, then topped up with
-    filtered groups, whose group advantages are zero anyway)."""
+    filtered groups, whose group advantages are zero anyway). `prefetched`: the first round's generation,
+    launched by `prefetch` for the same step and cursor (`time/generation` is then the wait for it)."""
     rl, n = cfg.rl, cfg.rl.n_samples_per_prompt
     kept: list[tuple[list[Sample], list[Prompt], object]] = []
     spare: list[tuple[list[Sample], list[Prompt], object]] = []
     want, filtered, rounds = rl.rollout_batch_size, 0, 0
     while want > 0 and rounds <= (MAX_FILL_ROUNDS if rl.dynamic_filtering else 0):
-        picked = [prompts[stream.micro_batch(p)[0]] for p in range(cursor, cursor + want)]
+        picked = pick(prompts, stream, cursor, want)
         cursor += want
         with timer("generation"):
-            samples = generate(actors, [p.ids for p in picked for _ in range(n)], cfg.seed * 100_003 + step * 101 + rounds,
-                               rl.temperature, rl.generate_max_len, rl.top_p)
+            pending = prefetched if rounds == 0 and prefetched is not None else launch_round(actors, picked, cfg, step, rounds)
+            samples = collect_generation(actors, pending)
         with timer("reward"):
             responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
             flat = [p for p in picked for _ in range(n)]

@@ -262,8 +262,8 @@ def actor_loss(model, batch: dict[str, torch.Tensor], rl, units: torch.Tensor,
     log_probs, entropy = token_log_probs(model, batch, rl.temperature, with_entropy=True,
                                          entropy_grad=bool(rl.entropy_coef), aux=aux)
     is_weights = None
-    if rl.rollout_is_cap is not None:
-        is_weights = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], rl.rollout_is_cap)
+    if rl.importance_cap is not None:
+        is_weights = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], rl.importance_cap)
     loss, clip_frac = policy_loss(
         log_probs, batch["old_log_probs"], batch["advantages"], mask,
         clip_eps_low=rl.eps_clip_low, clip_eps_high=rl.eps_clip_high, dual_clip=rl.dual_clip,

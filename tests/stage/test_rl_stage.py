@@ -217,6 +217,19 @@ def test_weight_sync_through_the_object_store_gives_the_broadcast_run(grpo, grpo
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
 
 
+def test_async_training_samples_one_update_behind_and_weighs_those_samples(grpo_args, prepared, tmp_path):
+    """rl.async_train: the engine draws step t+1's samples while the policy trains on step t's, so from step 2
+    on they come from the weights one update back: the engine's log-probs lag the policy's recomputed ones,
+    where the synchronous run's agree (its gap < 1e-4: test_grpo_trains_the_policy_and_syncs_the_engine).
+    Step 1's samples are drawn before any update, on-policy in both."""
+    result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.async_train=true", "rl.max_steps=3", "rl.eval_every=3",
+                                                 "rl.colocate_all=false", "rl.colocate_models=true", "infra.cpus_per_worker=1"])
+    gaps = {s: m["rollout/logprob_gap"] for s, m in logged if "train/reward" in m}
+    assert sorted(gaps) == [1, 2, 3]
+    assert gaps[1] < 1e-4 and gaps[2] > 1e-3 and gaps[3] > 1e-3, gaps
+    assert {"eval/accuracy", "eval/reward"} <= set(result.metrics)
+
+
 def test_killed_rl_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(grpo, grpo_args, prepared, tmp_path):
     """Killed at step 2 (after the step-1 checkpoint; `rl.save_every=1`), the rerun resumes there and ends
     on the weights of the module's uninterrupted GRPO run, with the same settings."""

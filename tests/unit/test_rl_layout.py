@@ -6,7 +6,7 @@ import pytest
 from configs import ConfigError, PipelineError, load_config
 from configs.schema import PipelineConfig
 from stages.preflight import check_local_resources, with_rl_layout
-from stages.rl.layout import bundles_needed, check_fits, resolve_layout
+from stages.rl.layout import Role, bundles_needed, check_fits, pools, resolve_layout
 
 
 def defaults(**sections) -> PipelineConfig:
@@ -76,3 +76,34 @@ def test_the_preset_fixes_its_layout():
 def test_engine_auto_is_not_an_unknown_value():
     with pytest.raises(ConfigError, match="rl.engine"):
         load_config(None, ["rl.engine=fast"])
+
+
+def test_async_training_needs_engines_that_can_generate_while_the_policy_trains():
+    from stages.rl.in_process import layout as in_process_layout
+    from stages.rl.layout import check_async
+
+    asked = {"async_train": True}
+    with pytest.raises(PipelineError, match=r"^rl.async_train: with rl.engine=hybrid the policy ranks sample themselves"):
+        check_async(defaults(rl=asked | {"engine": "hybrid"}))
+    with pytest.raises(PipelineError, match=r"^rl.async_train: rl.colocate_all puts the rollout engines on the policy's bundles"):
+        check_async(defaults(rl=asked | {"engine": "hf", "colocate_all": True}))
+    with pytest.raises(ConfigError, match=r"^rl.async_train: a one-process RL run calls its workers one after another"):
+        in_process_layout(defaults(rl=asked))
+    # auto keeps engine actors of their own rather than falling back to the hybrid layout, and says what fits
+    small = resolve_layout(defaults(rl=asked | {"colocate_actor_ref": True}), cpus=2, gpus=0)
+    assert (small.rl.engine, small.rl.colocate_all) == ("hf", False)
+    check_async(small)
+    with pytest.raises(PipelineError, match="rl.async_train keeps the engines on bundles of their own: set rl.colocate_models"):
+        check_fits(small, 2, 0, "the local Ray cluster")
+    two = resolve_layout(defaults(rl=asked | {"colocate_models": True}, infra={"cpus_per_worker": 1}), cpus=2, gpus=0)
+    assert pools(two, [Role.ACTOR, Role.REF, Role.REWARD, Role.ENGINE]) == [[Role.ACTOR, Role.REF, Role.REWARD], [Role.ENGINE]]
+    check_fits(two, 2, 0, "the local Ray cluster")
+    check_async(two)
+
+
+def test_async_training_weighs_stale_samples_by_the_default_cap_unless_one_is_set():
+    assert defaults().rl.importance_cap is None
+    assert defaults(rl={"async_train": True}).rl.importance_cap == 2.0
+    assert defaults(rl={"async_train": True, "rollout_is_cap": 5.0}).rl.importance_cap == 5.0
+    # the sampler's log-probs stand in for the old ones: PPO's ratio is already against the sampling policy
+    assert defaults(rl={"async_train": True, "recompute_old_log_probs": False}).rl.importance_cap is None

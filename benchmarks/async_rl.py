@@ -1,0 +1,98 @@
+"""Async against synchronous GRPO: samples/s over the rollout steps and the held-out accuracy they end on.
+
+    python -m benchmarks run async [--steps N] [--repeats N]
+
+Starts from the GRPO benchmark's policy (a short SFT run of the tiny base model) and runs the RL stage
+on a local Ray cluster in one layout for both: an HF engine on a bundle of its own, every model on the
+policy's (`rl.engine=hf`, `rl.colocate_models`), the preset's rollout shape, one CPU per bundle. `sync`
+samples, then trains; `async` (`rl.async_train`) draws step t+1's samples while the policy trains on
+step t's. The tiny preset's own layout (the hybrid engine, every group colocated) runs beside them for
+reference. Each repeat uses its own seed (sampling and prompt order; the start policy is shared), the
+systems alternating within a repeat. Samples/s counts the rollout steps' timers (for async the
+generation part is the wait for samples the engine drew during the previous step); accuracy is the
+stage's held-out eval after the last step (greedy and sampled, `EVAL_SAMPLES` prompts).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from benchmarks import grpo_compare, trl_compare
+from benchmarks.report import Report, RunOptions
+
+DEFAULT_STEPS = 30  # the tiny preset's RL
+EVAL_SAMPLES = 100
+LAYOUT = ["rl.engine=hf", "rl.colocate_all=false", "rl.colocate_models=true", "infra.cpus_per_worker=1",
+          "rl.recompute_old_log_probs=true"]
+SYSTEMS = {
+    "sync": LAYOUT,
+    "async": [*LAYOUT, "rl.async_train=true"],
+    "preset": [],  # the tiny preset's hybrid layout: the policy rank samples with its own weights
+}
+LABELS = {"sync": "synchronous, HF engine on its own bundle (`rl.engine=hf`, `rl.colocate_models`)",
+          "async": "`rl.async_train`, the same layout",
+          "preset": "synchronous, the preset's hybrid layout (policy rank samples, all colocated)"}
+
+
+def async_rl(options: RunOptions) -> Report:
+    steps, repeats = options.steps or DEFAULT_STEPS, options.repeats_or(3)
+    data = trl_compare.tiny_data(options.workdir)
+    policy = grpo_compare.start_policy(options.workdir, data)
+    trials: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
+    for seed in range(1, repeats + 1):
+        for system, overrides in SYSTEMS.items():
+            result = trl_compare.run_trial("grpo", system, steps, {**data, "policy": policy},
+                                           options.workdir / f"async-{system}-{seed}", module=__name__,
+                                           overrides=[*overrides, f"seed={seed}"])
+            trials[system].append(result)
+            print(f"[async] seed {seed} {system}: {result['samples_per_s']:.1f} samples/s, sampled accuracy "
+                  f"{result['eval']['sampled_accuracy']:.3f}", flush=True)
+    summary = {system: summarize(results) for system, results in trials.items()}
+    columns = ["system", "samples/s (median)", "samples/s per seed", "sampled accuracy (mean)", "per seed",
+               "greedy accuracy (mean)", "generation wait s/step", "training s/step", "weight sync s/step"]
+    rows = [[LABELS[system], f"{s['samples_per_s']:.1f}", ", ".join(f"{r['samples_per_s']:.1f}" for r in trials[system]),
+             f"{s['sampled_accuracy']:.3f}", ", ".join(f"{r['eval']['sampled_accuracy']:.3f}" for r in trials[system]),
+             f"{s['accuracy']:.3f}", *(f"{s[f'{p}_s'] / steps:.2f}" for p in ("generation", "training", "weight_sync"))]
+            for system, s in summary.items()]
+    ratio = summary["async"]["samples_per_s"] / summary["sync"]["samples_per_s"]
+    rows.append(["async / sync", f"{ratio:.2f}", "", "", "", "", "", "", ""])
+    title = (f"Async vs synchronous GRPO, tiny preset: {steps} rollout steps, {repeats} seeds, held-out accuracy on "
+             f"{EVAL_SAMPLES} prompts after the last step")
+    return Report(title, columns, rows, data={"systems": summary, "ratio_async_sync": ratio, "trials": trials,
+                                              "overrides": SYSTEMS})
+
+
+def summarize(results: list[dict]) -> dict:
+    out = {key: statistics.median(r[key] for r in results) for key in
+           ("samples_per_s", "generation_s", "training_s", "weight_sync_s")}
+    out |= {key: statistics.mean(r["eval"][key] for r in results) for key in ("sampled_accuracy", "accuracy")}
+    return out
+
+
+def trial_main(spec: dict) -> None:
+    """One RL run in this process (`trl_compare.run_trial` starts it): the GRPO benchmark's measurements
+    plus the held-out eval the stage ends on."""
+    from benchmarks.in_process import make_ctx
+    from stages.common.ray_workers import local_cluster
+    from stages.rl import stage as rl_stage
+
+    work, data = Path(spec["work"]), {name: Path(path) for name, path in spec["data"].items()}
+    cfg = grpo_compare.bench_config(spec["steps"], [*spec["overrides"], f"eval.max_samples={EVAL_SAMPLES}"])
+    steps: list[dict] = []
+    ctx = make_ctx("rl", cfg, work, lambda metrics, step: steps.append(metrics) if "rollout/samples_per_s" in metrics else None)
+    with local_cluster(cfg.infra.num_cpus, log_to_driver=False):
+        result = rl_stage.run(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
+    parts = {f"{p}_s": sum(m.get(f"time/{p}", 0.0) for m in steps) for p in grpo_compare.PARTS}
+    samples = cfg.rl.rollout_batch_size * cfg.rl.n_samples_per_prompt * len(steps)
+    (work / "result.json").write_text(json.dumps({
+        "system": spec["system"], "overrides": spec["overrides"], "rollout_steps": len(steps), "samples": samples,
+        "seconds": sum(parts.values()), **parts, "samples_per_s": samples / sum(parts.values()),
+        "eval": {k.removeprefix("eval/"): v for k, v in result.metrics.items() if k.startswith("eval/")},
+    }))
+
+
+if __name__ == "__main__":
+    trial_main(json.loads(sys.argv[1]))
