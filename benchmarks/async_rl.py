@@ -2,7 +2,7 @@
 
     python -m benchmarks run async [--steps N] [--repeats N]
 
-Starts from the GRPO benchmark's policy (a short SFT run of the tiny base model) and runs the RL stage
+Starts from the tiny preset's SFT policy (its `sft.max_steps` on the base model) and runs the RL stage
 on a local Ray cluster in one layout for both: an HF engine on a bundle of its own, every model on the
 policy's (`rl.engine=hf`, `rl.colocate_models`), the preset's rollout shape, one CPU per bundle. `sync`
 samples, then trains; `async` (`rl.async_train`) draws step t+1's samples while the policy trains on
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from benchmarks import grpo_compare, trl_compare
 from benchmarks.report import Report, RunOptions
+from configs import load_config
 
 DEFAULT_STEPS = 30  # the tiny preset's RL
 EVAL_SAMPLES = 100
@@ -40,7 +41,7 @@ LABELS = {"sync": "synchronous, HF engine on its own bundle (`rl.engine=hf`, `rl
 def async_rl(options: RunOptions) -> Report:
     steps, repeats = options.steps or DEFAULT_STEPS, options.repeats_or(3)
     data = trl_compare.tiny_data(options.workdir)
-    policy = grpo_compare.start_policy(options.workdir, data)
+    policy = grpo_compare.start_policy(options.workdir, data, steps=load_config(None, []).sft.max_steps)
     trials: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
     for seed in range(1, repeats + 1):
         for system, overrides in SYSTEMS.items():

@@ -474,6 +474,14 @@ class RLConfig(Section):
     overlong_penalty_factor: float = Field(1.0, ge=0.0, description="DAPO overlong penalty at the last token")
     rollout_is_cap: float | None = Field(None, gt=0, description="truncated importance weights against the engine's log-probs; "
                                                                 f"empty: none, or {ASYNC_IS_CAP:g} with async_train")
+    agent_path: str | None = Field(
+        None, description="multi-turn RL: a Python file defining class Environment with reset(prompt, label) -> first "
+                          "observation and step(observation, action) -> (reward, next observation, done), either may "
+                          "be async (OpenRLHF's agent API; docs/algorithms.md); the turns' rewards replace the reward "
+                          "section's, the observations' tokens are masked out of the loss; empty: one turn")
+    agent_max_turns: int = Field(4, gt=0, description="turns after which an episode ends though its environment is not done")
+    agent_timeout_s: float = Field(60.0, gt=0, description="seconds a reward worker's share of one turn's environment "
+                                                          "steps may take; then the stage ends and its workers are killed")
     async_train: bool = Field(
         False, description="the rollout engines generate the next step's samples while the policy trains on this "
                            "step's (OpenRLHF's --async_train): those samples are one update stale, weighed by "
@@ -516,6 +524,9 @@ class RLConfig(Section):
             raise ValueError("engine=hybrid keeps the reference in each policy rank: ref_num_workers does not apply (leave it at 1)")
         if rollout % self.ref_num_workers:
             raise ValueError(f"rollout_batch_size x n_samples_per_prompt ({rollout}) must be a multiple of ref_num_workers ({self.ref_num_workers})")
+        if self.agent_path and self.async_train:
+            raise ValueError("async_train draws the next step's samples in one generate call; a multi-turn agent "
+                             "(agent_path) steps its environment between turns: set one of them off")
         if self.rollout_is_cap is not None and not self.recompute_old_log_probs:
             raise ValueError("rollout_is_cap weighs the recomputed old log-probs against the engine's: it needs recompute_old_log_probs: true")
         if self.critic.aux_loss_coef:

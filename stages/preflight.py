@@ -13,7 +13,7 @@ from pathlib import Path
 
 from configs.errors import CheckpointError, ConfigError, PipelineError
 from configs.schema import DatasetConfig, PipelineConfig
-from stages import reward_file
+from stages import agent_file, reward_file
 from stages.common import checkpoint_paths, moe, vocabulary
 from stages.dag import BY_NAME, LORA_SECTIONS, STAGES, lora_of, pinned_away
 from stages.rl.layout import check_async, check_fits, resolve_layout
@@ -77,6 +77,8 @@ def check_reward(cfg: PipelineConfig) -> None:
     scores = any("reward" in spec.wanted_config(spec.config_keys, cfg) and not pinned_away(spec, cfg) for spec in STAGES)
     if scores and cfg.reward.source == "func":
         reward_file.check(reward_file.resolve_func_path(cfg.reward.func_path))
+    if cfg.rl.agent_path and not pinned_away(BY_NAME["rl"], cfg):
+        agent_file.check(agent_file.resolve(cfg.rl.agent_path))
 
 
 def check_distillation(cfg: PipelineConfig) -> None:

@@ -29,12 +29,7 @@ def check(path: Path) -> None:
     Only what is certain is an error: a name bound some other way (an import, an assignment) is checked
     when the file is loaded."""
     where = f"reward.func_path={path}"
-    try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except SyntaxError as exc:  # IndentationError included
-        raise RewardError(f"{where}: line {exc.lineno}: {type(exc).__name__}: {exc.msg}; fix the file") from None
-    except (OSError, ValueError) as exc:  # unreadable, or NUL bytes
-        raise RewardError(f"{where}: cannot be read as Python ({type(exc).__name__}: {exc})") from None
+    tree = parse(path, where)
     bound = bindings(tree)
     if not bound:
         raise RewardError(f"{where}: defines no {NAME}; define {NAME}(queries, prompts, labels) returning one reward "
@@ -44,6 +39,16 @@ def check(path: Path) -> None:
         if problem:
             raise RewardError(f"{where}: line {bound[0].lineno}: {NAME}({ast.unparse(bound[0].args)}) {problem}; "
                               f"it is called as {NAME}(queries, prompts, labels)")
+
+
+def parse(path: Path, where: str) -> ast.Module:
+    """The file's syntax tree, or one line naming `where` and what is wrong."""
+    try:
+        return ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as exc:  # IndentationError included
+        raise RewardError(f"{where}: line {exc.lineno}: {type(exc).__name__}: {exc.msg}; fix the file") from None
+    except (OSError, ValueError) as exc:  # unreadable, or NUL bytes
+        raise RewardError(f"{where}: cannot be read as Python ({type(exc).__name__}: {exc})") from None
 
 
 def bindings(tree: ast.Module) -> list[ast.AST]:

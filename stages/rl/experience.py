@@ -3,7 +3,8 @@
 Token-in-token-out: a sequence is exactly `prompt_ids + response_ids` as the engine produced
 them, right-padded. Per-token tensors are `[B, T-1]`, aligned with `logits[:, :-1]`: position
 `t` is the prediction of token `t+1`, and `action_mask[b, t]` is 1 when token `t+1` is a
-response token (up to and including EOS).
+response token the policy sampled (up to and including EOS; an environment's tokens in a multi-turn
+episode are not).
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ import torch
 
 @dataclass
 class Sample:
-    """One engine output: the prompt it was given, the ids it sampled and their log-probs."""
+    """One engine output: the prompt it was given, the ids it sampled and their log-probs. A multi-turn
+    episode (stages/rl/agent.py) is one sample whose response holds every turn's answer and the
+    environment's observations between them: `trained` marks the policy's own tokens (the observations'
+    log-probs are 0 placeholders) and `turn_ends` the last token of each answer, where its turn's reward goes."""
 
     prompt_ids: list[int]
     response_ids: list[int]
     log_probs: list[float]
+    trained: list[int] | None = None
+    turn_ends: list[int] | None = None
 
 
 def sequence_batch(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -35,7 +41,7 @@ def sequence_batch(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor
         p, r = len(s.prompt_ids), len(s.response_ids)
         input_ids[i, : len(ids)] = torch.tensor(ids)
         attention_mask[i, : len(ids)] = 1
-        action_mask[i, p - 1 : p - 1 + r] = 1
+        action_mask[i, p - 1 : p - 1 + r] = 1 if s.trained is None else torch.tensor(s.trained, dtype=torch.float32)
         rollout_log_probs[i, p - 1 : p - 1 + r] = torch.tensor(s.log_probs, dtype=torch.float32)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "action_mask": action_mask,
             "rollout_log_probs": rollout_log_probs}

@@ -37,6 +37,8 @@ from stages.data_prep import read_split
 from stages.eval_metrics import by_prompt, held_out_metrics
 from stages.rewards.base import RewardBatch, concat
 from stages.rl import weight_sync, workers
+from stages.rl.episodes import run_episodes, turns
+from stages.rl.generation import collect_generation, generate, launch_generation
 from stages.rl.advantages import compute_advantages, overlong_penalty, varied_groups
 from stages.rl.experience import (
     Sample,
@@ -153,25 +155,6 @@ def in_waves(actors: Actors, calls: dict[Role, Callable[[], list]]) -> dict[Role
     return results
 
 
-def launch_generation(actors: Actors, prompt_ids: list[list[int]], seed: int, temperature: float | None,
-                      max_new_tokens: int, top_p: float = 1.0) -> list:
-    """Spread the prompts over the engines (contiguous chunks, so groups stay together); the pending results."""
-    engines, b = actors.engines, actors.backend
-    k = math.ceil(len(prompt_ids) / len(engines))
-    chunks = [prompt_ids[i * k : (i + 1) * k] for i in range(len(engines))]
-    return [b.call(e, "generate", c, seed + i, temperature, max_new_tokens, top_p)
-            for i, (e, c) in enumerate(zip(engines, chunks)) if c]
-
-
-def collect_generation(actors: Actors, pending: list) -> list[Sample]:
-    return [s for r in actors.backend.get(pending) for s in r]
-
-
-def generate(actors: Actors, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
-             top_p: float = 1.0) -> list[Sample]:
-    return collect_generation(actors, launch_generation(actors, prompt_ids, seed, temperature, max_new_tokens, top_p))
-
-
 def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str, float]:
     """On the held-out prompts, the eval stage's metrics (stages.eval_metrics): greedy and sampled reward
     (`eval.samples_per_prompt` responses at `eval.sample_temperature`), pass@k, length, and the regex
@@ -192,12 +175,30 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
     def correct(responses: list[str], asked: list[Prompt]) -> list[bool] | None:
         return [is_correct(r, p.label, e.answer_pattern) for r, p in zip(responses, asked)] if e.answer_pattern else None
 
+    if cfg.rl.agent_path:
+        return evaluate_episodes(actors, tokenizer, prompts, cfg)
     samples, responses, asked, rewards = answers(None, 1)
     _, drawn, drawn_for, drawn_rewards = answers(e.sample_temperature, k) if k else ([], [], [], [])
     drawn_correct = correct(drawn, drawn_for)
     n = len(prompts)
     return held_out_metrics(rewards, by_prompt(drawn_rewards, n), [len(s.response_ids) for s in samples],
                             correct(responses, asked), None if drawn_correct is None else by_prompt(drawn_correct, n))
+
+
+def evaluate_episodes(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str, float]:
+    """The held-out metrics of multi-turn episodes: an episode's reward is its return; greedy and
+    `eval.samples_per_prompt` sampled episodes per prompt; `turns`: the greedy episodes' mean."""
+    e, k, n = cfg.eval, cfg.eval.samples_per_prompt, len(prompts)
+
+    def play(temperature: float | None, times: int):
+        asked = [p for p in prompts for _ in range(times)]
+        return run_episodes(actors, tokenizer, [p.text for p in asked], [p.label for p in asked], cfg, cfg.seed,
+                            temperature, e.max_new_tokens)
+
+    greedy, scored = play(None, 1)
+    sampled = by_prompt(play(e.sample_temperature, k)[1].rewards.tolist(), n) if k else None
+    metrics = held_out_metrics(scored.rewards.tolist(), sampled, [sum(s.trained) for s in greedy])
+    return metrics | {"turns": turns(greedy)}
 
 
 def connect_engines(actors: Actors, cfg) -> str:
@@ -359,11 +360,15 @@ def pick(prompts: list[Prompt], stream: SampleStream, cursor: int, want: int) ->
     return [prompts[stream.micro_batch(p)[0]] for p in range(cursor, cursor + want)]
 
 
+def round_seed(cfg, step: int, rounds: int) -> int:
+    return cfg.seed * 100_003 + step * 101 + rounds
+
+
 def launch_round(actors: Actors, picked: list[Prompt], cfg, step: int, rounds: int) -> list:
     """Generation of one rollout round (n samples per picked prompt), seeded by step and round."""
     rl = cfg.rl
     return launch_generation(actors, [p.ids for p in picked for _ in range(rl.n_samples_per_prompt)],
-                             cfg.seed * 100_003 + step * 101 + rounds, rl.temperature, rl.generate_max_len, rl.top_p)
+                             round_seed(cfg, step, rounds), rl.temperature, rl.generate_max_len, rl.top_p)
 
 
 def prefetch(actors: Actors, prompts: list[Prompt], stream: SampleStream, cursor: int, cfg, step: int) -> list:
@@ -384,13 +389,18 @@ def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStre
     while want > 0 and rounds <= (MAX_FILL_ROUNDS if rl.dynamic_filtering else 0):
         picked = pick(prompts, stream, cursor, want)
         cursor += want
-        with timer("generation"):
-            pending = prefetched if rounds == 0 and prefetched is not None else launch_round(actors, picked, cfg, step, rounds)
-            samples = collect_generation(actors, pending)
-        with timer("reward"):
-            responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
-            flat = [p for p in picked for _ in range(n)]
-            scored = score(actors.backend, actors.reward, [p.text for p in flat], responses, [p.label for p in flat], cfg.reward)
+        flat = [p for p in picked for _ in range(n)]
+        if rl.agent_path:  # multi-turn: the environment's turns give the rewards (timed as generation)
+            with timer("generation"):
+                samples, scored = run_episodes(actors, tokenizer, [p.text for p in flat], [p.label for p in flat], cfg,
+                                               round_seed(cfg, step, rounds), rl.temperature, rl.generate_max_len, rl.top_p)
+        else:
+            with timer("generation"):
+                pending = prefetched if rounds == 0 and prefetched is not None else launch_round(actors, picked, cfg, step, rounds)
+                samples = collect_generation(actors, pending)
+            with timer("reward"):
+                responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+                scored = score(actors.backend, actors.reward, [p.text for p in flat], responses, [p.label for p in flat], cfg.reward)
         groups = [(samples[i * n : (i + 1) * n], picked[i], _slice(scored, i * n, (i + 1) * n)) for i in range(want)]
         if rl.dynamic_filtering:
             keep = varied_groups(scored.rewards, n).tolist()
@@ -461,9 +471,11 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
         penalty = overlong_penalty(lengths, rl.generate_max_len, rl.overlong_buffer_len, rl.overlong_penalty_factor)
     shaped, dense = scores + penalty, None  # clipped after the group baseline, as OpenRLHF's
     if scored.step_rewards is not None and not rl.estimator.grouped:
-        # process rewards go on the tokens that end each step; the sequence-level part is only the penalty
+        # process rewards (or a multi-turn episode's turn rewards) go on the tokens that end each step (each
+        # answer); the sequence-level part is only the penalty
         separator = cfg.prm.step_separator
-        positions = [step_end_tokens(tokenizer, s.response_ids, separator) for s in samples]
+        positions = [s.turn_ends if s.turn_ends is not None else step_end_tokens(tokenizer, s.response_ids, separator)
+                     for s in samples]
         values = [v[: len(p)] for v, p in zip(scored.step_rewards, positions)]
         dense = place_on_actions(values, [p[: len(v)] for p, v in zip(positions, values)], samples, mask.shape[1])
         dense = dense.clamp(-rl.reward_clip, rl.reward_clip)
@@ -486,6 +498,7 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
         "kl": float(masked_mean(kl, mask)),
         "response_length": float(lengths.mean()),
         "tokens": float(batch["attention_mask"].sum()),  # prompts and responses: what training reads
+        **({"turns": turns(samples)} if samples[0].turn_ends is not None else {}),  # multi-turn episodes
         "advantage_mean": float(advantages[valid].mean()),
         "advantage_std": float(advantages[valid].std()) if valid.sum() > 1 else 0.0,
         "return_mean": float(returns[valid].mean()),

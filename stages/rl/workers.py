@@ -16,7 +16,7 @@ from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, dist_env, lora, moe
 from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
-from stages.rl import weight_sync
+from stages.rl import agent, weight_sync
 from stages.rl.experience import Sample, micro_batches, trim
 from stages.rl.layout import Role, hosts
 from stages.rl.losses import (
@@ -306,7 +306,8 @@ class ReferenceWorker(Worker, HoldsReference):
 
 
 class RewardWorker(Worker):
-    """The shared scorer (RM, PRM, rule function or remote server) behind one actor."""
+    """The shared scorer (RM, PRM, rule function or remote server) behind one actor, and with
+    `rl.agent_path` its share of a rollout's multi-turn episodes (stages/rl/agent.py)."""
 
     def setup(self, cfg: PipelineConfig, models: dict[str, str], cwd: str) -> None:
         """Build the scorer (`models`: the pipeline's own reward models the stage was given, by artifact
@@ -316,9 +317,16 @@ class RewardWorker(Worker):
 
         os.chdir(cwd)  # a relative reward.func_path means what it meant to the user
         self.scorer = build_scorer(cfg.reward, models)
+        self.episodes = agent.Episodes(agent.resolve(cfg.rl.agent_path)) if cfg.rl.agent_path else None
 
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]):
         return self.scorer.score(prompts, responses, labels)
+
+    def agent_reset(self, prompts: list[str], labels: list[str | None]) -> list[str]:
+        return self.episodes.reset(prompts, labels)
+
+    def agent_step(self, episodes: list[int], observations: list[str], actions: list[str]) -> list[tuple[float, str, bool]]:
+        return self.episodes.step(episodes, observations, actions)
 
 
 class HFRolloutEngine(Worker):

@@ -1,0 +1,98 @@
+"""Multi-turn environments for RL (OpenRLHF's agent API, in this project's shape).
+
+`rl.agent_path` names a Python file defining `class Environment`, one instance per episode:
+
+    reset(prompt, label) -> str
+        the first observation: the text the policy continues first (usually the prompt as it is: the
+        prompts are chat-formatted already)
+    step(observation, action) -> (reward, next_observation, done)
+        `observation` is what the policy last saw, `action` the text it answered; `reward` scores this
+        turn; `next_observation` is appended to the context as it is (chat markers included: the
+        environment writes the turn as the policy's template does) and is masked out of the loss
+
+Either may be `async def`; a turn's steps then run concurrently. An episode ends when `done` is true or
+after `rl.agent_max_turns` turns. The reward workers hold the episodes (their share of a rollout each),
+so a step that never returns ends the stage after `rl.agent_timeout_s` and its workers are killed, as a
+`reward_func` that never returns does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from pathlib import Path
+
+from configs.errors import first_line
+from stages.agent_file import CLASS, resolve
+from stages.rewards.errors import RewardError
+from stages.rewards.function import load_module
+
+__all__ = ["Episodes", "resolve", "turn_result"]
+
+def turn_result(value, where: str) -> tuple[float, str, bool]:
+    """A `step` result as (reward, next observation, done), or one line saying what was wrong with it."""
+    shape = "(reward: float, next_observation: str, done: bool)"
+    if not isinstance(value, (tuple, list)) or len(value) != 3:
+        raise RewardError(f"{where} returned {type(value).__name__} {first_line(repr(value))[:80]}; it must return {shape}")
+    reward, observation, done = value
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        raise RewardError(f"{where} returned reward {reward!r}; it must be a finite number: {shape}")
+    if not isinstance(observation, str):
+        raise RewardError(f"{where} returned next_observation of type {type(observation).__name__}; it must be a str: {shape}")
+    if not isinstance(done, bool):
+        raise RewardError(f"{where} returned done {done!r}; it must be True or False: {shape}")
+    return float(reward), observation, done
+
+
+class Episodes:
+    """One reward worker's share of a rollout's episodes: an `Environment` each."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        cls = getattr(load_module(self.path), CLASS, None)
+        if not isinstance(cls, type):
+            raise RewardError(f"rl.agent_path={self.path}: defines no class {CLASS}")
+        self.cls = cls
+        self.envs: list = []
+
+    def _run(self, calls: list, what: str) -> list:
+        """Each call's result; the coroutines among them awaited together."""
+        results = []
+        for call in calls:
+            try:
+                results.append(call())
+            except Exception as exc:
+                raise RewardError(f"{self.where(what)} raised {type(exc).__name__}: {first_line(exc)}") from exc
+        pending = [i for i, r in enumerate(results) if inspect.isawaitable(r)]
+        if pending:
+            async def gather():
+                return await asyncio.gather(*(results[i] for i in pending), return_exceptions=True)
+
+            for i, value in zip(pending, asyncio.run(gather())):
+                if isinstance(value, Exception):
+                    raise RewardError(f"{self.where(what)} raised {type(value).__name__}: {first_line(value)}") from value
+                results[i] = value
+        return results
+
+    def where(self, what: str) -> str:
+        return f"{CLASS}.{what} in {self.path}"
+
+    def reset(self, prompts: list[str], labels: list[str | None]) -> list[str]:
+        """New episodes, one per prompt (the previous rollout's are dropped); their first observations."""
+        try:
+            self.envs = [self.cls() for _ in prompts]
+        except Exception as exc:
+            raise RewardError(f"{CLASS}() in {self.path} raised {type(exc).__name__}: {first_line(exc)}") from exc
+        first = self._run([lambda env=env, p=p, y=y: env.reset(p, y) for env, p, y in zip(self.envs, prompts, labels)], "reset")
+        for value in first:
+            if not isinstance(value, str):
+                raise RewardError(f"{self.where('reset')} returned {type(value).__name__}; it must return the first "
+                                  "observation as a str")
+        return first
+
+    def step(self, episodes: list[int], observations: list[str], actions: list[str]) -> list[tuple[float, str, bool]]:
+        """One turn of the given episodes (indices into this worker's share)."""
+        results = self._run([lambda env=self.envs[i], o=o, a=a: env.step(o, a)
+                             for i, o, a in zip(episodes, observations, actions)], "step")
+        return [turn_result(r, self.where("step")) for r in results]

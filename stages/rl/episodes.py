@@ -1,0 +1,106 @@
+"""The driver's side of multi-turn RL (`rl.agent_path`, stages/rl/agent.py): episodes played turn by
+turn. Each turn the engines answer every open episode's context (one `generate` call), the reward
+workers step those episodes' environments, and each environment's next observation is appended to its
+context as tokens the policy did not sample. An episode comes back as one `Sample` (its answers and
+observations as one response, the answers marked as trained) and its turns' rewards."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from configs.errors import DataError, RewardError
+from stages.rewards.base import RewardBatch
+from stages.rl.experience import Sample
+from stages.rl.generation import generate
+
+
+class Hosts:
+    """The reward workers holding a batch of episodes, an equal contiguous share each."""
+
+    def __init__(self, actors, count: int, cfg):
+        self.actors, self.cfg = actors, cfg
+        k = math.ceil(count / len(actors.reward))
+        self.shares = [(w, i * k, min((i + 1) * k, count)) for i, w in enumerate(actors.reward) if i * k < count]
+
+    def call(self, method: str, episodes: list[int], *columns: list) -> list:
+        """`method(local indices, *columns)` on each worker for the given episodes (global indices), within
+        `rl.agent_timeout_s`; the results in the order of `episodes`."""
+        b, rl = self.actors.backend, self.cfg.rl
+        calls = []
+        for worker, first, end in self.shares:
+            mine = [n for n, e in enumerate(episodes) if first <= e < end]
+            if mine:
+                args = [[episodes[n] - first for n in mine], *([col[n] for n in mine] for col in columns)]
+                calls.append((mine, b.call(worker, method, *(args if method == "agent_step" else args[1:]))))
+        try:
+            parts = b.get([pending for _, pending in calls], timeout=rl.agent_timeout_s)
+        except TimeoutError:
+            for worker, _, _ in self.shares:
+                b.kill(worker)
+            what = "reset" if method == "agent_reset" else "step"
+            raise RewardError(f"rl.agent_path={rl.agent_path}: Environment.{what} did not return within "
+                              f"rl.agent_timeout_s={rl.agent_timeout_s:g} s; fix the environment or raise "
+                              "rl.agent_timeout_s") from None
+        out: list = [None] * len(episodes)
+        for (mine, _), results in zip(calls, parts):
+            for n, result in zip(mine, results):
+                out[n] = result
+        return out
+
+
+def run_episodes(actors, tokenizer, texts: list[str], labels: list[str | None], cfg, seed: int,
+                 temperature: float | None, max_new_tokens: int, top_p: float = 1.0) -> tuple[list[Sample], RewardBatch]:
+    """One episode per prompt text. The returned rewards are each episode's return (the sum of its turns'
+    rewards: what group estimators compare), `step_rewards` its turns' rewards (placed on each answer's
+    last token for the token-level estimators)."""
+    rl = cfg.rl
+    hosts = Hosts(actors, len(texts), cfg)
+    every = list(range(len(texts)))
+    observations = hosts.call("agent_reset", every, texts, labels)
+    contexts = []
+    for i, text in enumerate(observations):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not ids or len(ids) > rl.prompt_max_len:
+            raise DataError(f"rl.agent_path={rl.agent_path}: Environment.reset's first observation for prompt {i} is "
+                            f"{len(ids)} tokens; it must be 1 to rl.prompt_max_len={rl.prompt_max_len}")
+        contexts.append(ids)
+    response: list[list[int]] = [[] for _ in texts]
+    trained: list[list[int]] = [[] for _ in texts]
+    log_probs: list[list[float]] = [[] for _ in texts]
+    ends: list[list[int]] = [[] for _ in texts]
+    rewards: list[list[float]] = [[] for _ in texts]
+    active = every
+    for turn in range(rl.agent_max_turns):
+        answers = generate(actors, [contexts[i] + response[i] for i in active], seed + 7919 * turn, temperature,
+                           max_new_tokens, top_p)
+        for i, s in zip(active, answers):
+            response[i] += s.response_ids
+            trained[i] += [1] * len(s.response_ids)
+            log_probs[i] += s.log_probs
+            ends[i].append(len(response[i]) - 1)
+        actions = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in answers]
+        results = hosts.call("agent_step", active, [observations[i] for i in active], actions)
+        still = []
+        for i, (reward, observation, done) in zip(active, results):
+            rewards[i].append(reward)
+            if done or turn + 1 == rl.agent_max_turns:
+                continue
+            ids = tokenizer(observation, add_special_tokens=False)["input_ids"]
+            response[i] += ids
+            trained[i] += [0] * len(ids)
+            log_probs[i] += [0.0] * len(ids)
+            observations[i] = observation
+            still.append(i)
+        active = still
+        if not active:
+            break
+    samples = [Sample(contexts[i], response[i], log_probs[i], trained[i], ends[i]) for i in every]
+    returns = torch.tensor([sum(r) for r in rewards], dtype=torch.float32)
+    return samples, RewardBatch(rewards=returns, step_rewards=rewards)
+
+
+def turns(samples: list[Sample]) -> float:
+    """Mean turns per episode."""
+    return sum(len(s.turn_ends) for s in samples) / len(samples)
