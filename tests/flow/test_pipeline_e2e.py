@@ -387,39 +387,6 @@ def test_served_deployments_run_the_pipeline_and_one_stage(ws, first_run, tmp_pa
 # --- faults ----------------------------------------------------------------------------------
 
 
-def stage_worker_pids(cli_pid: int) -> list[int]:
-    """Ray actor processes of the training stages that a CLI run started (its local cluster's raylet
-    forks them; Ray titles them after the actor class), not another process's that happens to run."""
-    pids = []
-    for p in psutil.Process(cli_pid).children(recursive=True):
-        try:
-            if any("ray::StageWorker" in a for a in p.cmdline()):
-                pids.append(p.pid)
-        except psutil.Error:  # a short-lived helper process that is gone already
-            pass
-    return pids
-
-
-def test_a_lost_ray_worker_is_retried_and_the_rerun_resumes(ws, first_run):
-    """SIGKILL the RM's Ray worker mid-training: Ray reports the actor died, the flow reruns the stage
-    after `infra.retry_delay_s`, and the rerun resumes from the last checkpoint in the stage's work dir."""
-    args = ["--only", "rm", "rm.max_steps=60", "rm.save_every=10", "infra.retry_delay_s=1"]
-    proc = subprocess.Popen([*CLI, "run", *args], cwd=ws, env=cli_env(ws), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not list((ws / ".rlhf" / "work").glob("rm-*/checkpoints/latest")):
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        time.sleep(0.2)
-    (pid,) = stage_worker_pids(proc.pid)
-    os.kill(pid, signal.SIGKILL)
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out[-4000:]
-    assert "[rm] failed: ActorDiedError" in out and "[rm] resumed from step" in out
-    runs = [r for r in stage_runs(ws, "rm") if r.data.params.get("rm.max_steps") == "60"]
-    assert sorted(r.data.tags[store.TAG_STATUS] for r in runs) == [store.COMPLETE, "failed"]
-    assert "ActorDiedError" in next(r for r in runs if r.data.tags[store.TAG_STATUS] == "failed").data.tags["rlhf.error"]
-
-
 def test_a_stage_that_raises_fails_the_flow_with_its_error_and_registers_nothing(ws, first_run, tmp_path):
     """A reward function that raises: RL fails with one line naming the file and the error; the stages
     before it stay cached, the stages after it (eval, lora_merge) do not start, no RL model is registered."""
