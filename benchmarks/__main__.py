@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import async_rl, grpo_compare, pipeline, rl_throughput, rollout_engines, threads, trl_compare
+from benchmarks import agent, async_rl, grpo_compare, pipeline, rl_throughput, rollout_engines, threads, trl_compare
 from benchmarks.report import Report, RunOptions
 
 BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report], str]] = {
@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report], str]] = {
     "dpo": (trl_compare.dpo, "DPO pairs/s and tokens/s: our stage vs TRL's DPOTrainer (needs the bench extra)"),
     "grpo": (grpo_compare.grpo, "GRPO samples/s and time split: our RL stage vs TRL's GRPOTrainer (needs the bench extra)"),
     "rl": (rl_throughput.rl, "RL stage samples/s and time split by algorithm: GRPO, RLOO, REINFORCE++-baseline, PPO"),
+    "agent": (agent.agent, "multi-turn GRPO on the shipped two-turn environment: held-out success before and after"),
     "async": (async_rl.async_rl, "async vs synchronous GRPO: samples/s and the held-out accuracy each ends on, over seeds"),
     "rollout": (rollout_engines.rollout, "rollout engines: HF `generate` vs vLLM (CPU build) tokens/s by batch size"),
     "threads": (threads.threads, "torch's threads from OMP_NUM_THREADS vs `torch.set_num_threads`: training step "

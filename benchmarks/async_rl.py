@@ -10,22 +10,18 @@ step t's. The tiny preset's own layout (the hybrid engine, every group colocated
 reference. Each repeat uses its own seed (sampling and prompt order; the start policy is shared), the
 systems alternating within a repeat. Samples/s counts the rollout steps' timers (for async the
 generation part is the wait for samples the engine drew during the previous step); accuracy is the
-stage's held-out eval after the last step (greedy and sampled, `EVAL_SAMPLES` prompts).
+stage's held-out eval after the last step (greedy and sampled, `rl_trial.EVAL_SAMPLES` prompts).
 """
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
-from pathlib import Path
 
-from benchmarks import grpo_compare, trl_compare
+from benchmarks import grpo_compare, rl_trial, trl_compare
 from benchmarks.report import Report, RunOptions
 from configs import load_config
 
 DEFAULT_STEPS = 30  # the tiny preset's RL
-EVAL_SAMPLES = 100
 LAYOUT = ["rl.engine=hf", "rl.colocate_all=false", "rl.colocate_models=true", "infra.cpus_per_worker=1",
           "rl.recompute_old_log_probs=true"]
 SYSTEMS = {
@@ -46,7 +42,7 @@ def async_rl(options: RunOptions) -> Report:
     for seed in range(1, repeats + 1):
         for system, overrides in SYSTEMS.items():
             result = trl_compare.run_trial("grpo", system, steps, {**data, "policy": policy},
-                                           options.workdir / f"async-{system}-{seed}", module=__name__,
+                                           options.workdir / f"async-{system}-{seed}", module=rl_trial.__name__,
                                            overrides=[*overrides, f"seed={seed}"])
             trials[system].append(result)
             print(f"[async] seed {seed} {system}: {result['samples_per_s']:.1f} samples/s, sampled accuracy "
@@ -61,7 +57,7 @@ def async_rl(options: RunOptions) -> Report:
     ratio = summary["async"]["samples_per_s"] / summary["sync"]["samples_per_s"]
     rows.append(["async / sync", f"{ratio:.2f}", "", "", "", "", "", "", ""])
     title = (f"Async vs synchronous GRPO, tiny preset: {steps} rollout steps, {repeats} seeds, held-out accuracy on "
-             f"{EVAL_SAMPLES} prompts after the last step")
+             f"{rl_trial.EVAL_SAMPLES} prompts after the last step")
     return Report(title, columns, rows, data={"systems": summary, "ratio_async_sync": ratio, "trials": trials,
                                               "overrides": SYSTEMS})
 
@@ -71,29 +67,3 @@ def summarize(results: list[dict]) -> dict:
            ("samples_per_s", "generation_s", "training_s", "weight_sync_s")}
     out |= {key: statistics.mean(r["eval"][key] for r in results) for key in ("sampled_accuracy", "accuracy")}
     return out
-
-
-def trial_main(spec: dict) -> None:
-    """One RL run in this process (`trl_compare.run_trial` starts it): the GRPO benchmark's measurements
-    plus the held-out eval the stage ends on."""
-    from benchmarks.in_process import make_ctx
-    from stages.common.ray_workers import local_cluster
-    from stages.rl import stage as rl_stage
-
-    work, data = Path(spec["work"]), {name: Path(path) for name, path in spec["data"].items()}
-    cfg = grpo_compare.bench_config(spec["steps"], [*spec["overrides"], f"eval.max_samples={EVAL_SAMPLES}"])
-    steps: list[dict] = []
-    ctx = make_ctx("rl", cfg, work, lambda metrics, step: steps.append(metrics) if "rollout/samples_per_s" in metrics else None)
-    with local_cluster(cfg.infra.num_cpus, log_to_driver=False):
-        result = rl_stage.run(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
-    parts = {f"{p}_s": sum(m.get(f"time/{p}", 0.0) for m in steps) for p in grpo_compare.PARTS}
-    samples = cfg.rl.rollout_batch_size * cfg.rl.n_samples_per_prompt * len(steps)
-    (work / "result.json").write_text(json.dumps({
-        "system": spec["system"], "overrides": spec["overrides"], "rollout_steps": len(steps), "samples": samples,
-        "seconds": sum(parts.values()), **parts, "samples_per_s": samples / sum(parts.values()),
-        "eval": {k.removeprefix("eval/"): v for k, v in result.metrics.items() if k.startswith("eval/")},
-    }))
-
-
-if __name__ == "__main__":
-    trial_main(json.loads(sys.argv[1]))

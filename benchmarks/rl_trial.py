@@ -1,0 +1,47 @@
+"""One RL stage run for the benchmarks that compare RL settings (`async`, `agent`), in a process of its
+own (`trl_compare.run_trial(..., module="benchmarks.rl_trial")`): the tiny preset's GRPO with the
+trial's overrides from a given start policy, on a local Ray cluster; it writes the rollout steps' timers
+and the held-out evals before and after to `result.json`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from benchmarks import grpo_compare
+
+EVAL_SAMPLES = 100
+
+
+def trial_main(spec: dict) -> None:
+    from benchmarks.in_process import make_ctx
+    from stages.common.ray_workers import local_cluster
+    from stages.rl import stage as rl_stage
+
+    work, data = Path(spec["work"]), {name: Path(path) for name, path in spec["data"].items()}
+    cfg = grpo_compare.bench_config(spec["steps"], [*spec["overrides"], f"eval.max_samples={EVAL_SAMPLES}"])
+    steps: list[dict] = []
+    evals: dict[int, dict] = {}
+
+    def log(metrics: dict, step: int) -> None:
+        if "rollout/samples_per_s" in metrics:
+            steps.append(metrics)
+        if any(k.startswith("eval/") for k in metrics):
+            evals[step] = {k.removeprefix("eval/"): v for k, v in metrics.items() if k.startswith("eval/")}
+
+    ctx = make_ctx("rl", cfg, work, log)
+    with local_cluster(cfg.infra.num_cpus, log_to_driver=False):
+        result = rl_stage.run(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
+    parts = {f"{p}_s": sum(m.get(f"time/{p}", 0.0) for m in steps) for p in grpo_compare.PARTS}
+    samples = cfg.rl.rollout_batch_size * cfg.rl.n_samples_per_prompt * len(steps)
+    (work / "result.json").write_text(json.dumps({
+        "system": spec["system"], "overrides": spec["overrides"], "rollout_steps": len(steps), "samples": samples,
+        "seconds": sum(parts.values()), **parts, "samples_per_s": samples / sum(parts.values()),
+        "before": evals.get(0, {}),
+        "eval": {k.removeprefix("eval/"): v for k, v in result.metrics.items() if k.startswith("eval/")},
+    }))
+
+
+if __name__ == "__main__":
+    trial_main(json.loads(sys.argv[1]))
