@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.report import save, with_note
+
 # model.tiny sizes: the tiny preset's, and 132M parameters (Llama-style, 14 layers of width 768)
 SIZES = {"tiny": [], "100m": ["model.tiny.hidden_size=768", "model.tiny.intermediate_size=3072",
                               "model.tiny.num_hidden_layers=14", "model.tiny.num_attention_heads=12",
@@ -67,9 +69,7 @@ def report(result: dict) -> str:
     for size, row in result["sizes"].items():
         b, o = row["broadcast_s"], row["object_store_s"]
         lines.append(f"| {size} | {row['params'] / 1e6:.1f}M | {b:.4f} | {o:.4f} | {o / b:.2f} |")
-    if result.get("note"):
-        lines += ["", f"Note: {result['note']}."]
-    return "\n".join(lines) + "\n"
+    return with_note(lines, result)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         per_mode = {mode: statistics.median(s for t in result["trials"] if t["size"] == size and t["mode"] == mode
                                             for s in t["sync_s"][1:]) for mode in MODES}
         result["sizes"][size] = {"params": params(data["base_model"]), **{f"{m}_s": v for m, v in per_mode.items()}}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(report(result), end="")
+    save(result, args.out, report)
     return 0
 
 
