@@ -1,10 +1,12 @@
 """Training tokens/s of each stage's loss with `<stage>.packing` (one padding-free row per micro-batch) against
 the padded batch, on this machine's attention (SDPA on a CPU). Each trial is a few optimizer steps (forward,
-backward, AdamW) of the stage's own loss code on random token rows of the tiny preset's model shape; the
-two layouts alternate. Two length profiles: rows of nearly one length (little padding to save) and rows of
-widely spread lengths (about half of a padded batch is pads). Writes the trials and medians as JSON.
+backward, AdamW) of the stage's own loss code on random token rows of the tiny preset's model shape, a
+padded and a packed step side by side on the same micro-batch (each layout training its own copy), so
+both see the same load on the machine. Two length profiles: rows of nearly one length (little padding
+to save) and rows of widely spread lengths (about half of a padded batch is pads). Writes the trials
+and the summary as JSON.
 
-    python -m benchmarks.packing [--steps 10] [--repeats 2] [--out benchmarks/results/packing.json]
+    python -m benchmarks.packing [--steps 6] [--repeats 1] [--out benchmarks/results/packing.json]
     python -m benchmarks.packing --report benchmarks/results/packing.json
 """
 
@@ -98,63 +100,72 @@ def model_for(stage: str):
     return cls(config)
 
 
-def trial(stage: str, profile: str, packed: bool, steps: int, seed: int) -> dict:
-    """`steps` optimizer steps after one warm-up step; the tokens counted are the samples' own (no pads)."""
+def trial(stage: str, profile: str, steps: int, seed: int) -> dict:
+    """`steps` optimizer steps of each layout after one warm-up step each, on two copies of one model:
+    a padded step and a packed one on the same micro-batch, their order alternating, so both see the
+    same load on the machine. Tokens count the samples' own (no pads)."""
     import torch
 
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
-    model = model_for(stage)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    micro = [stage_batch(stage, sequences(profile, BATCH, rng), gen) for _ in range(steps + 1)]
-    tokens = padded_width = 0
-    for i, (batch, loss_fn) in enumerate(micro):
-        if i == 1:
+    models = {packed: model_for(stage) for packed in (False, True)}
+    optimizers = {packed: torch.optim.AdamW(m.parameters(), lr=1e-5) for packed, m in models.items()}
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    tokens, pads = [], []
+    for i in range(steps + 1):
+        batch, loss_fn = stage_batch(stage, sequences(profile, BATCH, rng), gen)
+        for packed in (False, True) if i % 2 == 0 else (True, False):
             started = time.perf_counter()
-        loss_fn(model, packed).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if i:
-            mask = batch["attention_mask"]
-            tokens += int(mask.sum()) + int(batch.get("kl_attention_mask", mask[:0]).sum())
-            padded_width += mask.numel() + batch.get("kl_attention_mask", mask[:0]).numel()
-    seconds = time.perf_counter() - started
-    return {"stage": stage, "profile": profile, "packed": packed, "seed": seed, "tokens": tokens, "seconds": seconds,
-            "tokens_per_s": tokens / seconds, "pad_share": 1 - tokens / padded_width}
+            loss_fn(models[packed], packed).backward()
+            optimizers[packed].step()
+            optimizers[packed].zero_grad()
+            if i:
+                seconds[packed].append(time.perf_counter() - started)
+        masks = [batch["attention_mask"], *([batch["kl_attention_mask"]] if "kl_attention_mask" in batch else [])]
+        tokens.append(sum(int(m.sum()) for m in masks))
+        pads.append(1 - tokens[-1] / sum(m.numel() for m in masks))
+    tokens, pads = tokens[1:], pads[1:]
+    return {"stage": stage, "profile": profile, "seed": seed, "tokens": tokens, "pad_share": statistics.median(pads),
+            "padded_s": seconds[False], "packed_s": seconds[True]}
 
 
 def summarize(trials: list[dict]) -> dict:
+    """Per profile and stage: tokens/s of each layout (all tokens over all step time) and the median of the
+    per-step ratios packed / padded (steps side by side saw the same load)."""
     out: dict = {}
-    for profile in PROFILES:
-        for stage in STAGES:
-            mine = [t for t in trials if t["profile"] == profile and t["stage"] == stage]
-            if not mine:
-                continue
-            speed = {p: statistics.median(t["tokens_per_s"] for t in mine if t["packed"] == p) for p in (False, True)}
-            out.setdefault(profile, {})[stage] = {"padded_tokens_per_s": speed[False], "packed_tokens_per_s": speed[True],
-                                                  "pad_share": statistics.median(t["pad_share"] for t in mine)}
-    return out
+    for t in trials:
+        row = out.setdefault(t["profile"], {}).setdefault(t["stage"], {"tokens": 0, "padded_s": 0.0, "packed_s": 0.0,
+                                                                       "ratios": [], "pad_share": []})
+        row["tokens"] += sum(t["tokens"])
+        row["padded_s"] += sum(t["padded_s"])
+        row["packed_s"] += sum(t["packed_s"])
+        row["ratios"] += [a / b for a, b in zip(t["padded_s"], t["packed_s"])]
+        row["pad_share"].append(t["pad_share"])
+    return {profile: {stage: {"padded_tokens_per_s": r["tokens"] / r["padded_s"], "packed_tokens_per_s": r["tokens"] / r["packed_s"],
+                              "step_speedup_median": statistics.median(r["ratios"]),
+                              "pad_share": statistics.median(r["pad_share"])} for stage, r in stages.items()}
+            for profile, stages in out.items()}
 
 
 def report(result: dict) -> str:
     m = result["machine"]
     lines = [f"Measured {result['date']} on {m['cpus']} CPUs ({m['platform']}), torch {m['torch']}, transformers "
-             f"{m['transformers']}, SDPA attention; {result['steps']} optimizer steps of {BATCH} sequences (pairs for "
-             f"rm and dpo) a trial after one warm-up; tokens/s counts the samples' own tokens; median over "
-             f"{result['repeats']} trial(s) of each layout, alternating.", "",
-             "| lengths | stage | pads in the padded batch | padded tokens/s | packed tokens/s | packed / padded |",
+             f"{m['transformers']}, SDPA attention; {result['repeats']} trial(s) of {result['steps']} optimizer steps a "
+             f"layout on micro-batches of {BATCH} sequences (pairs for rm and dpo), a padded and a packed step side by "
+             f"side; tokens/s counts the samples' own tokens.", "",
+             "| lengths | stage | pads in the padded batch | padded tokens/s | packed tokens/s | packed speed-up (median over steps of padded time / packed time) |",
              "|---|---|---|---|---|---|"]
     for profile, stages in result["summary"].items():
         low, high = PROFILES[profile]
         for stage, row in stages.items():
-            a, b = row["padded_tokens_per_s"], row["packed_tokens_per_s"]
-            lines.append(f"| {profile} ({low}-{high}) | {stage} | {row['pad_share']:.0%} | {a:,.0f} | {b:,.0f} | {b / a:.2f} |")
+            lines.append(f"| {profile} ({low}-{high}) | {stage} | {row['pad_share']:.0%} | {row['padded_tokens_per_s']:,.0f} | "
+                         f"{row['packed_tokens_per_s']:,.0f} | {row['step_speedup_median']:.2f} |")
     return with_note(lines, result)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.packing", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
     parser.add_argument("--note", help="a line about the conditions, kept in the JSON")
@@ -173,11 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     for profile in args.profiles:
         for stage in args.stages:
             for r in range(args.repeats):
-                for packed in (False, True) if r % 2 == 0 else (True, False):  # alternate which goes first
-                    t = trial(stage, profile, packed, args.steps, seed=r)
-                    result["trials"].append(t)
-                    print(f"[packing] {profile} {stage} {'packed' if packed else 'padded'}: "
-                          f"{t['tokens_per_s']:,.0f} tokens/s", flush=True)
+                t = trial(stage, profile, args.steps, seed=r)
+                result["trials"].append(t)
+                print(f"[packing] {profile} {stage}: padded {sum(t['tokens']) / sum(t['padded_s']):,.0f} tokens/s, "
+                      f"packed {sum(t['tokens']) / sum(t['packed_s']):,.0f}", flush=True)
     result["summary"] = summarize(result["trials"])
     save(result, args.out, report)
     return 0
