@@ -13,13 +13,11 @@ and the summary as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
-from pathlib import Path
 
-from benchmarks.report import save, with_note
+from benchmarks.report import add_result_args, print_saved, save, with_note
 
 PROFILES = {"narrow": (48, 64), "spread": (8, 120)}  # (shortest, longest) prompt + response, in tokens
 STAGES = ("rm", "prm", "dpo", "kto", "rl_policy", "rl_critic")
@@ -169,12 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
     parser.add_argument("--note", help="a line about the conditions, kept in the JSON")
-    parser.add_argument("--out", default="benchmarks/results/packing.json")
-    parser.add_argument("--report", metavar="JSON", help="print the table of a result file and exit")
+    add_result_args(parser, "benchmarks/results/packing.json")
     args = parser.parse_args(argv)
     if args.report:
-        print(report(json.loads(Path(args.report).read_text())), end="")
-        return 0
+        return print_saved(args.report, report)
     from benchmarks.__main__ import machine
 
     result = {"benchmark": "packing", "date": time.strftime("%Y-%m-%d"), "machine": machine(), "steps": args.steps,

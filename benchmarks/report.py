@@ -39,6 +39,17 @@ class Report:
         return {"title": self.title, "columns": self.columns, "rows": self.rows, **self.data}
 
 
+def add_result_args(parser, out: str) -> None:
+    """A standalone benchmark's `--out` (the JSON it writes) and `--report` (render a saved one instead)."""
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--report", metavar="JSON", help="print the table of a result file and exit")
+
+
+def print_saved(path: str | Path, render: Callable[[dict], str]) -> int:
+    print(render(json.loads(Path(path).read_text())), end="")
+    return 0
+
+
 def with_note(lines: list[str], result: dict) -> str:
     """A standalone benchmark's table lines as one text, with the line about its run's conditions."""
     if result.get("note"):

@@ -10,14 +10,13 @@ Trials of the two ways alternate. Writes the trials and per-size medians as JSON
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import save, with_note
+from benchmarks.report import add_result_args, print_saved, save, with_note
 
 # model.tiny sizes: the tiny preset's, and 132M parameters (Llama-style, 14 layers of width 768)
 SIZES = {"tiny": [], "100m": ["model.tiny.hidden_size=768", "model.tiny.intermediate_size=3072",
@@ -77,12 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--out", default="benchmarks/results/weight_sync.json")
-    parser.add_argument("--report", metavar="JSON", help="print the table of a result file and exit")
+    add_result_args(parser, "benchmarks/results/weight_sync.json")
     args = parser.parse_args(argv)
     if args.report:
-        print(report(json.loads(Path(args.report).read_text())), end="")
-        return 0
+        return print_saved(args.report, report)
     from benchmarks.__main__ import machine
     from benchmarks.in_process import make_ctx, single_rank_env
     from stages import data_prep
