@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks.__main__ import machine
+from benchmarks.report import save
 
 WORDS = ("apple", "berry", "cherry", "date", "fig", "grape", "kiwi", "lemon", "mango", "melon", "olive",
          "peach", "pear", "plum", "quince", "rhubarb")
@@ -163,10 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         return done.returncode
     result = {"benchmark": "freeform", "date": time.strftime("%Y-%m-%d"), "machine": machine(), "seed": args.seed,
               "wall_s": round(time.monotonic() - started, 1), "models": eval_results(workdir)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(markdown(result), end="")
+    save(result, args.out, markdown)
     return 0
 
 

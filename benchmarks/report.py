@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,3 +37,29 @@ class Report:
 
     def as_json(self) -> dict:
         return {"title": self.title, "columns": self.columns, "rows": self.rows, **self.data}
+
+
+def add_result_args(parser, out: str) -> None:
+    """A standalone benchmark's `--out` (the JSON it writes) and `--report` (render a saved one instead)."""
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--report", metavar="JSON", help="print the table of a result file and exit")
+
+
+def print_saved(path: str | Path, render: Callable[[dict], str]) -> int:
+    print(render(json.loads(Path(path).read_text())), end="")
+    return 0
+
+
+def with_note(lines: list[str], result: dict) -> str:
+    """A standalone benchmark's table lines as one text, with the line about its run's conditions."""
+    if result.get("note"):
+        lines = [*lines, "", f"Note: {result['note']}."]
+    return "\n".join(lines) + "\n"
+
+
+def save(result: dict, out: str | Path, render: Callable[[dict], str]) -> None:
+    """Write a standalone benchmark's result as JSON to `out` and print its table."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(render(result), end="")

@@ -10,12 +10,13 @@ Trials of the two ways alternate. Writes the trials and per-size medians as JSON
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.report import add_result_args, print_saved, save, with_note
 
 # model.tiny sizes: the tiny preset's, and 132M parameters (Llama-style, 14 layers of width 768)
 SIZES = {"tiny": [], "100m": ["model.tiny.hidden_size=768", "model.tiny.intermediate_size=3072",
@@ -67,9 +68,7 @@ def report(result: dict) -> str:
     for size, row in result["sizes"].items():
         b, o = row["broadcast_s"], row["object_store_s"]
         lines.append(f"| {size} | {row['params'] / 1e6:.1f}M | {b:.4f} | {o:.4f} | {o / b:.2f} |")
-    if result.get("note"):
-        lines += ["", f"Note: {result['note']}."]
-    return "\n".join(lines) + "\n"
+    return with_note(lines, result)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,12 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--out", default="benchmarks/results/weight_sync.json")
-    parser.add_argument("--report", metavar="JSON", help="print the table of a result file and exit")
+    add_result_args(parser, "benchmarks/results/weight_sync.json")
     args = parser.parse_args(argv)
     if args.report:
-        print(report(json.loads(Path(args.report).read_text())), end="")
-        return 0
+        return print_saved(args.report, report)
     from benchmarks.__main__ import machine
     from benchmarks.in_process import make_ctx, single_rank_env
     from stages import data_prep
@@ -101,10 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         per_mode = {mode: statistics.median(s for t in result["trials"] if t["size"] == size and t["mode"] == mode
                                             for s in t["sync_s"][1:]) for mode in MODES}
         result["sizes"][size] = {"params": params(data["base_model"]), **{f"{m}_s": v for m, v in per_mode.items()}}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(report(result), end="")
+    save(result, args.out, report)
     return 0
 
 

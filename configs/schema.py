@@ -184,6 +184,8 @@ class LoRAConfig(Section):
 
 
 AUX_LOSS = "weight of an MoE model's router load-balancing loss added to the loss (OpenRLHF --aux_loss_coef); 0: none"
+PACKING = ("forward passes over padding-free rows (the samples end to end, position ids restarting per sample): the padded "
+           "batch's loss without the compute on pads; pays with flash_attention_2, slower with SDPA (attention over the whole row)")
 
 
 class OptimConfig(Section):
@@ -215,8 +217,7 @@ class SFTConfig(TrainingConfig):
     """Causal-LM loss on response tokens."""
 
     lr: float = Field(5e-6, gt=0)
-    packing: bool = Field(False, description="each micro-batch as one padding-free row (position ids reset per sample); "
-                                            "pays with flash_attention_2, slower with SDPA (attention over the whole row)")
+    packing: bool = Field(False, description=PACKING)
 
 
 class RewardModelConfig(TrainingConfig):
@@ -227,6 +228,7 @@ class RewardModelConfig(TrainingConfig):
     value_head_prefix: str = Field("score", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="name of the scalar head's weights "
                                    "in the checkpoint (OpenRLHF's value_head_prefix)")
     normalize_reward: bool = Field(False, description="scorers return (r - mean) / std with the eval-split statistics")
+    packing: bool = Field(False, description=PACKING + "; each reward read at its own sample's last token")
 
 
 class PRMConfig(TrainingConfig):
@@ -236,6 +238,7 @@ class PRMConfig(TrainingConfig):
     placeholder_token: str = Field("<|step|>", description="ends every step; the reward is read there")
     reward_tokens: tuple[str, str] = Field(("+", "-"), description="the (good, bad) label tokens")
     step_separator: str = Field("\n", description="splits a response into steps when it has no placeholders")
+    packing: bool = Field(False, description=PACKING)
 
 
 class IterativeDPOConfig(Section):
@@ -263,6 +266,8 @@ class DPOConfig(TrainingConfig):
     shared_prompt: bool = Field(True, description="pair losses: each pair as one row, its prompt computed once for both "
                                                   "responses (a 4D attention mask; the same log-probs); with "
                                                   "flash_attention_2, which takes no such mask, two padded rows")
+    packing: bool = Field(False, description=PACKING + "; the policy's and the reference's passes alike (in place of "
+                                                      "shared_prompt's rows)")
     desirable_weight: float = Field(1.0, gt=0, description="KTO: weight of desirable examples")
     undesirable_weight: float = Field(1.0, gt=0, description="KTO: weight of undesirable examples")
     iterative: IterativeDPOConfig = IterativeDPOConfig()
@@ -443,6 +448,8 @@ class RLConfig(Section):
     generate_batch_size: int | None = Field(None, gt=0, description="HF engine: prompts per generate call; empty: an engine's whole share in one call")
     train_batch_size: int = Field(128, gt=0, description="sequences per optimizer step")
     micro_train_batch_size: int = Field(32, gt=0, description="sequences per rank per training forward pass")
+    packing: bool = Field(False, description=PACKING + "; the policy's, reference's and critic's passes, training and "
+                                                      "experience making alike")
     max_epochs: int = Field(1, gt=0, description="passes over each rollout batch")
     num_episodes: int = Field(1, gt=0, description="passes over the prompt set")
     max_steps: int | None = Field(None, gt=0, description="rollout steps; overrides num_episodes")

@@ -2,7 +2,7 @@
 path, local dataset files (readable, with the columns the config names), the reward function file
 (compiled, not run), and what the local machine has (the CPUs the Ray cluster is given, the RL layout
 they fit, a GPU for the options that need one). Nothing here imports torch or transformers unless the
-config asks for a GPU-only option."""
+config asks for a GPU-only option or packing."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from configs.errors import CheckpointError, ConfigError, PipelineError
 from configs.schema import DatasetConfig, PipelineConfig
 from stages import agent_file, reward_file
-from stages.common import checkpoint_paths, moe, vocabulary
+from stages.common import checkpoint_paths, moe, packing, vocabulary
 from stages.dag import BY_NAME, LORA_SECTIONS, STAGES, lora_of, pinned_away
 from stages.rl.layout import check_async, check_fits, resolve_layout
 
@@ -57,7 +57,7 @@ def check_inputs(cfg: PipelineConfig) -> None:
     read when the stage runs)."""
     if cfg.model.name_or_path:
         checkpoint_paths.validate(cfg.model.name_or_path)
-        check_aux_loss(cfg)
+        check_model_family(cfg)
     if cfg.data.source != "files":
         return
     from stages import data_files  # HF datasets: only a config that reads files needs it here
@@ -116,15 +116,19 @@ def check_conditional_sft(cfg: PipelineConfig) -> None:
                           "reward.rm_paths, data.preference or inputs.reward_model")
 
 
-def check_aux_loss(cfg: PipelineConfig) -> None:
-    """A router loss (`<stage>.aux_loss_coef` > 0) needs an MoE model: checked here on a local model's
-    config.json (a hub model's when the stage loads it)."""
+def check_model_family(cfg: PipelineConfig) -> None:
+    """Checked here on a local model's config.json (a hub model's when the stage loads it): a router
+    loss (`<stage>.aux_loss_coef` > 0) needs an MoE model, and `<stage>.packing` a family whose forward
+    takes position ids."""
     config_file = Path(cfg.model.name_or_path).expanduser() / "config.json"
     if not config_file.is_file():
         return
     config = json.loads(config_file.read_text())
     for section in AUX_LOSS_SECTIONS:
         moe.check(config, reduce(getattr, section.split("."), cfg).aux_loss_coef, f"{section}.aux_loss_coef")
+    for section in packing.PACKED_SECTIONS:
+        if getattr(cfg, section).packing:
+            packing.check(config, f"{section}.packing")
 
 
 def check_local_resources(cfg: PipelineConfig) -> None:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import set_seed
 
 from configs.errors import CheckpointError, DataError
-from stages.common import checkpoint, deepspeed_engine, lora, moe
+from stages.common import checkpoint, deepspeed_engine, lora, moe, packing
 from stages.common.tokenization import IGNORE_INDEX, pad_batch
 from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
@@ -67,6 +67,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
     model, signature = lora.load_for_training(inputs["sft_model"], cfg.model, p.lora, "prm.lora")
     moe.check(model.config, p.aux_loss_coef, "prm.aux_loss_coef")
+    if p.packing:
+        packing.check_loaded(model, "prm.packing")
     placeholder_id = single_token_id(tokenizer, p.placeholder_token, "prm.placeholder_token")
     reward_ids = tuple(single_token_id(tokenizer, t, "prm.reward_tokens") for t in p.reward_tokens)
 
@@ -80,10 +82,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
 
     def loss_fn(engine, batch):
         aux = [] if p.aux_loss_coef else None
-        out = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
-                     **moe.router_kwargs(aux))
-        moe.record(aux, engine, out, batch["attention_mask"])
-        loss, correct = prm_loss(out.logits, batch["labels"], reward_ids)
+        loss, correct = prm_loss(packing.logits(engine, batch, p.packing, aux), batch["labels"], reward_ids)
         logs = {"step_accuracy": float(correct.mean())}
         return moe.add_aux_loss(loss, aux, p.aux_loss_coef, logs), logs, int(batch["attention_mask"].sum())
 
@@ -91,8 +90,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         sums = torch.zeros(3, dtype=torch.float64)  # loss*n, correct, n
         for chunk, weight in eval_batches(eval_rows, ctx.rank, ctx.world_size, p.micro_batch_size):
             batch = {k: v.to(engine.device) for k, v in pad_batch(chunk, pad_id).items()}
-            logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-            loss, correct = prm_loss(logits, batch["labels"], reward_ids)
+            loss, correct = prm_loss(packing.logits(engine, batch, p.packing), batch["labels"], reward_ids)
             n = len(correct) * weight
             sums += torch.tensor([float(loss) * n, float(correct.sum()) * weight, n], dtype=torch.float64)
         if ctx.world_size > 1:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, set_seed
 
 from configs.errors import CheckpointError
-from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe
+from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe, packing
 from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
@@ -63,9 +63,10 @@ class LastTokenReward(torch.nn.Module):
     through the engine's forward keeps its gradient-accumulation and ZeRO-3 bookkeeping intact.
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, packed: bool = False):
         super().__init__()
         self.model = model  # the HF sequence classifier, or peft's wrapper of it under LoRA
+        self.packed = packed  # `rm.packing`: the rows as one padding-free row, each reward at its sample's last token
 
     @property
     def config(self):
@@ -78,9 +79,12 @@ class LastTokenReward(torch.nn.Module):
         """`aux`: where an MoE backbone's router load-balancing loss is appended (stages.common.moe)."""
         module = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         backbone = getattr(module, module.base_model_prefix)
-        out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **moe.router_kwargs(aux))
-        moe.record(aux, module, out, attention_mask)
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+        out = backbone(**packing.inputs(batch, self.packed), use_cache=False, **moe.router_kwargs(aux))
+        moe.record(aux, module, out, packing.router_mask(batch, self.packed))
         hidden = out.last_hidden_state
+        if self.packed:
+            return module.score(packing.last_tokens(hidden, attention_mask)).squeeze(-1).float()
         last = attention_mask.sum(-1) - 1
         return module.score(hidden[torch.arange(len(last), device=hidden.device), last]).squeeze(-1).float()
 
@@ -163,13 +167,15 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     model = load_reward_backbone(inputs["sft_model"], cfg.model, **lora.load_kwargs(r.lora, "rm.lora"))
     model.config.pad_token_id = tokenizer.pad_token_id  # where the HF head finds the last token
     moe.check(model.config, r.aux_loss_coef, "rm.aux_loss_coef")
+    if r.packing:
+        packing.check_loaded(model, "rm.packing")
     model, signature = lora.prepare(model, r.lora, "SEQ_CLS")  # with LoRA: adapters plus a trainable score head
 
     train_rows = [encode_pair(tokenizer, row) for row in read_split(inputs["pref_data"], "train")]
     eval_rows = [encode_pair(tokenizer, row) for row in read_split(inputs["pref_data"], "eval")]
     pad_id = tokenizer.pad_token_id
     engine, outcome = fit(
-        ctx, LastTokenReward(model), r, train_rows,
+        ctx, LastTokenReward(model, r.packing), r, train_rows,
         collate=lambda rows: pair_batch(rows, pad_id),
         loss_fn=lambda engine, batch: bt_loss(engine, batch, r.aux_loss_coef),
         evaluate=lambda engine: eval_pairs(engine, eval_rows, r.micro_batch_size, pad_id, ctx.rank, ctx.world_size)[0],

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from transformers import set_seed
 
-from stages.common import checkpoint, deepspeed_engine, lora, moe
+from stages.common import checkpoint, deepspeed_engine, lora, moe, packing
 from stages.common.tokenization import IGNORE_INDEX, encode_segments, pack_batch, pad_batch
 from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
@@ -71,6 +71,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     tokenizer = checkpoint.load_tokenizer(inputs["base_model"])
     model, signature = lora.load_for_training(inputs["base_model"], cfg.model, s.lora, "sft.lora")
     moe.check(model.config, s.aux_loss_coef, "sft.aux_loss_coef")
+    if s.packing:
+        packing.check_loaded(model, "sft.packing")
 
     def encode(split: str) -> list[tuple[list[int], list[int]]]:
         return [encode_segments(tokenizer, r["texts"], r["train"]) for r in read_split(inputs["sft_data"], split)]

@@ -26,7 +26,7 @@ from transformers import AutoConfig, set_seed
 
 from configs.dpo_objectives import DPO_OBJECTIVES
 from configs.schema import DPOConfig
-from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe
+from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe, packing
 from stages.common.trainer import SampleStream, build_engine, eval_batches, fit, total_steps, train_loop
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
@@ -117,13 +117,12 @@ def shared_prompt_logps(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Te
     return torch.cat([chosen, rejected]), counts
 
 
-def response_logps(model, batch: dict[str, torch.Tensor], aux: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row: the summed log-prob of the response tokens, and how many there are. `aux`: where an MoE
-    model's router load-balancing loss is appended (stages.common.moe)."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
-                **moe.router_kwargs(aux))
-    moe.record(aux, model, out, batch["attention_mask"])
-    logits = out.logits
+def response_logps(model, batch: dict[str, torch.Tensor], aux: list | None = None,
+                   packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the summed log-prob of the response tokens, and how many there are; with `packed`
+    (`dpo.packing`) from one padding-free row. `aux`: where an MoE model's router load-balancing loss
+    is appended (stages.common.moe)."""
+    logits = packing.logits(model, batch, packed, aux)
     mask = batch["response_mask"][:, 1:]
     logps = token_logps(logits[:, :-1], batch["input_ids"][:, 1:])
     return sequence_logps(logps, mask), mask.sum(-1)
@@ -143,12 +142,13 @@ def to_device(batch: dict, device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def reference_logps(engine, seqs: list[Seq], batch_size: int, pad_id: int, rank: int, world: int) -> torch.Tensor:
+def reference_logps(engine, seqs: list[Seq], batch_size: int, pad_id: int, rank: int, world: int,
+                    packed: bool = False) -> torch.Tensor:
     """Summed response log-probs of every sequence under the engine's current weights, on every rank
     (each rank scores `seqs[rank::world]`, then the shares are gathered)."""
     mine: list[float] = []
     for chunk, weight in eval_batches(seqs, rank, world, batch_size):
-        sums, _ = response_logps(engine, to_device(sequence_batch(chunk, pad_id), engine.device))
+        sums, _ = response_logps(engine, to_device(sequence_batch(chunk, pad_id), engine.device), packed=packed)
         if weight:
             mine.extend(sums.tolist())
     shares = [mine]
@@ -166,7 +166,9 @@ class PairObjective:
     whose non-empty responses share the prompt, as every pair built here does) a micro-batch has one
     row per pair (`shared_prompt_batch`), else two padded rows. A model with a sliding `window` shares
     only when no sequence is longer than it (the shared row's mask has no window), and a router loss
-    (`aux_loss_coef`) is computed from padded rows (HF's MoE forward reads the mask as [B, T])."""
+    (`aux_loss_coef`) is computed from padded rows (HF's MoE forward reads the mask as [B, T]).
+    `packing` passes the two-row layout as one padding-free row instead (its restarting position ids
+    cannot let a rejected response see a prompt laid out before the chosen one)."""
 
     def __init__(self, cfg: DPOConfig, pairs: list[tuple[Seq, Seq]], pad_id: int, shared_prompt: bool = False,
                  window: int | None = None):
@@ -174,7 +176,8 @@ class PairObjective:
         # the sequences whose reference log-probs the rows need: chosen ones, then rejected ones
         self.sequences = [c for c, _ in pairs] + [r for _, r in pairs]
         self.shared_prompt = shared_prompt and all(c[0] == r[0] and c[1] and r[1] for c, r in pairs) and (
-            window is None or all(len(p) + len(r) <= window for p, r in self.sequences)) and not cfg.aux_loss_coef
+            window is None or all(len(p) + len(r) <= window for p, r in self.sequences)) and not (
+            cfg.aux_loss_coef or cfg.packing)
 
     def sequence_ids(self, rows: list[int]) -> list[int]:
         return rows + [self.n_rows + i for i in rows]
@@ -192,7 +195,10 @@ class PairObjective:
 
     def pair_terms(self, model, batch: dict, aux: list | None = None):
         """Per pair: losses, chosen / rejected implicit rewards; also the chosen responses' NLL."""
-        sums, counts = shared_prompt_logps(model, batch) if self.shared_prompt else response_logps(model, batch, aux)
+        if self.shared_prompt:
+            sums, counts = shared_prompt_logps(model, batch)
+        else:
+            sums, counts = response_logps(model, batch, aux, self.cfg.packing)
         policy, ref = sums, batch["ref"]
         objective = DPO_OBJECTIVES[self.cfg.loss]
         if objective.length_average:
@@ -237,9 +243,10 @@ class KTOObjective:
 
     def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
         aux = [] if self.cfg.aux_loss_coef else None
-        sums, _ = response_logps(engine, batch, aux)
+        sums, _ = response_logps(engine, batch, aux, self.cfg.packing)
         with torch.no_grad():
-            kl_sums, _ = response_logps(engine, {k.removeprefix("kl_"): v for k, v in batch.items() if k.startswith("kl_")})
+            kl_batch = {k.removeprefix("kl_"): v for k, v in batch.items() if k.startswith("kl_")}
+            kl_sums, _ = response_logps(engine, kl_batch, packed=self.cfg.packing)
         z0 = kto_reference_point(kl_sums, batch["ref_kl"], self._mean_over_ranks if self.world > 1 else None)
         losses, rewards = kto_loss(sums, batch["ref"], batch["desirable"], z0, self.cfg.beta,
                                    self.cfg.desirable_weight, self.cfg.undesirable_weight)
@@ -292,11 +299,12 @@ def rows_trained_on(n_rows: int, d: DPOConfig, world: int, seed: int) -> list[in
     return sorted({i for g in range(micro_batches) for i in stream.micro_batch(g)})
 
 
-def scored_reference(model, objective, rows: list[int], batch_size: int, pad_id: int, rank: int, world: int) -> torch.Tensor:
+def scored_reference(model, objective, rows: list[int], batch_size: int, pad_id: int, rank: int, world: int,
+                     packed: bool = False) -> torch.Tensor:
     """Reference log-probs of the sequences `rows` need (NaN for the others, which are never read)."""
     ids = objective.sequence_ids(rows)
     ref = torch.full((len(objective.sequences),), float("nan"))
-    ref[ids] = reference_logps(model, [objective.sequences[i] for i in ids], batch_size, pad_id, rank, world)
+    ref[ids] = reference_logps(model, [objective.sequences[i] for i in ids], batch_size, pad_id, rank, world, packed)
     return ref
 
 
@@ -322,6 +330,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     shared = d.shared_prompt and checkpoint.attn_implementation(cfg.model) in ("sdpa", "eager")
     config = AutoConfig.from_pretrained(checkpoint_paths.resolve(inputs["sft_model"]), trust_remote_code=cfg.model.trust_remote_code)
     moe.check(config, d.aux_loss_coef, "dpo.aux_loss_coef")
+    if d.packing:
+        packing.check(config, "dpo.packing")
     window = attention_window(config)
 
     def make_objective(pairs):
@@ -339,7 +349,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         if objective is not None:
             scored["train"] = (objective, rows_trained_on(objective.n_rows, d, ctx.world_size, cfg.seed))
         with torch.no_grad():
-            return {name: scored_reference(reference, o, rows, d.micro_batch_size, pad_id, ctx.rank, ctx.world_size)
+            return {name: scored_reference(reference, o, rows, d.micro_batch_size, pad_id, ctx.rank, ctx.world_size, d.packing)
                     for name, (o, rows) in scored.items()}
 
     ref = cached_reference(ctx, precompute)  # before the policy's engine exists: one model in memory at a time
@@ -374,7 +384,7 @@ def fit_iterative(ctx: StageContext, model, tokenizer, inputs: dict[str, Path], 
     def reference(engine, objective):
         with torch.no_grad():
             return scored_reference(engine, objective, list(range(objective.n_rows)), d.micro_batch_size,
-                                    tokenizer.pad_token_id, ctx.rank, ctx.world_size)
+                                    tokenizer.pad_token_id, ctx.rank, ctx.world_size, d.packing)
 
     scorer = build_scorer(cfg.reward, inputs)
     rounds = Rounds(ctx, tokenizer, read_split(inputs["prompts"], "train"), scorer, make_objective, reference)

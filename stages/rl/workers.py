@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
-from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, dist_env, lora, moe
+from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, dist_env, lora, moe, packing
 from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
 from stages.rl import agent, weight_sync
@@ -45,15 +45,13 @@ class Worker:
 
 
 def token_log_probs(model, batch: dict[str, torch.Tensor], temperature: float, with_entropy: bool = False,
-                    entropy_grad: bool = False, aux: list | None = None):
+                    entropy_grad: bool = False, aux: list | None = None, packed: bool = False):
     """Log-probs of each next token [B, T-1] (and the per-position entropy, in the autograd graph only
     when `entropy_grad`: a logged entropy needs none). No KV cache: nothing is generated from this pass,
     and building one costs time on every log-prob pass. `aux`: where an MoE model's router
-    load-balancing loss is appended (stages.common.moe)."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
-                **moe.router_kwargs(aux))
-    moe.record(aux, model, out, batch["attention_mask"])
-    logits = out.logits[:, :-1]
+    load-balancing loss is appended (stages.common.moe). `packed` (`rl.packing`): the pass over one
+    padding-free row, its logits put back in the padded layout."""
+    logits = packing.logits(model, batch, packed, aux)[:, :-1]
     log_probs = log_probs_from_logits(logits, batch["input_ids"][:, 1:], temperature)
     if not with_entropy:
         return log_probs
@@ -95,8 +93,8 @@ class HoldsReference:
 
     @torch.no_grad()
     def ref_log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return per_micro_batch(lambda m: token_log_probs(self.reference, m, self.rl.temperature), batch, self.rl,
-                               self.reference.device)
+        return per_micro_batch(lambda m: token_log_probs(self.reference, m, self.rl.temperature, packed=self.rl.packing),
+                               batch, self.rl, self.reference.device)
 
 
 class TrainerWorker(Worker):
@@ -169,6 +167,8 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         model, self.signature = lora.load_for_training(path, self.cfg.model, self.optim.lora, "rl.actor.lora",
                                                        self.cfg.infra.precision)
         moe.check(model.config, self.optim.aux_loss_coef, "rl.actor.aux_loss_coef")
+        if self.rl.packing:
+            packing.check_loaded(model, "rl.packing")
         if hosts(self.cfg).get(Role.REF) == Role.ACTOR and self.rl.needs_reference:
             # verl's fused actor/rollout/ref worker: the KL term's model scores in this hot process, with
             # no actor of its own (a reference actor takes longer for the same pass)
@@ -196,8 +196,8 @@ class PolicyWorker(TrainerWorker, HoldsReference):
     @torch.no_grad()
     def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         self.engine.eval()
-        return per_micro_batch(lambda m: token_log_probs(self.engine, m, self.rl.temperature), batch, self.rl,
-                               self.engine.device)
+        return per_micro_batch(lambda m: token_log_probs(self.engine, m, self.rl.temperature, packed=self.rl.packing),
+                               batch, self.rl, self.engine.device)
 
     def old_and_ref_log_probs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """rl.engine=hybrid recomputing the old log-probs: both passes in one call, so the batch crosses
@@ -237,8 +237,7 @@ class CriticWorker(TrainerWorker):
         return lora.prepare(model, self.optim.lora, "TOKEN_CLS")[0]  # with LoRA: adapters plus the value head
 
     def _values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        out = self.engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-        return out[:, :-1, 0].float()  # the value of the state before each next token
+        return critic_values(self.engine, batch, self.rl.packing)
 
     @torch.no_grad()
     def values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -260,7 +259,7 @@ def actor_loss(model, batch: dict[str, torch.Tensor], rl, units: torch.Tensor,
     mask = batch["action_mask"]
     aux = [] if aux_loss_coef else None
     log_probs, entropy = token_log_probs(model, batch, rl.temperature, with_entropy=True,
-                                         entropy_grad=bool(rl.entropy_coef), aux=aux)
+                                         entropy_grad=bool(rl.entropy_coef), aux=aux, packed=rl.packing)
     is_weights = None
     if rl.importance_cap is not None:
         is_weights = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], rl.importance_cap)
@@ -279,6 +278,11 @@ def actor_loss(model, batch: dict[str, torch.Tensor], rl, units: torch.Tensor,
         loss = loss + batch["kl_coef"][0] * kl
         metrics["kl_loss"] = kl.item()
     return moe.add_aux_loss(loss, aux, aux_loss_coef, metrics), metrics
+
+
+def critic_values(model, batch: dict[str, torch.Tensor], packed: bool = False) -> torch.Tensor:
+    """[B, T-1]: the value of the state before each next token (`packed`: `rl.packing`)."""
+    return packing.logits(model, batch, packed)[:, :-1, 0].float()
 
 
 def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
