@@ -63,10 +63,11 @@ class RunFiles:
     def local_work_dir(self) -> Path:
         return node_dir() / "work" / self.work_name
 
-    def fetch_inputs(self) -> dict[str, Path]:
-        """The inputs, downloaded to this node once per producing run (ranks on one node share the copy)."""
+    def fetch_inputs(self, names: list[str] | None = None) -> dict[str, Path]:
+        """The inputs (or the named ones), downloaded to this node once per producing run (ranks and actors on
+        one node share the copy)."""
         paths = {name: store.download(store.ArtifactRef(name, run), node_dir() / "downloads", self.tracking_uri)
-                 for name, run in self.inputs.items()}
+                 for name, run in self.inputs.items() if names is None or name in names}
         if self.merge_adapters:
             from stages.common.checkpoint_paths import is_adapter
 

@@ -32,6 +32,7 @@ def rollout(options: RunOptions) -> Report:
     from flows import vllm_env
     from stages.common import checkpoint
     from stages.common.ray_workers import actor_class, local_cluster, thread_env
+    from stages.contract import NodeInputs
     from stages.data_prep import read_split
     from stages.rl import rollout_engines
     from stages.rl.vllm_engine import VLLMRolloutEngine, runtime_env
@@ -48,13 +49,14 @@ def rollout(options: RunOptions) -> Report:
     prompts = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
                for r in read_split(data["prompts"], "train")[:biggest]]
 
+    given = NodeInputs({"sft_model": str(policy)})
     with local_cluster(threads, log_to_driver=False):
         rollout_engines.check(cfg, cluster_gpus=0)
         print("[rollout] starting the engines ...", flush=True)
         engines = {
-            "hf": actor_class(HFRolloutEngine).options(num_cpus=0, **thread_env(threads)).remote(cfg, policy, threads),
+            "hf": actor_class(HFRolloutEngine).options(num_cpus=0, **thread_env(threads)).remote(cfg, given, threads),
             "vllm": VLLMRolloutEngine.options(num_cpus=0, runtime_env=runtime_env(rollout_engines.vllm_python(cfg), threads))
-            .remote(policy, rollout_engines.vllm_options(cfg, 0), threads),
+            .remote(given, rollout_engines.vllm_options(cfg, 0), threads),
         }
         ray.get([e.ready.remote() for e in engines.values()])
         trials: dict[str, dict[int, list[dict]]] = {e: {b: [] for b in BATCH_SIZES} for e in ENGINES}

@@ -47,10 +47,30 @@ class StageContext:
     # called on every rank once checkpoint `tag` of a folder in `work_dir` is written (DeepSpeed's
     # `latest` naming it): on nodes without a shared disk it goes to the tracking server for a rerun
     on_checkpoint: Callable[[Path, str], None] = _kept_locally
+    # with no disk shared between nodes: the stage's inputs (or the named ones) downloaded to the node it is
+    # called on, for workers a driver stage starts on other nodes (`node_inputs`)
+    fetch_inputs: Callable[..., dict[str, Path]] | None = None
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+
+@dataclass(frozen=True)
+class NodeInputs:
+    """A driver stage's inputs as the workers it starts read them, on whichever node each runs: the paths
+    the stage was given, or, where nodes share no disk (`fetch`: `StageContext.fetch_inputs`), this node's
+    copy, downloaded once per node."""
+
+    paths: dict[str, str]
+    fetch: Callable[..., dict[str, Path]] | None = None
+
+    def path(self, name: str) -> str:
+        return self.paths[name] if self.fetch is None else str(self.fetch([name])[name])
+
+
+def node_inputs(ctx: StageContext, inputs: dict[str, Path]) -> NodeInputs:
+    return NodeInputs({name: str(path) for name, path in inputs.items()}, ctx.fetch_inputs)
 
 
 @dataclass

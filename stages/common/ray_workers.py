@@ -103,7 +103,8 @@ class StageWorker:
             inputs = files.fetch_inputs()
             rank = self.rank if master is not None else None  # a driver stage uploads its actors' checkpoints whole
             ctx = dataclasses.replace(ctx, work_dir=files.work_dir(), output_dir=files.output_dir(),
-                                      on_checkpoint=functools.partial(files.checkpoint_saved, rank=rank))
+                                      on_checkpoint=functools.partial(files.checkpoint_saved, rank=rank),
+                                      fetch_inputs=files.fetch_inputs)
             result = run_timed(stage_fn, ctx, inputs)
             if self.rank == 0:
                 files.upload_outputs(result.outputs)

@@ -16,6 +16,7 @@ import torch
 
 from configs.errors import ConfigError
 from configs.schema import PipelineConfig
+from stages.contract import NodeInputs
 from stages.rl import workers
 from stages.rl.layout import Role, group_sizes
 
@@ -78,8 +79,8 @@ class InProcess:
     def start(self, cls: type, role: Role, index: int, *args):
         return cls(*args, self.threads)
 
-    def start_engines(self, cfg: PipelineConfig, model_path: str) -> list:
-        return [workers.HFRolloutEngine(cfg, model_path, self.threads) for _ in range(self.sizes[Role.ENGINE])]
+    def start_engines(self, cfg: PipelineConfig, given: NodeInputs) -> list:
+        return [workers.HFRolloutEngine(cfg, given, self.threads) for _ in range(self.sizes[Role.ENGINE])]
 
     def call(self, worker, method: str, *args) -> Pending:
         return Pending(getattr(worker, method), args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ray
 
 from configs.schema import PipelineConfig
+from stages.contract import NodeInputs
 from stages.common.ray_workers import actor_class, capacity
 from stages.rl import rollout_engines
 from stages.rl.layout import Role, check_async, resolve_layout
@@ -41,8 +42,8 @@ class RayActors:
         slot = self.placement.slots[role][index]
         return actor_class(cls).options(**slot.options()).remote(*args, slot.threads)
 
-    def start_engines(self, cfg: PipelineConfig, model_path: str) -> list:
-        return rollout_engines.start(cfg, model_path, self.placement.slots[Role.ENGINE])
+    def start_engines(self, cfg: PipelineConfig, given: NodeInputs) -> list:
+        return rollout_engines.start(cfg, given, self.placement.slots[Role.ENGINE])
 
     def call(self, actor, method: str, *args):
         return getattr(actor, method).remote(*args)

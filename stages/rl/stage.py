@@ -32,7 +32,7 @@ from stages.common import checkpoint
 from stages.common.answers import is_correct
 from stages.common.progress import Progress
 from stages.common.trainer import SampleStream
-from stages.contract import StageContext, StageResult
+from stages.contract import StageContext, StageResult, node_inputs
 from stages.data_prep import read_split
 from stages.eval_metrics import by_prompt, held_out_metrics
 from stages.rewards.base import RewardBatch, concat
@@ -98,14 +98,14 @@ class Actors:
         cfg, rl = ctx.config, ctx.config.rl
         self.backend = b = backend
         self.hosts = hosts(cfg)
-        sizes, cwd, sft = backend.sizes, os.getcwd(), str(inputs["sft_model"])
+        sizes, cwd, given = backend.sizes, os.getcwd(), node_inputs(ctx, inputs)  # each actor reads them on its node
         n = {role: sizes.get(role, 0) for role in Role}
         groups = {
             Role.ACTOR: [b.start(workers.PolicyWorker, Role.ACTOR, i, i, n[Role.ACTOR]) for i in range(n[Role.ACTOR])],
             Role.CRITIC: [b.start(workers.CriticWorker, Role.CRITIC, i, i, n[Role.CRITIC]) for i in range(n[Role.CRITIC])],
-            Role.REF: [b.start(workers.ReferenceWorker, Role.REF, i, cfg, sft) for i in range(n[Role.REF])],
+            Role.REF: [b.start(workers.ReferenceWorker, Role.REF, i, cfg, given) for i in range(n[Role.REF])],
             Role.REWARD: [b.start(workers.RewardWorker, Role.REWARD, i) for i in range(n[Role.REWARD])],
-            Role.ENGINE: b.start_engines(cfg, sft) if n[Role.ENGINE] else [],
+            Role.ENGINE: b.start_engines(cfg, given) if n[Role.ENGINE] else [],
         }
         wanted = roles(cfg, needs_critic)
         for role, host in self.hosts.items():
@@ -114,13 +114,13 @@ class Actors:
         self.policy, self.critic, self.ref, self.reward, self.engines = (
             groups[r] for r in (Role.ACTOR, Role.CRITIC, Role.REF, Role.REWARD, Role.ENGINE))
         # a bad reward config fails here, before any model loads
-        models = {name: str(inputs[name]) for name in own_models() if inputs.get(name)}
-        pending = [b.call(w, "setup", cfg, models, cwd) for w in self.reward]
+        models = [name for name in own_models() if inputs.get(name)]
+        pending = [b.call(w, "setup", cfg, given, models, cwd) for w in self.reward]
         b.get(pending)
         for group, optim in ((self.policy, rl.actor), (self.critic, rl.critic)):
             if group:
                 master = b.get(b.call(group[0], "master"))
-                pending += [b.call(w, "setup", cfg, sft, optim, total_steps, master, cwd) for w in group]
+                pending += [b.call(w, "setup", cfg, given, optim, total_steps, master, cwd) for w in group]
         pending += [b.call(a, "ready") for a in [*self.engines, *self.ref]]
         b.get(pending)
         self.weight_specs: list[weight_sync.Spec] = []

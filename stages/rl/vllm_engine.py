@@ -30,13 +30,14 @@ def runtime_env(python: str | None, threads: int) -> dict:
 class VLLMRolloutEngine:
     """One vLLM engine holding the rollout copy of the policy."""
 
-    def __init__(self, model_path: str, options: dict, threads: int):
+    def __init__(self, given, options: dict, threads: int):
+        """`given`: stages.contract.NodeInputs, the policy read on this actor's node."""
         import torch
         from vllm import LLM
 
         if torch.get_num_threads() != threads:  # as dist_env.use_threads: set_num_threads costs MKL its dynamic mode
             torch.set_num_threads(threads)
-        self.model_path = model_path
+        self.model_path = model_path = given.path("sft_model")
         self.llm = LLM(model=model_path, tokenizer=model_path, enforce_eager=True,
                        worker_extension_cls="stages.rl.vllm_weights.WeightReceiver",  # weight sync by broadcast
                        # log-probs of log_softmax(logits / T): what the trainer computes for the sampled ids

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
+from stages.contract import NodeInputs
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, dist_env, lora, moe, packing
 from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
@@ -109,12 +110,13 @@ class TrainerWorker(Worker):
     def master(self) -> tuple[str, int]:
         return dist_env.free_address()
 
-    def setup(self, cfg: PipelineConfig, model_path: str, optim: RLModelConfig, total_steps: int, master: tuple[str, int], cwd: str) -> None:
+    def setup(self, cfg: PipelineConfig, given: NodeInputs, optim: RLModelConfig, total_steps: int, master: tuple[str, int], cwd: str) -> None:
         os.chdir(cwd)
         dist_env.join_env(master, self.rank, self.world)
         torch.manual_seed(cfg.seed + self.rank)
         deepspeed_engine.init_distributed()
         self.cfg, self.rl, self.optim = cfg, cfg.rl, optim
+        model_path = given.path("sft_model")
         model = self.load_model(model_path)
         rl = cfg.rl
         self.grad_accum = rl.train_batch_size // (rl.micro_train_batch_size * self.world)
@@ -303,24 +305,24 @@ def per_micro_batch(fn, batch: dict[str, torch.Tensor], rl, device) -> torch.Ten
 class ReferenceWorker(Worker, HoldsReference):
     """The frozen SFT policy in an actor of its own (rl.engine=hybrid keeps it in the policy ranks)."""
 
-    def __init__(self, cfg: PipelineConfig, model_path: str, threads: int):
+    def __init__(self, cfg: PipelineConfig, given: NodeInputs, threads: int):
         super().__init__(threads)
         self.rl = cfg.rl
-        self.reference = checkpoint.load_frozen_lm(model_path, cfg.model, cfg.infra.precision)
+        self.reference = checkpoint.load_frozen_lm(given.path("sft_model"), cfg.model, cfg.infra.precision)
 
 
 class RewardWorker(Worker):
     """The shared scorer (RM, PRM, rule function or remote server) behind one actor, and with
     `rl.agent_path` its share of a rollout's multi-turn episodes (stages/rl/agent.py)."""
 
-    def setup(self, cfg: PipelineConfig, models: dict[str, str], cwd: str) -> None:
-        """Build the scorer (`models`: the pipeline's own reward models the stage was given, by artifact
-        name): in a call rather than the constructor, so that a bad reward config reaches the driver as
+    def setup(self, cfg: PipelineConfig, given: NodeInputs, models: list[str], cwd: str) -> None:
+        """Build the scorer (`models`: the names of the pipeline's own reward models among the stage's
+        inputs): in a call rather than the constructor, so that a bad reward config reaches the driver as
         the RewardError it is (a constructor's error kills the actor, and Ray prints its traceback)."""
         from stages.rewards.factory import build_scorer
 
         os.chdir(cwd)  # a relative reward.func_path means what it meant to the user
-        self.scorer = build_scorer(cfg.reward, models)
+        self.scorer = build_scorer(cfg.reward, {name: given.path(name) for name in models})
         self.episodes = agent.Episodes(agent.resolve(cfg.rl.agent_path)) if cfg.rl.agent_path else None
 
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]):
@@ -336,9 +338,10 @@ class RewardWorker(Worker):
 class HFRolloutEngine(Worker):
     """Sampling with HF `generate`; returns the sampled ids and their log-probs (token in, token out)."""
 
-    def __init__(self, cfg: PipelineConfig, model_path: str, threads: int):
+    def __init__(self, cfg: PipelineConfig, given: NodeInputs, threads: int):
         super().__init__(threads)
         self.rl = cfg.rl
+        model_path = given.path("sft_model")
         self.tokenizer = checkpoint.load_tokenizer(model_path)
         self.model = checkpoint.load_frozen_lm(model_path, cfg.model, cfg.infra.precision)
 

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from configs import PipelineError, load_config
 from stages import prm, reward_model
+from stages.contract import NodeInputs
 from stages.rl import stage as rl_stage
 from tests.stage.conftest import FAST, make_ctx
 
@@ -143,7 +144,7 @@ def test_hf_engine_in_calls_of_generate_batch_size_returns_every_prompt_in_order
     prompts = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in read_split(prepared["eval_data"], "eval")[:7]]
     engines = {per_call: actor_class(HFRolloutEngine).options(num_cpus=0).remote(  # both start at once
         load_config(None, [*RL_FAST, *([f"rl.generate_batch_size={per_call}"] if per_call else [])]),
-        str(prepared["base_model"]), 1) for per_call in (None, 3)}
+        NodeInputs({"sft_model": str(prepared["base_model"])}), 1) for per_call in (None, 3)}
     answers = {per_call: ray.get(e.generate.remote(prompts, 0, None, 12)) for per_call, e in engines.items()}
     for engine in engines.values():
         ray.kill(engine)

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from configs import load_config
 from flows import vllm_env
+from stages.contract import NodeInputs
 from stages.rl import rollout_engines
 from stages.rl.vllm_engine import VLLMRolloutEngine, runtime_env
 from tests.stage.test_rl_stage import run_rl
@@ -27,7 +28,7 @@ def engine(prepared, vllm_python):
     cfg = load_config(None, ["rl.engine=vllm", f"rl.vllm_python={vllm_python}", "rl.vllm_kv_cache_mib=64"])
     rollout_engines.check(cfg, cluster_gpus=0)
     actor = VLLMRolloutEngine.options(num_cpus=0, runtime_env=runtime_env(vllm_python, 2)).remote(
-        str(prepared["base_model"]), rollout_engines.vllm_options(cfg, 0), 2)
+        NodeInputs({"sft_model": str(prepared["base_model"])}), rollout_engines.vllm_options(cfg, 0), 2)
     ray.get(actor.ready.remote())
     yield actor
     ray.kill(actor)

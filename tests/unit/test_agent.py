@@ -13,6 +13,7 @@ import torch
 from configs import ConfigError, load_config
 from configs.errors import RewardError
 from stages import agent_file
+from stages.contract import NodeInputs
 from stages.rl.episodes import Hosts, run_episodes
 from stages.rl.experience import Sample, place_on_actions, sequence_batch
 from stages.rl.in_process import InProcess
@@ -47,7 +48,7 @@ class Actors:
     def __init__(self, cfg, engine):
         self.backend, self.engines = InProcess(), [engine]
         worker = RewardWorker(1)
-        worker.setup(cfg, {}, ".")
+        worker.setup(cfg, NodeInputs({}), [], ".")
         self.reward = [worker]
 
 
@@ -148,7 +149,7 @@ def test_episodes_are_shared_over_the_reward_workers_in_order(tokenizer):
     cfg = config()
     actors = Actors(cfg, None)
     second = RewardWorker(1)
-    second.setup(cfg, {}, ".")
+    second.setup(cfg, NodeInputs({}), [], ".")
     actors.reward.append(second)
     hosts = Hosts(actors, 3, cfg)
     prompts = [PROMPT, PROMPT.replace("7+14-9", "3+4"), PROMPT.replace("7+14-9", "5-2+1")]

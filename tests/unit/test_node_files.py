@@ -128,3 +128,28 @@ def test_outputs_uploaded_by_the_worker_are_published_without_a_second_upload(tr
     assert sorted(p.name for p in run_folder.iterdir()) == ["MLmodel", "config.json", "model.safetensors"]
     version = client.get_model_version(registry.registered_name("reward_model"), "1")
     assert version.run_id == consumer
+
+
+def test_a_driver_stages_actor_on_another_node_reads_its_own_copy_of_the_inputs(tracking, tmp_path, monkeypatch):
+    """RL's loop hands its actors `NodeInputs`: on a node without the loop's disk, each reads the inputs it
+    names from that node's download of the producing run, not by the loop's path."""
+    import pickle
+
+    from stages.contract import NodeInputs
+
+    uri, client, experiment = tracking
+    producer = stage_run(client, experiment)
+    model = tmp_path / "made" / "sft_model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    client.log_artifacts(producer, str(model), "sft_model")
+    files = node_files.RunFiles(uri, stage_run(client, experiment, "fp2"), {"sft_model": producer, "prompts": producer}, "rl-fp2")
+    monkeypatch.setenv("RLHF_NODE_DIR", str(tmp_path / "node-a"))
+    loop_path = files.fetch_inputs(["sft_model"])["sft_model"]
+    given = pickle.loads(pickle.dumps(NodeInputs({"sft_model": str(loop_path)}, files.fetch_inputs)))  # as Ray sends it
+    monkeypatch.setenv("RLHF_NODE_DIR", str(tmp_path / "node-b"))  # the actor's node
+    on_b = Path(given.path("sft_model"))
+    assert on_b.is_relative_to(tmp_path / "node-b") and (on_b / "config.json").read_text() == "{}"
+    assert on_b == tmp_path / "node-b" / "downloads" / producer / "sft_model"
+    assert not (tmp_path / "node-b" / "downloads" / producer / "prompts").exists()  # only what it asked for
+    assert NodeInputs({"sft_model": str(loop_path)}).path("sft_model") == str(loop_path)  # one disk: the path given
