@@ -223,11 +223,11 @@ def test_async_training_samples_one_update_behind_and_weighs_those_samples(grpo_
     on they come from the weights one update back: the engine's log-probs lag the policy's recomputed ones,
     where the synchronous run's agree (its gap < 1e-4: test_grpo_trains_the_policy_and_syncs_the_engine).
     Step 1's samples are drawn before any update, on-policy in both."""
-    result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.async_train=true", "rl.max_steps=3", "rl.eval_every=3",
+    result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.async_train=true", "rl.eval_every=2",
                                                  "rl.colocate_all=false", "rl.colocate_models=true", "infra.cpus_per_worker=1"])
     gaps = {s: m["rollout/logprob_gap"] for s, m in logged if "train/reward" in m}
-    assert sorted(gaps) == [1, 2, 3]
-    assert gaps[1] < 1e-4 and gaps[2] > 1e-3 and gaps[3] > 1e-3, gaps
+    assert sorted(gaps) == [1, 2]
+    assert gaps[1] < 1e-4 and gaps[2] > 1e-3, gaps
     assert {"eval/accuracy", "eval/reward"} <= set(result.metrics)
 
 
