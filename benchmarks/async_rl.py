@@ -2,7 +2,7 @@
 
     python -m benchmarks run async [--steps N] [--repeats N]
 
-Starts from the tiny preset's SFT policy (its `sft.max_steps` on the base model) and runs the RL stage
+Starts from the tiny preset's SFT policy (its SFT stage as `rlhf run` trains it) and runs the RL stage
 on a local Ray cluster in one layout for both: an HF engine on a bundle of its own, every model on the
 policy's (`rl.engine=hf`, `rl.colocate_models`), the preset's rollout shape, one CPU per bundle. `sync`
 samples, then trains; `async` (`rl.async_train`) draws step t+1's samples while the policy trains on
@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks import grpo_compare, rl_trial, trl_compare
+from benchmarks import rl_trial, trl_compare
 from benchmarks.report import Report, RunOptions
-from configs import load_config
 
 DEFAULT_STEPS = 30  # the tiny preset's RL
 LAYOUT = ["rl.engine=hf", "rl.colocate_all=false", "rl.colocate_models=true", "infra.cpus_per_worker=1",
@@ -37,7 +36,7 @@ LABELS = {"sync": "synchronous, HF engine on its own bundle (`rl.engine=hf`, `rl
 def async_rl(options: RunOptions) -> Report:
     steps, repeats = options.steps or DEFAULT_STEPS, options.repeats_or(3)
     data = trl_compare.tiny_data(options.workdir)
-    policy = grpo_compare.start_policy(options.workdir, data, steps=load_config(None, []).sft.max_steps)
+    policy = rl_trial.preset_policy(options.workdir, data)
     trials: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
     for seed in range(1, repeats + 1):
         for system, overrides in SYSTEMS.items():

@@ -79,12 +79,12 @@ def grpo(options: RunOptions) -> Report:
     return report(steps, repeats, trials)
 
 
-def start_policy(workdir: Path, data: dict[str, Path], steps: int = SFT_STEPS) -> Path:
-    """Our SFT stage on the base model (`steps` steps), once per benchmark run: the policy the systems start from."""
-    work = workdir / ("grpo-start-policy" if steps == SFT_STEPS else f"start-policy-{steps}")
+def start_policy(workdir: Path, data: dict[str, Path]) -> Path:
+    """Our SFT stage on the base model, once per benchmark run: the policy both systems start from."""
+    work = workdir / "grpo-start-policy"
     if not work.exists():
-        print(f"[benchmarks] training the start policy ({steps} SFT steps) ...", flush=True)
-        trl_compare.run_trial("sft", "ours", steps, data, work)
+        print(f"[grpo] training the start policy ({SFT_STEPS} SFT steps) ...", flush=True)
+        trl_compare.run_trial("sft", "ours", SFT_STEPS, data, work)
     return work / "output" / "sft_model"
 
 

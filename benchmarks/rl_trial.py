@@ -1,7 +1,8 @@
 """One RL stage run for the benchmarks that compare RL settings (`async`, `agent`), in a process of its
 own (`trl_compare.run_trial(..., module="benchmarks.rl_trial")`): the tiny preset's GRPO with the
 trial's overrides from a given start policy, on a local Ray cluster; it writes the rollout steps' timers
-and the held-out evals before and after to `result.json`."""
+and the held-out evals before and after to `result.json`. `preset_policy` makes that start policy: the
+tiny preset's own SFT stage, its settings unchanged."""
 
 from __future__ import annotations
 
@@ -12,6 +13,28 @@ from pathlib import Path
 from benchmarks import grpo_compare
 
 EVAL_SAMPLES = 100
+
+
+def preset_policy(workdir: Path, data: dict[str, Path]) -> Path:
+    """The tiny preset's SFT stage on its base model (as `rlhf run` trains it), once per benchmark run."""
+    from benchmarks import trl_compare
+
+    work = workdir / "preset-sft"
+    if not work.exists():
+        print("[benchmarks] training the start policy (the tiny preset's SFT stage) ...", flush=True)
+        trl_compare.run_trial("sft", "preset", 0, data, work, module=__name__)
+    return work / "output" / "sft_model"
+
+
+def sft_main(spec: dict) -> None:
+    from benchmarks.in_process import make_ctx, single_rank_env
+    from configs import load_config
+    from stages import sft
+
+    single_rank_env()
+    work, data = Path(spec["work"]), {name: Path(path) for name, path in spec["data"].items()}
+    sft.run(make_ctx("sft", load_config(None, []), work), {"base_model": data["base_model"], "sft_data": data["sft_data"]})
+    (work / "result.json").write_text(json.dumps({"system": "preset"}))
 
 
 def trial_main(spec: dict) -> None:
@@ -44,4 +67,5 @@ def trial_main(spec: dict) -> None:
 
 
 if __name__ == "__main__":
-    trial_main(json.loads(sys.argv[1]))
+    given = json.loads(sys.argv[1])
+    (sft_main if given["task"] == "sft" else trial_main)(given)
