@@ -140,10 +140,11 @@ def load_reward_backbone(path: Path, model_cfg, **kwargs):
     """The SFT checkpoint with a fresh scalar head (its LM head is dropped); `kwargs` go to `from_pretrained`."""
     source = checkpoint_paths.resolve(path)
     try:
-        return AutoModelForSequenceClassification.from_pretrained(
-            source, num_labels=1, attn_implementation=checkpoint.attn_implementation(model_cfg),
-            trust_remote_code=model_cfg.trust_remote_code, **kwargs,
-        )
+        with checkpoint.new_head():
+            return AutoModelForSequenceClassification.from_pretrained(
+                source, num_labels=1, attn_implementation=checkpoint.attn_implementation(model_cfg),
+                trust_remote_code=model_cfg.trust_remote_code, **kwargs,
+            )
     except Exception as exc:
         raise CheckpointError(f"{source}: cannot load as a reward model ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
 

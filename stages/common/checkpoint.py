@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -77,6 +78,21 @@ def load_causal_lm(path: str | Path, model_cfg: ModelConfig, precision: str = "f
         )
     except Exception as exc:
         raise CheckpointError(f"{source}: cannot load as a causal LM ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
+
+
+@contextmanager
+def new_head():
+    """Loading a causal LM's checkpoint under a scalar head (a reward model, a critic): its LM head goes
+    unused and the new head starts from scratch, as meant; transformers' load report (a table of the two)
+    is left off the terminal, its other warnings not."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def default_device() -> str:

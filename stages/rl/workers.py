@@ -232,10 +232,11 @@ class CriticWorker(TrainerWorker):
         source = checkpoint_paths.resolve(path)
         config = AutoConfig.from_pretrained(source, num_labels=1)
         config.classifier_dropout = 0.0  # values must not change between experience making and training
-        model = AutoModelForTokenClassification.from_pretrained(
-            source, config=config, dtype=checkpoint.DTYPES[self.cfg.infra.precision],
-            attn_implementation=checkpoint.attn_implementation(self.cfg.model), **lora.load_kwargs(self.optim.lora, "rl.critic.lora"),
-        )
+        with checkpoint.new_head():
+            model = AutoModelForTokenClassification.from_pretrained(
+                source, config=config, dtype=checkpoint.DTYPES[self.cfg.infra.precision],
+                attn_implementation=checkpoint.attn_implementation(self.cfg.model), **lora.load_kwargs(self.optim.lora, "rl.critic.lora"),
+            )
         return lora.prepare(model, self.optim.lora, "TOKEN_CLS")[0]  # with LoRA: adapters plus the value head
 
     def _values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
