@@ -25,7 +25,7 @@ from artifacts.metrics import MlflowMetrics
 from artifacts.tracking import TrackingSetup
 from configs.errors import PipelineError, first_line
 from configs.schema import PipelineConfig
-from flows import run_views
+from flows import eval_reuse, run_views
 from flows.ray_cluster import RaySession
 from stages import dag
 from stages.common import checkpoint_paths
@@ -209,9 +209,16 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
     if files is None:
         shutil.rmtree(output_dir, ignore_errors=True)  # a previous, interrupted attempt's partial outputs
         output_dir.mkdir(parents=True)
+    prior = {}
+    if spec.name == "eval":  # the models scored before from the same checkpoint are not scored again
+        scoring_key = stage_fingerprint(spec, cfg, eval_reuse.non_model_inputs(inputs), setup.state_dir)
+        client.set_tag(run_id, eval_reuse.SCORING_TAG, scoring_key)
+        prior = eval_reuse.prior_results(client, experiment_id, scoring_key, inputs)
+        for model, found in prior.items():
+            client.set_tag(run_id, eval_reuse.REUSED_TAG_PREFIX + model, found["run_id"])
     ctx = StageContext(
         stage=spec.name, config=cfg, output_dir=output_dir, work_dir=work_dir,
-        log_metrics=MlflowMetrics(setup.uri, run_id),
+        log_metrics=MlflowMetrics(setup.uri, run_id), prior_results=prior,
     )
     with system_metrics(setup, run_id):
         result = ray_session.run_stage(spec, ctx, local_inputs, files)

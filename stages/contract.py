@@ -50,6 +50,9 @@ class StageContext:
     # with no disk shared between nodes: the stage's inputs (or the named ones) downloaded to the node it is
     # called on, for workers a driver stage starts on other nodes (`node_inputs`)
     fetch_inputs: Callable[..., dict[str, Path]] | None = None
+    # what an earlier run of this stage computed for some of its inputs that are unchanged, by input, for
+    # the stage to take instead of computing it again (eval: a model's metrics and samples; flows/eval_reuse.py)
+    prior_results: dict[str, dict] = field(default_factory=dict)
 
     @property
     def is_main(self) -> bool:

@@ -8,7 +8,9 @@ responses; the mean reward of `eval.samples_per_prompt` responses drawn per prom
 the mean response length (tokens); where `eval.answer_pattern` is set, the exact-match accuracy of the
 greedy and the sampled answers against the labels; and the perplexity of the reference solutions (SFT
 eval split, response tokens only). Reads `reward_model` / `prm` when the reward is the pipeline's own.
-Writes `eval_report/` with `results.json`, `results.md` and per-model generations with their rewards.
+Writes `eval_report/` with `results.json`, `results.md` and per-model generations with their rewards. A
+model an earlier run scored from the same checkpoint with the same data, reward and settings is not
+scored again: the flow hands its metrics and samples in `ctx.prior_results` (flows/eval_reuse.py).
 """
 
 from __future__ import annotations
@@ -119,7 +121,12 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     progress = Progress("eval", len(models), every_s=0)
     results: dict[str, dict[str, float]] = {}
     for i, (name, path) in enumerate(models.items()):
-        metrics, samples = evaluate_model(path, cfg, prompts, sft_eval, scorer)
+        if (prior := ctx.prior_results.get(name)) is not None:  # the same checkpoint, data, reward and settings
+            metrics, samples = prior["metrics"], prior["samples"]
+            print(f"[eval] {name}: scores of MLflow run {prior['run_id']} reused (the same checkpoint, data, reward "
+                  "and settings)", flush=True)
+        else:
+            metrics, samples = evaluate_model(path, cfg, prompts, sft_eval, scorer)
         results[name] = metrics
         with open(out / f"samples_{name}.jsonl", "w") as f:
             f.writelines(json.dumps(s) + "\n" for s in samples)

@@ -277,12 +277,22 @@ def test_reward_models_are_accurate_and_registered(ws, first_run):
 
 def test_force_reruns_the_stage_and_its_consumers_follow(ws, first_run):
     """Nothing changed, but `--force dpo` reruns DPO; eval consumes its new checkpoint, so its fingerprint
-    changes and it reruns too; everything else stays cached."""
+    changes and it reruns too, scoring only the new DPO checkpoint (the other models' scores are the first
+    eval's, per model: flows/eval_reuse.py); everything else stays cached."""
+    (first_eval,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
     result = run_cli(ws, "run", "--force", "dpo")
     assert result.returncode == 0, result.stderr[-3000:]
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "cached", "prm": "cached", "rl": "cached",
                                   "dpo": "ran", "lora_merge": "skipped", "eval": "ran"}
     assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-dpo'")) == 2  # offline, forced
+    for model in ("base", "sft", "rl"):
+        assert f"[eval] {model}: scores of MLflow run {first_eval.info.run_id} reused" in result.stdout
+    assert "[eval] dpo: scores of" not in result.stdout
+    (second_eval,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE
+                      and r.info.run_id != first_eval.info.run_id]
+    assert second_eval.data.tags["rlhf.eval.reused.sft"] == first_eval.info.run_id
+    for key in ("sft/accuracy", "sft/sampled_accuracy", "rl/sampled_accuracy"):
+        assert second_eval.data.metrics[key] == first_eval.data.metrics[key]
 
 
 def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws, cached_rerun):
