@@ -15,14 +15,15 @@ from benchmarks import grpo_compare
 EVAL_SAMPLES = 100
 
 
-def preset_policy(workdir: Path, data: dict[str, Path]) -> Path:
-    """The tiny preset's SFT stage on its base model (as `rlhf run` trains it), once per benchmark run."""
+def preset_policy(workdir: Path, data: dict[str, Path], overrides: list[str] = ()) -> Path:
+    """The tiny preset's SFT stage on its base model (as `rlhf run` trains it, with `overrides`), once per
+    benchmark run and overrides."""
     from benchmarks import trl_compare
 
-    work = workdir / "preset-sft"
+    work = workdir / ("preset-sft" if not overrides else "preset-sft-" + "-".join(o.replace("=", "_") for o in overrides))
     if not work.exists():
         print("[benchmarks] training the start policy (the tiny preset's SFT stage) ...", flush=True)
-        trl_compare.run_trial("sft", "preset", 0, data, work, module=__name__)
+        trl_compare.run_trial("sft", "preset", 0, data, work, module=__name__, overrides=overrides)
     return work / "output" / "sft_model"
 
 
@@ -33,7 +34,8 @@ def sft_main(spec: dict) -> None:
 
     single_rank_env()
     work, data = Path(spec["work"]), {name: Path(path) for name, path in spec["data"].items()}
-    sft.run(make_ctx("sft", load_config(None, []), work), {"base_model": data["base_model"], "sft_data": data["sft_data"]})
+    cfg = load_config(None, spec["overrides"])
+    sft.run(make_ctx("sft", cfg, work), {"base_model": data["base_model"], "sft_data": data["sft_data"]})
     (work / "result.json").write_text(json.dumps({"system": "preset"}))
 
 

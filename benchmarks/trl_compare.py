@@ -83,14 +83,16 @@ def compare(task: str, options: RunOptions) -> Report:
 
 
 @functools.cache
-def tiny_data(workdir: Path) -> dict[str, Path]:
-    """The tiny preset's data prep outputs (base model, tokenizer, datasets), made once per run."""
+def tiny_data(workdir: Path, overrides: list[str] = ()) -> dict[str, Path]:
+    """The tiny preset's data prep outputs (base model, tokenizer, datasets), made once per run (`overrides`:
+    on top of the preset, into a folder of their own)."""
     from benchmarks.in_process import make_ctx
     from configs import load_config
     from stages import data_prep
 
     print("[benchmarks] preparing the tiny preset's data ...", flush=True)
-    return data_prep.run(make_ctx("data_prep", load_config(None, []), workdir / "data"), {}).outputs
+    folder = workdir / ("data" if not overrides else "data-" + "-".join(o.replace("=", "_") for o in overrides))
+    return data_prep.run(make_ctx("data_prep", load_config(None, list(overrides)), folder), {}).outputs
 
 
 def trial_env(**extra: str) -> dict[str, str]:

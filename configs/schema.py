@@ -57,6 +57,9 @@ class SyntheticTaskConfig(Section):
     flawed_share: float = Field(0.25, ge=0.0, lt=1.0, description="share of SFT solutions with an arithmetic slip")
     min_slip: int = Field(1, gt=0, description="smallest error a flawed step makes")
     max_slip: int = Field(2, gt=0, description="largest error a flawed step makes")
+    two_turn_share: float = Field(0.0, ge=0.0, lt=1.0, description="share of SFT rows written as two turns: the "
+                                  "problem's first operation, then the whole problem with its first step given (the "
+                                  "turns of the agents/chained_arithmetic.py environment)")
 
     @model_validator(mode="after")
     def _ranges_ordered(self) -> SyntheticTaskConfig:

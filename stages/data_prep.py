@@ -147,7 +147,8 @@ def synthetic_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, li
     splits = synthetic_task.generate(cfg.data.synthetic, cfg.seed)
 
     def sft(rows):
-        return [sft_row(tokenizer, r["prompt"], r["response"], None) for r in rows]
+        return [sft_row(tokenizer, r["messages"], None, None) if "messages" in r else
+                sft_row(tokenizer, r["prompt"], r["response"], None) for r in rows]
 
     def pref(rows):
         eos = tokenizer.eos_token
@@ -283,7 +284,8 @@ def tokenizer_for(cfg: PipelineConfig):
         tokenizer = checkpoint.load_tokenizer(cfg.model.name_or_path)
     elif cfg.data.source == "synthetic":
         splits = synthetic_task.generate(cfg.data.synthetic, cfg.seed)
-        corpus = [r["prompt"] + "\n" + r["response"] for r in splits.sft_train]
+        corpus = ["\n".join(m["content"] for m in r["messages"]) if "messages" in r else r["prompt"] + "\n" + r["response"]
+                  for r in splits.sft_train]
         tokenizer = tiny_model.train_tokenizer(corpus, cfg.model.tiny.vocab_size)
     else:
         raise DataError("data.source=files needs model.name_or_path (the tiny model only knows the synthetic task)")

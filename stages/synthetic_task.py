@@ -73,6 +73,16 @@ def step_labels(problem: Problem, slip_at: int | None) -> list[str]:
     return ["+" if i < slip_at else "-" for i in range(n_steps)]
 
 
+def two_turns(problem: Problem) -> list[dict]:
+    """The problem as two turns: its first operation, then the whole problem (a two-term one with `+0`
+    after it) with the first step's line already written, as agents/chained_arithmetic.py plays it."""
+    first = Problem(problem.terms[:2], problem.ops[:1])
+    whole = problem if len(problem.terms) > 2 else Problem((*problem.terms, 0), (*problem.ops, "+"))
+    answer = "\n".join(solution_steps(first))
+    return [{"role": "user", "content": first.prompt}, {"role": "assistant", "content": answer},
+            {"role": "user", "content": whole.prompt}, {"role": "assistant", "content": "\n".join(solution_steps(whole))}]
+
+
 def random_problem(rng: random.Random, cfg: SyntheticTaskConfig) -> Problem:
     """Operands in [0, max_operand]; subtraction only where the running value stays non-negative."""
     n_terms = rng.randint(cfg.min_terms, cfg.max_terms)
@@ -145,6 +155,9 @@ def generate(cfg: SyntheticTaskConfig, seed: int) -> SyntheticSplits:
         return random_slip(rng, problem, cfg.min_slip, cfg.max_slip)
 
     def sft_row(problem: Problem, flawed: bool) -> dict:
+        # the share is drawn only when asked for, so the default data stay as they were
+        if cfg.two_turn_share and rng.random() < cfg.two_turn_share:
+            return {"messages": two_turns(problem)}
         slip_at, slip = slip_of(problem) if flawed else (None, 0)
         return {"prompt": problem.prompt, "response": "\n".join(solution_steps(problem, slip_at, slip))}
 

@@ -10,6 +10,9 @@ answer with no `Answer: N` line ends the episode at 0. A two-term prompt `Comput
 held-back part, so every episode takes two turns. The second observation writes a new user turn and
 starts the assistant's answer with the first step, `a+b=X` (the form of the task's worked solutions),
 with the chat markers of the prompt the episode started from: the text around its expression.
+
+Train the SFT policy with `data.synthetic.two_turn_share=0.25` first (a quarter of its rows in these two
+turns): a policy that never saw a second turn answers it at about 0.1, however the first went.
 """
 
 import re

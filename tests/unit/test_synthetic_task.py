@@ -270,3 +270,18 @@ def test_no_running_value_of_a_correct_solution_is_negative(splits):
         assert all(v >= 0 for v in step_values(p)), p
         assert all(0 <= t <= CFG.max_operand for t in p.terms)
         assert CFG.min_terms <= len(p.terms) <= CFG.max_terms
+
+
+def test_two_turn_rows_split_a_problem_as_the_chained_environment_plays_it(splits):
+    from stages.synthetic_task import two_turns
+
+    assert two_turns(P) == [
+        {"role": "user", "content": "Compute 17+5"}, {"role": "assistant", "content": "17+5=22\nAnswer: 22"},
+        {"role": "user", "content": "Compute 17+5-8"}, {"role": "assistant", "content": "17+5=22\n22-8=14\nAnswer: 14"},
+    ]
+    assert two_turns(Problem((3, 4), ("+",)))[2:] == [  # two terms: `+0` is the held-back part
+        {"role": "user", "content": "Compute 3+4+0"}, {"role": "assistant", "content": "3+4=7\n7+0=7\nAnswer: 7"}]
+    mixed = generate(CFG.model_copy(update={"two_turn_share": 0.3}), seed=11)
+    two = [r for r in mixed.sft_train if "messages" in r]
+    assert 0.25 < len(two) / len(mixed.sft_train) < 0.35
+    assert mixed.eval_prompts == splits.eval_prompts and mixed.prompts_train == splits.prompts_train
