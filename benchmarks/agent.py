@@ -23,7 +23,7 @@ ENVIRONMENT = "agents/chained_arithmetic.py"
 # the SFT policy sees two-turn rows too (a quarter of its data): one that never saw a second turn answers
 # it at about 0.1 and RL barely moves it (+0.05 success in 60 steps at the preset's lr; 2e-4, 80 steps: +0.05
 # sampled; 5e-4 collapsed)
-DATA = ["data.synthetic.two_turn_share=0.25"]
+DATA = ("data.synthetic.two_turn_share=0.25",)
 OVERRIDES = [*DATA, f"rl.agent_path={ENVIRONMENT}"]
 
 

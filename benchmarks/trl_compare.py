@@ -83,7 +83,7 @@ def compare(task: str, options: RunOptions) -> Report:
 
 
 @functools.cache
-def tiny_data(workdir: Path, overrides: list[str] = ()) -> dict[str, Path]:
+def tiny_data(workdir: Path, overrides: tuple[str, ...] = ()) -> dict[str, Path]:
     """The tiny preset's data prep outputs (base model, tokenizer, datasets), made once per run (`overrides`:
     on top of the preset, into a folder of their own)."""
     from benchmarks.in_process import make_ctx
