@@ -314,7 +314,7 @@ def test_a_reward_func_that_never_returns_ends_the_stage_and_its_worker(tmp_path
     (tmp_path / "stuck.py").write_text(STUCK_REWARD)
     cfg = load_config(None, ["reward.func_path=stuck.py", "reward.timeout_s=1.5"])
     worker = actor_class(RewardWorker).options(num_cpus=0, runtime_env={"env_vars": {"PID_FILE": str(tmp_path / "pid")}}).remote(1)
-    ray.get(worker.setup.remote(cfg, {}, str(tmp_path)))  # the relative path resolved from the given cwd
+    ray.get(worker.setup.remote(cfg, NodeInputs({}), [], str(tmp_path)))  # the relative path resolved from the given cwd
     started = time.monotonic()
     with pytest.raises(RewardError) as err:
         rl_stage.score(RayActors(), [worker], ["p"] * 3, ["r"] * 3, [None] * 3, cfg.reward)
@@ -345,7 +345,7 @@ def test_a_reward_file_that_fails_to_load_in_the_worker_is_the_users_error(tmp_p
     worker = actor_class(RewardWorker).options(num_cpus=0).remote(1)
     try:
         with pytest.raises(RewardError) as err:
-            ray.get(worker.setup.remote(cfg, {}, str(tmp_path)))
+            ray.get(worker.setup.remote(cfg, NodeInputs({}), [], str(tmp_path)))
     finally:
         ray.kill(worker)
     error = unwrap(err.value)

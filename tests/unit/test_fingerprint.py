@@ -139,6 +139,7 @@ def test_config_subset_follows_overrides_and_is_json():
         "flawed_share": 0.25,
         "min_slip": 5,
         "max_slip": 30,
+        "two_turn_share": 0.0,
     }
     json.dumps(got)  # plain JSON values only
 
