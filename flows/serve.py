@@ -131,12 +131,19 @@ def register_deployments(api: str, pool: str, overrides: list[str], working_dir:
 
 
 def serve_deployments(config: str, api: str, mlflow_port: int | None) -> None:
-    from prefect import serve as prefect_serve
+    """Register the deployments, then say how to run them, then serve them (as `prefect.serve`, with the
+    lines below printed only once `prefect deployment run` can find what they name)."""
+    import asyncio
+
+    from prefect.exceptions import TerminationSignal
+    from prefect.runner import Runner
 
     from flows.pipeline import FLOW_NAME, rlhf_pipeline
 
-    deployments = [rlhf_pipeline.to_deployment(name=name, parameters={"config": config, **params}, description=description)
-                   for name, (params, description) in DEPLOYMENTS.items()]
+    runner = Runner(pause_on_shutdown=True)
+    for name, (params, description) in DEPLOYMENTS.items():
+        runner.add_deployment(rlhf_pipeline.to_deployment(name=name, parameters={"config": config, **params},
+                                                          description=description))
     ui = api.removesuffix("/api")
     print(f"Prefect UI:  {ui}", flush=True)
     if mlflow_port:
@@ -145,4 +152,7 @@ def serve_deployments(config: str, api: str, mlflow_port: int | None) -> None:
           f"  prefect deployment run {FLOW_NAME}/full --watch\n"
           f"  prefect deployment run {FLOW_NAME}/full --watch -p overrides='[\"sft.lr=3e-4\"]' -p force='[\"rm\"]'\n"
           f"  prefect deployment run {FLOW_NAME}/stage --watch -p only='[\"rm\"]'", flush=True)
-    prefect_serve(*deployments, print_starting_message=False)
+    try:
+        asyncio.run(runner.start())
+    except (KeyboardInterrupt, TerminationSignal):  # the serve's own stop: its caller shuts the servers down
+        pass
