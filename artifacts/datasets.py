@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import warnings
 from pathlib import Path
 
@@ -116,6 +117,17 @@ def digests(inputs: list[DatasetInput]) -> dict[str, str]:
     return {f"{i.dataset.name}/{context(i)}": i.dataset.digest for i in inputs}
 
 
-def log(client: MlflowClient, run_id: str, inputs: list[DatasetInput]) -> None:
-    if inputs:
-        client.log_inputs(run_id, datasets=inputs)
+def log(client: MlflowClient, run_id: str, inputs: list[DatasetInput], tries: int = 3) -> None:
+    """The datasets as the run's inputs. Two stages that start together and read the same dataset (RL and
+    DPO both read the prompts) may both insert its row; on SQLite the second insert fails on the unique
+    key, and a second try finds the row the other made."""
+    if not inputs:
+        return
+    for attempt in range(tries):
+        try:
+            client.log_inputs(run_id, datasets=inputs)
+            return
+        except MlflowException as exc:
+            if "UNIQUE constraint failed" not in str(exc) or attempt == tries - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
