@@ -48,12 +48,16 @@ def start(command: list[str], health_url: str, what: str, log: Path, env: dict |
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, **(env or {})})
     deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise PipelineError(f"{what} exited with code {proc.returncode} while starting; see {log}")
-        if answers(health_url):
-            return proc
-        time.sleep(0.5)
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise PipelineError(f"{what} exited with code {proc.returncode} while starting; see {log}")
+            if answers(health_url):
+                return proc
+            time.sleep(0.5)
+    except BaseException:  # stopped (SIGTERM, Ctrl-C) while it started: nothing is left running
+        stop(proc)
+        raise
     stop(proc)
     raise PipelineError(f"{what} did not answer at {health_url} within {START_TIMEOUT_S} s; see {log}")
 
@@ -95,12 +99,19 @@ def mlflow_ui(uri: str, state_dir: Path, port: int) -> subprocess.Popen:
     return start(mlflow_ui_command(uri, port), url + "/health", "the MLflow UI", state_dir / "logs" / "mlflow-ui.log")
 
 
+def terminated(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def serve(config: str | None, prefect_port: int, mlflow_port: int | None) -> None:
     from artifacts import tracking
     from configs import load_config
 
     setup = tracking.resolve(load_config(config).tracking)
     started: list[subprocess.Popen] = []
+    # a SIGTERM before the runner takes it over (while the servers start, the deployments register) ends
+    # the serve through `finally`, not at once with its servers left running
+    signal.signal(signal.SIGTERM, terminated)
     try:
         api, proc = prefect_server(setup.state_dir, prefect_port)
         started += [proc] if proc else []
