@@ -4,7 +4,7 @@
 
 Starts from the tiny preset's SFT policy trained on data with a quarter of its rows in two turns
 (`data.synthetic.two_turn_share=0.25`: the format the environment plays) and runs the RL stage with
-`rl.agent_path=agents/chained_arithmetic.py` (configs/agents/: `Compute a+b-c` in two turns, the second
+`rl.agent.path=agents/chained_arithmetic.py` (configs/agents/: `Compute a+b-c` in two turns, the second
 building on the policy's own first answer; reward 1 for the right final answer), the preset's GRPO
 otherwise (constant learning rate), on a local Ray cluster. Success rate: the mean return of the held-out episodes (0/1
 rewards), greedy and sampled (`eval.samples_per_prompt` per prompt at `eval.sample_temperature`), before
@@ -24,7 +24,7 @@ ENVIRONMENT = "agents/chained_arithmetic.py"
 # it at about 0.1 and RL barely moves it (+0.05 success in 60 steps at the preset's lr; 2e-4, 80 steps: +0.05
 # sampled; 5e-4 collapsed). From the two-turn SFT policy, lr 2e-4 did worse than the preset's 1e-4.
 DATA = ("data.synthetic.two_turn_share=0.25",)
-OVERRIDES = [*DATA, f"rl.agent_path={ENVIRONMENT}"]
+OVERRIDES = [*DATA, f"rl.agent.path={ENVIRONMENT}"]
 
 
 def agent(options: RunOptions) -> Report:

@@ -4,8 +4,8 @@
 
 Starts from the tiny preset's SFT policy (its SFT stage as `rlhf run` trains it) and runs the RL stage
 on a local Ray cluster in one layout for both: an HF engine on a bundle of its own, every model on the
-policy's (`rl.engine=hf`, `rl.colocate_models`), the preset's rollout shape, one CPU per bundle. `sync`
-samples, then trains; `async` (`rl.async_train`) draws step t+1's samples while the policy trains on
+policy's (`rl.rollout.engine=hf`, `rl.placement.colocate_models`), the preset's rollout shape, one CPU per bundle. `sync`
+samples, then trains; `async` (`rl.rollout.async_train`) draws step t+1's samples while the policy trains on
 step t's. The tiny preset's own layout (the hybrid engine, every group colocated) runs beside them for
 reference. Each repeat uses its own seed (sampling and prompt order; the start policy is shared), the
 systems alternating within a repeat. Samples/s counts the rollout steps' timers (for async the
@@ -21,15 +21,15 @@ from benchmarks import rl_trial, trl_compare
 from benchmarks.report import Report, RunOptions
 
 DEFAULT_STEPS = 30  # the tiny preset's RL
-LAYOUT = ["rl.engine=hf", "rl.colocate_all=false", "rl.colocate_models=true", "infra.cpus_per_worker=1",
-          "rl.recompute_old_log_probs=true"]
+LAYOUT = ["rl.rollout.engine=hf", "rl.placement.colocate_all=false", "rl.placement.colocate_models=true", "infra.cpus_per_worker=1",
+          "rl.algorithm.recompute_old_log_probs=true"]
 SYSTEMS = {
     "sync": LAYOUT,
-    "async": [*LAYOUT, "rl.async_train=true"],
+    "async": [*LAYOUT, "rl.rollout.async_train=true"],
     "preset": [],  # the tiny preset's hybrid layout: the policy rank samples with its own weights
 }
-LABELS = {"sync": "synchronous, HF engine on its own bundle (`rl.engine=hf`, `rl.colocate_models`)",
-          "async": "`rl.async_train`, the same layout",
+LABELS = {"sync": "synchronous, HF engine on its own bundle (`rl.rollout.engine=hf`, `rl.placement.colocate_models`)",
+          "async": "`rl.rollout.async_train`, the same layout",
           "preset": "synchronous, the preset's hybrid layout (policy rank samples, all colocated)"}
 
 

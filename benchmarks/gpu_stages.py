@@ -63,10 +63,10 @@ def settings(args, zero: int) -> list[str]:
     cuda, n = args.device == "cuda", args.steps
     mb = 8 if args.tiny else args.micro_batch
     prompts, new_tokens = (4, 8) if args.tiny else (16, 24)  # the CPU run only walks the code paths
-    out = [f"infra.zero_stage={zero}", f"infra.precision={'bf16' if cuda else 'fp32'}", "rl.engine=auto",
-           "rl.advantage_estimator=group_norm", "rl.max_steps=2", f"rl.rollout_batch_size={prompts // 2}",
-           "rl.n_samples_per_prompt=4", f"rl.train_batch_size={prompts * 2}", f"rl.micro_train_batch_size={prompts}",
-           "rl.micro_rollout_batch_size=32", f"rl.generate_max_len={new_tokens}", "rl.eval_every=100",
+    out = [f"infra.zero_stage={zero}", f"infra.precision={'bf16' if cuda else 'fp32'}", "rl.rollout.engine=auto",
+           "rl.algorithm.advantage_estimator=group_norm", "rl.max_steps=2", f"rl.rollout.batch_size={prompts // 2}",
+           "rl.rollout.n_samples_per_prompt=4", f"rl.train_batch_size={prompts * 2}", f"rl.micro_train_batch_size={prompts}",
+           "rl.rollout.micro_batch_size=32", f"rl.rollout.generate_max_len={new_tokens}", "rl.eval_every=100",
            "rl.save_every=100", f"eval.max_samples={prompts}", "eval.samples_per_prompt=2",
            f"eval.max_new_tokens={new_tokens}", "eval.batch_size=32",
            f"sft.micro_batch_size={mb}", f"rm.micro_batch_size={max(mb // 2, 1)}", f"dpo.micro_batch_size={max(mb // 2, 1)}"]
@@ -133,7 +133,7 @@ def rates(stage: str, logged: list[tuple[dict, int]], cfg) -> tuple[float | None
         if not steps:
             return None, None
         trained = sum(m["rollout/tokens"] * cfg.rl.max_epochs for m in steps) / sum(m["time/training"] for m in steps)
-        samples = cfg.rl.rollout_batch_size * cfg.rl.n_samples_per_prompt
+        samples = cfg.rl.rollout.batch_size * cfg.rl.rollout.n_samples_per_prompt
         generated = sum(m["train/response_length"] * samples for m in steps) / sum(m["time/generation"] for m in steps)
         return trained, generated
     return None, None

@@ -4,17 +4,17 @@
 
 Both systems start from the same policy (the tiny preset's base model after a short SFT run of our
 stage, made once per benchmark run) and train on the prompts of data prep's `prompts` split with the
-same rule reward (`rewards/arithmetic.py`), the same rollout shape (`rl.rollout_batch_size` prompts x
-`rl.n_samples_per_prompt` samples of at most `rl.generate_max_len` tokens, temperature 1, no top-k /
+same rule reward (`rewards/arithmetic.py`), the same rollout shape (`rl.rollout.batch_size` prompts x
+`rl.rollout.n_samples_per_prompt` samples of at most `rl.rollout.generate_max_len` tokens, temperature 1, no top-k /
 top-p), the same optimizer steps per rollout (`train_batch_size` samples in micro-batches of
 `micro_train_batch_size`, one epoch), clip range, learning rate (constant), group-normalized
 advantages and the k3 KL loss against the frozen start model at the preset's coefficient. fp32 on
 the CPU. Ours runs as the pipeline runs it: a local Ray cluster, the policy as a DeepSpeed rank in a
 Ray actor and the reward scorer in another, colocated on the 2 cores. Three rows of ours: as the tiny
-preset runs (`rl.engine=hybrid`: the policy rank samples with the weights it trains and holds the
+preset runs (`rl.rollout.engine=hybrid`: the policy rank samples with the weights it trains and holds the
 reference; the log-probs it sampled with are the old ones); the same with the old log-probs
 recomputed by a forward pass after sampling, as TRL does here (TRL's work); and the engine-actor
-layout of the GPU presets (`rl.engine=hf`: an HF `generate` engine and the reference in actors of
+layout of the GPU presets (`rl.rollout.engine=hf`: an HF `generate` engine and the reference in actors of
 their own, the weights synced into the engine each step), compared with the preset's row. TRL runs
 in one process, generating with the policy itself (no vLLM on a CPU).
 
@@ -49,7 +49,7 @@ DEFAULT_STEPS = 16
 # Our stage's rows. `ours` runs as the tiny preset does; TRL recomputes the old log-probs with the policy
 # after sampling (its steps per generation exceed its gradient accumulation), which `ours_recompute`
 # does too; `ours_actors` is the engine-actor layout of the GPU presets.
-OUR_ROWS = {"ours": [], "ours_recompute": ["rl.recompute_old_log_probs=true"], "ours_actors": ["rl.engine=hf"]}
+OUR_ROWS = {"ours": [], "ours_recompute": ["rl.algorithm.recompute_old_log_probs=true"], "ours_actors": ["rl.rollout.engine=hf"]}
 SYSTEMS = (*OUR_ROWS, "trl", "trl_ray")
 # (numerator, denominator): label of the ratio row
 RATIO_ROWS = {("ours", "trl"): "ours / TRL",
@@ -101,7 +101,7 @@ def report(steps: int, repeats: int, trials: dict[str, list[dict]]) -> Report:
     stage = "`stages.rl` (Ray; DeepSpeed ZeRO-{zero} policy rank sampling itself, reward actor)".format(zero=first["zero_stage"])
     labels = {"ours": f"ours: {stage}, as the tiny preset runs",
               "ours_recompute": "ours, old log-probs recomputed after sampling (TRL's work)",
-              "ours_actors": "ours, `rl.engine=hf`: HF engine and reference in actors of their own, weight sync",
+              "ours_actors": "ours, `rl.rollout.engine=hf`: HF engine and reference in actors of their own, weight sync",
               "trl": f"TRL {version} `GRPOTrainer` (one process, HF generate)",
               "trl_ray": f"TRL {version} `GRPOTrainer`, the same trial as a task on a local Ray cluster (control)"}
     columns = ["system", "samples/s (median)", "response tokens/s", "samples/s per trial",
@@ -146,7 +146,7 @@ def ours(cfg, data: dict[str, Path], work: Path) -> dict:
     ctx = make_ctx("rl", cfg, work, lambda metrics, step: steps.append(metrics) if "rollout/samples_per_s" in metrics else None)
     with local_cluster(cfg.infra.num_cpus, log_to_driver=False):  # as the flow starts one
         rl_stage.run(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
-    per_step = cfg.rl.rollout_batch_size * cfg.rl.n_samples_per_prompt
+    per_step = cfg.rl.rollout.batch_size * cfg.rl.rollout.n_samples_per_prompt
     parts = {f"{p}_s": sum(m.get(f"time/{p}", 0.0) for m in steps) for p in PARTS}
     return {"samples": per_step * len(steps), "response_tokens": sum(m["train/response_length"] * per_step for m in steps),
             "seconds": sum(parts.values()), **parts, "zero_stage": cfg.infra.zero_stage}
@@ -168,15 +168,15 @@ def trl(cfg, data: dict[str, Path], work: Path) -> dict:
 
     rows = read_split(data["prompts"], "train")
     dataset = Dataset.from_list([{"prompt": r["prompt"], "label": r["label"]} for r in rows])
-    per_rollout = rl.rollout_batch_size * rl.n_samples_per_prompt
+    per_rollout = rl.rollout.batch_size * rl.rollout.n_samples_per_prompt
     # the policy's optimizer settings as our policy rank gets them (stages/rl/workers.py)
     train = TrainingConfig(**rl.actor.model_dump(exclude={"num_workers"}), micro_batch_size=rl.micro_train_batch_size,
                            grad_accum_steps=rl.train_batch_size // rl.micro_train_batch_size)
     common = trl_compare.trl_training_args(cfg, train, rl.max_steps * per_rollout // rl.train_batch_size, work)
     args = GRPOConfig(
-        **common, steps_per_generation=per_rollout // rl.micro_train_batch_size, num_generations=rl.n_samples_per_prompt,
-        max_completion_length=rl.generate_max_len, temperature=rl.temperature, top_p=1.0, top_k=0,
-        beta=rl.init_kl_coef, num_iterations=rl.max_epochs, epsilon=rl.eps_clip_low, epsilon_high=rl.eps_clip_high,
+        **common, steps_per_generation=per_rollout // rl.micro_train_batch_size, num_generations=rl.rollout.n_samples_per_prompt,
+        max_completion_length=rl.rollout.generate_max_len, temperature=rl.rollout.temperature, top_p=1.0, top_k=0,
+        beta=rl.algorithm.init_kl_coef, num_iterations=rl.max_epochs, epsilon=rl.algorithm.eps_clip_low, epsilon_high=rl.algorithm.eps_clip_high,
         # bnpo: the token mean of each micro-batch (ours: of each optimizer step); the same work either way
         scale_rewards="group", loss_type="bnpo",
     )
@@ -249,15 +249,15 @@ def trial_main(spec: dict) -> None:
     rl = cfg.rl
     measured = {"trl": trl, "trl_ray": trl_in_ray}.get(spec["system"], ours)(cfg, data, work)
     result = {
-        "system": spec["system"], "rollout_steps": spec["steps"], "prompts": rl.rollout_batch_size,
-        "group_size": rl.n_samples_per_prompt, "max_new_tokens": rl.generate_max_len,
-        "optimizer_steps_per_rollout": rl.rollout_batch_size * rl.n_samples_per_prompt // rl.train_batch_size,
+        "system": spec["system"], "rollout_steps": spec["steps"], "prompts": rl.rollout.batch_size,
+        "group_size": rl.rollout.n_samples_per_prompt, "max_new_tokens": rl.rollout.generate_max_len,
+        "optimizer_steps_per_rollout": rl.rollout.batch_size * rl.rollout.n_samples_per_prompt // rl.train_batch_size,
         **measured, "samples_per_s": measured["samples"] / measured["seconds"],
         "tokens_per_s": measured["response_tokens"] / measured["seconds"], "torch_threads": torch.get_num_threads(),
-        "settings": {"precision": cfg.infra.precision, "lr": rl.actor.lr, "kl_coef": rl.init_kl_coef,
-                     "kl_estimator": rl.kl_estimator, "train_batch_size": rl.train_batch_size,
+        "settings": {"precision": cfg.infra.precision, "lr": rl.actor.lr, "kl_coef": rl.algorithm.init_kl_coef,
+                     "kl_estimator": rl.algorithm.kl_estimator, "train_batch_size": rl.train_batch_size,
                      "micro_train_batch_size": rl.micro_train_batch_size, "sft_steps": SFT_STEPS,
-                     "recompute_old_log_probs": rl.recompute_old_log_probs, "engine": rl.engine},
+                     "recompute_old_log_probs": rl.algorithm.recompute_old_log_probs, "engine": rl.rollout.engine},
     }
     (work / "result.json").write_text(json.dumps(result))
 

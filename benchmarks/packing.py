@@ -89,7 +89,7 @@ def stage_batch(stage: str, rows, gen, device: str = "cpu"):
     batch = on(batch, device)
     mask = batch["action_mask"]
     if stage == "rl_policy":
-        return batch, lambda model, packed: actor_loss(model, batch, RLConfig(use_kl_loss=False, packing=packed), None)[0]
+        return batch, lambda model, packed: actor_loss(model, batch, RLConfig(algorithm={"use_kl_loss": False}, packing=packed), None)[0]
     return batch, lambda model, packed: value_loss(critic_values(model, batch, packed), batch["values"], batch["returns"],
                                                    mask, 0.2)
 

@@ -39,6 +39,11 @@ class Report:
         return {"title": self.title, "columns": self.columns, "rows": self.rows, **self.data}
 
 
+def folder_for(workdir: Path, name: str, overrides) -> Path:
+    """A scratch folder per set of config overrides: `name`, or `name-key_value-...`."""
+    return workdir / "-".join([name, *(o.replace("=", "_") for o in overrides)])
+
+
 def add_result_args(parser, out: str) -> None:
     """A standalone benchmark's `--out` (the JSON it writes) and `--report` (render a saved one instead)."""
     parser.add_argument("--out", default=out)

@@ -17,11 +17,11 @@ from benchmarks.report import Report, RunOptions
 
 DEFAULT_STEPS = 8
 VARIANTS = {
-    "GRPO (KL loss, reference)": ["rl.advantage_estimator=group_norm"],
-    "RLOO (no reference)": ["rl.advantage_estimator=rloo", "rl.init_kl_coef=0", "rl.use_kl_loss=false"],
-    "REINFORCE++-baseline (KL in the reward)": ["rl.advantage_estimator=reinforce_baseline", "rl.use_kl_loss=false",
-                                                "rl.init_kl_coef=0.01"],
-    "PPO (critic + reference, GAE)": ["rl.advantage_estimator=gae", "rl.use_kl_loss=false", "rl.init_kl_coef=0.05"],
+    "GRPO (KL loss, reference)": ["rl.algorithm.advantage_estimator=group_norm"],
+    "RLOO (no reference)": ["rl.algorithm.advantage_estimator=rloo", "rl.algorithm.init_kl_coef=0", "rl.algorithm.use_kl_loss=false"],
+    "REINFORCE++-baseline (KL in the reward)": ["rl.algorithm.advantage_estimator=reinforce_baseline", "rl.algorithm.use_kl_loss=false",
+                                                "rl.algorithm.init_kl_coef=0.01"],
+    "PPO (critic + reference, GAE)": ["rl.algorithm.advantage_estimator=gae", "rl.algorithm.use_kl_loss=false", "rl.algorithm.init_kl_coef=0.05"],
 }
 
 
@@ -41,5 +41,5 @@ def rl(options: RunOptions) -> Report:
             for name, r in results.items()]
     first = next(iter(results.values()))
     title = (f"RL stage by algorithm, tiny preset: {steps} rollout steps of {first['prompts']} prompts x "
-             f"{first['group_size']} samples, every actor colocated on the CPU's cores, rl.engine={first['settings']['engine']}")
+             f"{first['group_size']} samples, every actor colocated on the CPU's cores, rl.rollout.engine={first['settings']['engine']}")
     return Report(title, columns, rows, data={"variants": results, "overrides": VARIANTS})

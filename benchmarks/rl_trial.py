@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import grpo_compare
+from benchmarks.report import folder_for
 
 EVAL_SAMPLES = 100
 
@@ -20,7 +21,7 @@ def preset_policy(workdir: Path, data: dict[str, Path], overrides: list[str] = (
     benchmark run and overrides."""
     from benchmarks import trl_compare
 
-    work = workdir / ("preset-sft" if not overrides else "preset-sft-" + "-".join(o.replace("=", "_") for o in overrides))
+    work = folder_for(workdir, "preset-sft", overrides)
     if not work.exists():
         print("[benchmarks] training the start policy (the tiny preset's SFT stage) ...", flush=True)
         trl_compare.run_trial("sft", "preset", 0, data, work, module=__name__, overrides=overrides)
@@ -59,7 +60,7 @@ def trial_main(spec: dict) -> None:
     with local_cluster(cfg.infra.num_cpus, log_to_driver=False):
         result = rl_stage.run(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
     parts = {f"{p}_s": sum(m.get(f"time/{p}", 0.0) for m in steps) for p in grpo_compare.PARTS}
-    samples = cfg.rl.rollout_batch_size * cfg.rl.n_samples_per_prompt * len(steps)
+    samples = cfg.rl.rollout.batch_size * cfg.rl.rollout.n_samples_per_prompt * len(steps)
     (work / "result.json").write_text(json.dumps({
         "system": spec["system"], "overrides": spec["overrides"], "rollout_steps": len(steps), "samples": samples,
         "seconds": sum(parts.values()), **parts, "samples_per_s": samples / sum(parts.values()),

@@ -6,8 +6,8 @@ several batch sizes.
 Both are the RL stage's own engine actors (`HFRolloutEngine`, `VLLMRolloutEngine`) on a local Ray
 cluster, each with the machine's cores, holding the same policy (the tiny base model after a short
 SFT run, shared with the GRPO benchmark) and sampling the same prompts at temperature 1 for up to
-`rl.generate_max_len` tokens. The HF engine gets the whole batch in one `generate` call
-(`rl.micro_rollout_batch_size` = the batch size). vLLM runs from the environment that
+`rl.rollout.generate_max_len` tokens. The HF engine gets the whole batch in one `generate` call
+(`rl.rollout.micro_batch_size` = the batch size). vLLM runs from the environment that
 `flows.vllm_env.machine_cache_python` finds or makes (RLHF_VLLM_PYTHON, else ~/.cache/rlhf-pipeline).
 Engine start-up falls outside the timing; each batch size is timed `--repeats` times per engine,
 alternating, and the table gives medians.
@@ -43,7 +43,7 @@ def rollout(options: RunOptions) -> Report:
     policy = str(grpo_compare.start_policy(options.workdir, data))
     vllm_python = vllm_env.machine_cache_python()
     biggest = max(BATCH_SIZES)
-    cfg = load_config(None, [f"rl.micro_rollout_batch_size={biggest}", "rl.engine=vllm", f"rl.vllm_python={vllm_python}"])
+    cfg = load_config(None, [f"rl.rollout.micro_batch_size={biggest}", "rl.rollout.engine=vllm", f"rl.rollout.vllm_python={vllm_python}"])
     threads = cfg.infra.num_cpus
     tokenizer = checkpoint.load_tokenizer(policy)
     prompts = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
@@ -65,14 +65,14 @@ def rollout(options: RunOptions) -> Report:
                 for name in ENGINES:  # alternate
                     start = time.monotonic()
                     samples = ray.get(engines[name].generate.remote(
-                        prompts[:batch], cfg.seed + repeat, cfg.rl.temperature, cfg.rl.generate_max_len))
+                        prompts[:batch], cfg.seed + repeat, cfg.rl.rollout.temperature, cfg.rl.rollout.generate_max_len))
                     seconds = time.monotonic() - start
                     tokens = sum(len(s.response_ids) for s in samples)
                     trials[name][batch].append({"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds})
             print(f"[rollout] batch {batch}: " + ", ".join(
                 f"{name} {statistics.median(t['tokens_per_s'] for t in trials[name][batch]):,.0f} tokens/s"
                 for name in ENGINES), flush=True)
-    return report(trials, repeats, cfg.rl.generate_max_len, threads)
+    return report(trials, repeats, cfg.rl.rollout.generate_max_len, threads)
 
 
 def report(trials: dict[str, dict[int, list[dict]]], repeats: int, max_new_tokens: int, threads: int) -> Report:

@@ -11,8 +11,8 @@ attention kernels): each costs a futex call.
 
 Each trial is a fresh process with OMP_NUM_THREADS set to the preset's cores, holding the tiny
 preset's base model: `--steps` training steps (forward, backward, AdamW) on micro-batches of
-`rl.micro_train_batch_size` sequences of prompt plus `rl.generate_max_len` tokens, then two
-`generate` calls of one rollout's shape (`rl.rollout_batch_size` x `rl.n_samples_per_prompt`
+`rl.micro_train_batch_size` sequences of prompt plus `rl.rollout.generate_max_len` tokens, then two
+`generate` calls of one rollout's shape (`rl.rollout.batch_size` x `rl.rollout.n_samples_per_prompt`
 sequences, temperature 1, the faster of the two counts). The two settings alternate; the table
 gives medians over the trials.
 """
@@ -85,10 +85,10 @@ def trial(spec: dict) -> dict:
     tokenizer = checkpoint.load_tokenizer(spec["model"])
     model = AutoModelForCausalLM.from_pretrained(spec["model"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    prompt_len = rl.prompt_max_len // 2
+    prompt_len = rl.rollout.prompt_max_len // 2
     vocab = model.config.vocab_size
-    batch = torch.randint(len(tokenizer.all_special_ids), vocab, (rl.micro_train_batch_size, prompt_len + rl.generate_max_len))
-    prompts = batch[:1, :prompt_len].repeat(rl.rollout_batch_size * rl.n_samples_per_prompt, 1)
+    batch = torch.randint(len(tokenizer.all_special_ids), vocab, (rl.micro_train_batch_size, prompt_len + rl.rollout.generate_max_len))
+    prompts = batch[:1, :prompt_len].repeat(rl.rollout.batch_size * rl.rollout.n_samples_per_prompt, 1)
 
     step_ms = []
     for step in range(WARMUP_STEPS + spec["steps"]):
@@ -104,11 +104,11 @@ def trial(spec: dict) -> dict:
     with torch.no_grad():
         for _ in range(2):
             start = time.perf_counter()
-            model.generate(prompts, max_new_tokens=rl.generate_max_len, min_new_tokens=rl.generate_max_len,
+            model.generate(prompts, max_new_tokens=rl.rollout.generate_max_len, min_new_tokens=rl.rollout.generate_max_len,
                            do_sample=True, temperature=1.0, pad_token_id=tokenizer.pad_token_id)
             generate_s.append(time.perf_counter() - start)
     return {"train_ms": statistics.median(step_ms), "generate_s": min(generate_s), "torch_threads": torch.get_num_threads(),
-            "batch": batch.shape[0], "width": batch.shape[1], "rollout": prompts.shape[0], "new_tokens": rl.generate_max_len}
+            "batch": batch.shape[0], "width": batch.shape[1], "rollout": prompts.shape[0], "new_tokens": rl.rollout.generate_max_len}
 
 
 if __name__ == "__main__":

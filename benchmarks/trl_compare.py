@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.report import Report, RunOptions
+from benchmarks.report import Report, RunOptions, folder_for
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_STEPS = {"sft": 100, "dpo": 100}
@@ -91,7 +91,7 @@ def tiny_data(workdir: Path, overrides: tuple[str, ...] = ()) -> dict[str, Path]
     from stages import data_prep
 
     print("[benchmarks] preparing the tiny preset's data ...", flush=True)
-    folder = workdir / ("data" if not overrides else "data-" + "-".join(o.replace("=", "_") for o in overrides))
+    folder = folder_for(workdir, "data", overrides)
     return data_prep.run(make_ctx("data_prep", load_config(None, list(overrides)), folder), {}).outputs
 
 

@@ -29,10 +29,10 @@ def config(size: str, mode: str, steps: int):
     from configs import load_config
 
     return load_config(None, [*SIZES[size], "data.synthetic.num_train=64", "data.synthetic.num_eval=8",
-                              "data.synthetic.num_prompts=64", "rl.engine=hf", "rl.colocate_all=true",
-                              f"rl.weight_sync={mode}", f"rl.max_steps={steps}", "rl.rollout_batch_size=2",
-                              "rl.n_samples_per_prompt=2", "rl.train_batch_size=4", "rl.micro_train_batch_size=4",
-                              "rl.generate_max_len=8", "rl.use_kl_loss=false", "rl.init_kl_coef=0",
+                              "data.synthetic.num_prompts=64", "rl.rollout.engine=hf", "rl.placement.colocate_all=true",
+                              f"rl.rollout.weight_sync={mode}", f"rl.max_steps={steps}", "rl.rollout.batch_size=2",
+                              "rl.rollout.n_samples_per_prompt=2", "rl.train_batch_size=4", "rl.micro_train_batch_size=4",
+                              "rl.rollout.generate_max_len=8", "rl.algorithm.use_kl_loss=false", "rl.algorithm.init_kl_coef=0",
                               "rl.eval_every=1000", "rl.save_every=1000", "eval.max_samples=2",
                               "eval.samples_per_prompt=0", "eval.max_new_tokens=4"])
 

@@ -1,4 +1,4 @@
-"""The advantage estimators (`rl.advantage_estimator`), declared once: what each needs and how the RL
+"""The advantage estimators (`rl.algorithm.advantage_estimator`), declared once: what each needs and how the RL
 stage treats it. The schema validates against this registry; `stages/rl/advantages.py` computes with
 it (its `SHAPINGS` hold the tensor math each entry names).
 
@@ -24,7 +24,7 @@ class Estimator:
     needs_critic: bool = False  # learns a value function (GAE): the stage trains a critic
     grouped: bool = False  # compares the n samples of a prompt: needs n_samples_per_prompt > 1 and gamma 1
     whiten: bool = False  # batch-wide advantage normalisation after the returns are computed (as OpenRLHF)
-    aggregation: LossAggregation = "token_mean"  # the policy loss's default `rl.loss_aggregation`
+    aggregation: LossAggregation = "token_mean"  # the policy loss's default `rl.algorithm.loss_aggregation`
 
 
 ESTIMATORS = Registry("advantage estimator", (

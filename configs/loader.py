@@ -9,7 +9,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from configs.errors import ConfigError
-from configs.schema import PipelineConfig
+from configs.schema import PipelineConfig, moved_key
 
 PRESET_DIR = Path(__file__).parent
 DEFAULT_PRESET = "tiny"
@@ -37,6 +37,9 @@ def _set_dotted(tree: dict, dotted: str, value: Any, model: type[BaseModel], ori
     for i, key in enumerate(keys):
         fields = schema.model_fields if schema is not None else {}
         if schema is not None and key not in fields:
+            moved = moved_key(".".join(keys[: i + 1]))
+            if moved:
+                raise ConfigError(f"{origin}: {'.'.join(keys[: i + 1])} is now {moved}{'.'.join(['', *keys[i + 1:]])}")
             raise ConfigError(f"{origin}: unknown key {'.'.join(keys[: i + 1])!r} (expected one of: {', '.join(fields)})")
         if i == len(keys) - 1:
             node[key] = value

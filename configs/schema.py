@@ -415,19 +415,14 @@ DEFAULT_AGGREGATIONS = ", ".join(
     [f"{e.aggregation} for {e.name}" for e in ESTIMATORS.values() if e.aggregation != "token_mean"] + ["token_mean otherwise"])
 
 
-# async training's truncated importance-weight cap when rl.rollout_is_cap is left empty (the stale samples'
+# async training's truncated importance-weight cap when rl.algorithm.rollout_is_cap is left empty (the stale samples'
 # ratio of the trainer's to the engine's probabilities, capped as in truncated IS)
 ASYNC_IS_CAP = 2.0
 
 
-class RLConfig(Section):
-    """Online RL from the SFT policy (OpenRLHF's PPO family). Batch sizes count sequences
-    (prompts x samples) except `rollout_batch_size`, which counts prompts, as in OpenRLHF."""
+class RolloutConfig(Section):
+    """How RL samples: the rollout engines and the sampling itself."""
 
-    advantage_estimator: Annotated[str, ESTIMATORS] = Field("group_norm", description=ESTIMATORS.described())
-    actor: RLModelConfig = RLModelConfig(lr=5e-7)
-    critic: RLModelConfig = RLModelConfig(lr=9e-6)
-    # rollouts
     engine: Literal["auto", "hf", "vllm", "hybrid"] = Field(
         "auto", description="rollout engine: HF generate or vLLM, in Ray actors of their own; hybrid: each policy rank "
                             "samples with HF generate on its own training weights (no engine actors, no weight sync) "
@@ -439,28 +434,36 @@ class RLConfig(Section):
                                  "parameter by parameter, into HF engines or vLLM's workers; object_store: a whole "
                                  "state dict through Ray's object store (also where the group cannot be formed)")
     num_engines: int = Field(1, gt=0, description="rollout engine actors (engine hf or vllm); each samples an equal share")
-    ref_num_workers: int = Field(1, gt=0, description="reference model actors (engine hf or vllm); each scores an equal share of a rollout")
-    reward_num_workers: int = Field(1, gt=0, description="reward scorer copies; each scores an equal share of a rollout")
     vllm_python: str | None = Field(None, description="Python of the env holding vLLM (`rlhf vllm-env`); empty: the pipeline's own")
     vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory a vLLM engine may take")
     vllm_kv_cache_mib: int | None = Field(None, gt=0, description=f"vLLM KV cache size; empty: set by vllm_gpu_memory_utilization on a GPU, {CPU_KV_CACHE_MIB} MiB on CPU")
     enable_prefix_caching: bool = Field(False, description="vLLM reuses the KV cache of shared prompt prefixes")
-    rollout_batch_size: int = Field(32, gt=0, description="prompts per rollout step")
+    batch_size: int = Field(32, gt=0, description="prompts per rollout step (OpenRLHF's rollout_batch_size)")
     n_samples_per_prompt: int = Field(4, gt=0, description="responses sampled per prompt (a group)")
-    micro_rollout_batch_size: int = Field(32, gt=0, description="sequences per forward pass while making experience")
+    micro_batch_size: int = Field(32, gt=0, description="sequences per forward pass while making experience "
+                                                        "(OpenRLHF's micro_rollout_batch_size)")
     generate_batch_size: int | None = Field(None, gt=0, description="HF engine: prompts per generate call; empty: an engine's whole share in one call")
-    train_batch_size: int = Field(128, gt=0, description="sequences per optimizer step")
-    micro_train_batch_size: int = Field(32, gt=0, description="sequences per rank per training forward pass")
-    packing: bool = Field(False, description=PACKING + "; the policy's, reference's and critic's passes, training and "
-                                                      "experience making alike")
-    max_epochs: int = Field(1, gt=0, description="passes over each rollout batch")
-    num_episodes: int = Field(1, gt=0, description="passes over the prompt set")
-    max_steps: int | None = Field(None, gt=0, description="rollout steps; overrides num_episodes")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (the log-probs trained on are at it too)")
     top_p: float = Field(1.0, gt=0, le=1.0, description="nucleus sampling: the smallest set of tokens holding this much probability")
     prompt_max_len: int = Field(64, gt=0, description="longest prompt in tokens; a longer one is an error")
     generate_max_len: int = Field(40, gt=0, description="most tokens sampled per response")
-    # objective
+    async_train: bool = Field(
+        False, description="the rollout engines generate the next step's samples while the policy trains on this "
+                           "step's (OpenRLHF's --async_train): those samples are one update stale, weighed by "
+                           "rl.algorithm.rollout_is_cap; the weights still sync at each step's end. Needs engine actors on "
+                           "bundles the policy does not share (engine hf or vllm, rl.placement.colocate_all false; "
+                           "rl.placement.colocate_models keeps the rest on two bundles)")
+
+    @property
+    def size(self) -> int:
+        """Sequences per rollout step: prompts x samples per prompt."""
+        return self.batch_size * self.n_samples_per_prompt
+
+
+class AlgorithmConfig(Section):
+    """What RL optimises: the advantage estimator, the KL, the clipping and the loss's terms."""
+
+    advantage_estimator: Annotated[str, ESTIMATORS] = Field("group_norm", description=ESTIMATORS.described())
     gamma: float = Field(1.0, ge=0.0, le=1.0, description=f"discount ({UNGROUPED}); the group estimators take 1 only")
     lambd: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
     advantage_std_norm: bool = Field(True, description=f"divide whitened advantages by their std ({WHITENED})")
@@ -483,78 +486,22 @@ class RLConfig(Section):
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong penalty over the last this many tokens; 0: off")
     overlong_penalty_factor: float = Field(1.0, ge=0.0, description="DAPO overlong penalty at the last token")
     rollout_is_cap: float | None = Field(None, gt=0, description="truncated importance weights against the engine's log-probs; "
-                                                                f"empty: none, or {ASYNC_IS_CAP:g} with async_train")
-    agent_path: str | None = Field(
-        None, description="multi-turn RL: a Python file defining class Environment with reset(prompt, label) -> first "
-                          "observation and step(observation, action) -> (reward, next observation, done), either may "
-                          "be async (OpenRLHF's agent API; docs/algorithms.md); the turns' rewards replace the reward "
-                          "section's, the observations' tokens are masked out of the loss; empty: one turn")
-    agent_max_turns: int = Field(4, gt=0, description="turns after which an episode ends though its environment is not done")
-    agent_timeout_s: float = Field(60.0, gt=0, description="seconds a reward worker's share of one turn's environment "
-                                                          "steps may take; then the stage ends and its workers are killed")
-    async_train: bool = Field(
-        False, description="the rollout engines generate the next step's samples while the policy trains on this "
-                           "step's (OpenRLHF's --async_train): those samples are one update stale, weighed by "
-                           "rollout_is_cap; the weights still sync at each step's end. Needs engine actors on "
-                           "bundles the policy does not share (rl.engine hf or vllm, colocate_all false; "
-                           "colocate_models keeps the rest on two bundles)")
+                                                                f"empty: none, or {ASYNC_IS_CAP:g} with rl.rollout.async_train")
     recompute_old_log_probs: bool = Field(
         True, description="the policy recomputes the old log-probs; false: the engine's sampled log-probs stand in "
                           "(one policy forward pass less per rollout; exact only where the engine computes as the trainer: "
                           "the HF engine at the trainer's precision)")
-    # placement
-    colocate_actor_ref: bool = Field(False, description="the reference actors share the policy's bundles")
-    colocate_critic_reward: bool = Field(False, description="the reward scorers share the critic's bundles")
-    colocate_all: bool = Field(False, description="every actor group and engine shares the policy's bundles")
-    colocate_models: bool = Field(False, description="every model group (policy, critic, reference, reward) shares the "
-                                                     "policy's bundles, the rollout engines keep their own (the layout "
-                                                     "async_train overlaps on a small cluster)")
-    eval_every: int = Field(10, gt=0, description="rollout steps between held-out evals")
-    save_every: int = Field(10, gt=0, description="rollout steps between resumable checkpoints")
 
     @model_validator(mode="after")
-    def _consistent(self) -> RLConfig:
-        grouped = self.estimator.grouped
-        if grouped and self.n_samples_per_prompt < 2:
-            raise ValueError(f"advantage_estimator={self.advantage_estimator} compares samples of a prompt: n_samples_per_prompt must be > 1")
-        if grouped and self.gamma != 1.0:
-            raise ValueError(f"rl.gamma={self.gamma} with advantage_estimator={self.advantage_estimator}: a group estimator "
-                             "scores whole responses, undiscounted (gamma 1, as OpenRLHF); leave rl.gamma at 1 or use "
+    def _consistent(self) -> AlgorithmConfig:
+        if self.estimator.grouped and self.gamma != 1.0:
+            raise ValueError(f"rl.algorithm.gamma={self.gamma} with advantage_estimator={self.advantage_estimator}: a group "
+                             "estimator scores whole responses, undiscounted (gamma 1, as OpenRLHF); leave gamma at 1 or use "
                              f"{' or '.join(e.name for e in ESTIMATORS.values() if not e.grouped)}")
-        if self.dynamic_filtering and self.n_samples_per_prompt < 2:
-            raise ValueError("dynamic_filtering needs n_samples_per_prompt > 1")
-        rollout = self.rollout_batch_size * self.n_samples_per_prompt
-        if rollout % self.train_batch_size:
-            raise ValueError(f"rollout_batch_size x n_samples_per_prompt ({rollout}) must be a multiple of train_batch_size ({self.train_batch_size})")
-        for group in ("actor", "critic"):
-            per_step = self.micro_train_batch_size * getattr(self, group).num_workers
-            if self.train_batch_size % per_step:
-                raise ValueError(f"train_batch_size ({self.train_batch_size}) must be a multiple of micro_train_batch_size x {group}.num_workers ({per_step})")
-        if self.engine == "hybrid" and self.ref_num_workers != 1:
-            raise ValueError("engine=hybrid keeps the reference in each policy rank: ref_num_workers does not apply (leave it at 1)")
-        if rollout % self.ref_num_workers:
-            raise ValueError(f"rollout_batch_size x n_samples_per_prompt ({rollout}) must be a multiple of ref_num_workers ({self.ref_num_workers})")
-        if self.agent_path and self.async_train:
-            raise ValueError("async_train draws the next step's samples in one generate call; a multi-turn agent "
-                             "(agent_path) steps its environment between turns: set one of them off")
         if self.rollout_is_cap is not None and not self.recompute_old_log_probs:
-            raise ValueError("rollout_is_cap weighs the recomputed old log-probs against the engine's: it needs recompute_old_log_probs: true")
-        if self.critic.aux_loss_coef:
-            raise ValueError("critic.aux_loss_coef: the value loss takes no router loss; set actor.aux_loss_coef")
-        if self.overlong_buffer_len >= self.generate_max_len:
-            raise ValueError("overlong_buffer_len must be smaller than generate_max_len")
+            raise ValueError("rl.algorithm.rollout_is_cap weighs the recomputed old log-probs against the engine's: it needs "
+                             "rl.algorithm.recompute_old_log_probs: true")
         return self
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.init_kl_coef > 0
-
-    @property
-    def importance_cap(self) -> float | None:
-        """The truncated-IS cap in force: rollout_is_cap, else async training's default where old log-probs are recomputed."""
-        if self.rollout_is_cap is not None or not self.async_train or not self.recompute_old_log_probs:
-            return self.rollout_is_cap
-        return ASYNC_IS_CAP
 
     @property
     def estimator(self) -> Estimator:
@@ -565,8 +512,122 @@ class RLConfig(Section):
         return self.estimator.needs_critic
 
     @property
+    def needs_reference(self) -> bool:
+        return self.init_kl_coef > 0
+
+    @property
     def aggregation(self) -> str:
         return self.loss_aggregation or self.estimator.aggregation
+
+
+class PlacementConfig(Section):
+    """Where RL's actor groups sit: how many reference and reward actors, and which share bundles."""
+
+    ref_num_workers: int = Field(1, gt=0, description="reference model actors (engine hf or vllm); each scores an equal share of a rollout")
+    reward_num_workers: int = Field(1, gt=0, description="reward scorer copies; each scores an equal share of a rollout")
+    colocate_actor_ref: bool = Field(False, description="the reference actors share the policy's bundles")
+    colocate_critic_reward: bool = Field(False, description="the reward scorers share the critic's bundles")
+    colocate_all: bool = Field(False, description="every actor group and engine shares the policy's bundles")
+    colocate_models: bool = Field(False, description="every model group (policy, critic, reference, reward) shares the "
+                                                     "policy's bundles, the rollout engines keep their own (the layout "
+                                                     "rl.rollout.async_train overlaps on a small cluster)")
+
+
+class AgentConfig(Section):
+    """Multi-turn RL against an environment (OpenRLHF's agent API; docs/algorithms.md)."""
+
+    path: str | None = Field(
+        None, description="a Python file defining class Environment with reset(prompt, label) -> first "
+                          "observation and step(observation, action) -> (reward, next observation, done), either may "
+                          "be async; the turns' rewards replace the reward section's, the observations' tokens are "
+                          "masked out of the loss; empty: one turn")
+    max_turns: int = Field(4, gt=0, description="turns after which an episode ends though its environment is not done")
+    timeout_s: float = Field(60.0, gt=0, description="seconds a reward worker's share of one turn's environment "
+                                                    "steps may take; then the stage ends and its workers are killed")
+
+
+# the RL keys of the flat layout before the sections, and where each went: an old key is refused by name
+RL_SECTIONS = {"rollout": RolloutConfig, "algorithm": AlgorithmConfig, "placement": PlacementConfig, "agent": AgentConfig}
+RL_RENAMED = {"rollout_batch_size": "rollout.batch_size", "micro_rollout_batch_size": "rollout.micro_batch_size",
+              "agent_path": "agent.path", "agent_max_turns": "agent.max_turns", "agent_timeout_s": "agent.timeout_s"}
+RL_MOVED = {name: f"{section}.{name}" for section, model in RL_SECTIONS.items() for name in model.model_fields
+            if section != "agent" and name not in ("batch_size", "micro_batch_size")} | RL_RENAMED
+
+
+def moved_key(dotted: str) -> str | None:
+    """The key that replaced `dotted` (`rl.temperature` -> `rl.rollout.temperature`), or None."""
+    section, _, name = dotted.partition(".")
+    return f"rl.{RL_MOVED[name]}" if section == "rl" and name in RL_MOVED else None
+
+
+class RLConfig(Section):
+    """Online RL from the SFT policy (OpenRLHF's PPO family). Batch sizes count sequences
+    (prompts x samples) except `rollout.batch_size`, which counts prompts, as in OpenRLHF."""
+
+    actor: RLModelConfig = RLModelConfig(lr=5e-7)
+    critic: RLModelConfig = RLModelConfig(lr=9e-6)
+    rollout: RolloutConfig = RolloutConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    placement: PlacementConfig = PlacementConfig()
+    agent: AgentConfig = AgentConfig()
+    train_batch_size: int = Field(128, gt=0, description="sequences per optimizer step")
+    micro_train_batch_size: int = Field(32, gt=0, description="sequences per rank per training forward pass")
+    packing: bool = Field(False, description=PACKING + "; the policy's, reference's and critic's passes, training and "
+                                                      "experience making alike")
+    max_epochs: int = Field(1, gt=0, description="passes over each rollout batch")
+    num_episodes: int = Field(1, gt=0, description="passes over the prompt set")
+    max_steps: int | None = Field(None, gt=0, description="rollout steps; overrides num_episodes")
+    eval_every: int = Field(10, gt=0, description="rollout steps between held-out evals")
+    save_every: int = Field(10, gt=0, description="rollout steps between resumable checkpoints")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_flat_keys(cls, data):
+        if isinstance(data, dict):
+            for name in data:
+                if name in RL_MOVED:
+                    raise ValueError(f"rl.{name} is now rl.{RL_MOVED[name]} (the rl section has sections: rollout, "
+                                     "algorithm, placement, agent; docs/config-reference.md)")
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RLConfig:
+        rollout, algorithm, placement = self.rollout, self.algorithm, self.placement
+        if algorithm.estimator.grouped and rollout.n_samples_per_prompt < 2:
+            raise ValueError(f"rl.algorithm.advantage_estimator={algorithm.advantage_estimator} compares samples of a "
+                             "prompt: rl.rollout.n_samples_per_prompt must be > 1")
+        if algorithm.dynamic_filtering and rollout.n_samples_per_prompt < 2:
+            raise ValueError("rl.algorithm.dynamic_filtering needs rl.rollout.n_samples_per_prompt > 1")
+        if rollout.size % self.train_batch_size:
+            raise ValueError(f"rl.rollout.batch_size x n_samples_per_prompt ({rollout.size}) must be a multiple of "
+                             f"rl.train_batch_size ({self.train_batch_size})")
+        for group in ("actor", "critic"):
+            per_step = self.micro_train_batch_size * getattr(self, group).num_workers
+            if self.train_batch_size % per_step:
+                raise ValueError(f"rl.train_batch_size ({self.train_batch_size}) must be a multiple of "
+                                 f"rl.micro_train_batch_size x rl.{group}.num_workers ({per_step})")
+        if rollout.engine == "hybrid" and placement.ref_num_workers != 1:
+            raise ValueError("rl.rollout.engine=hybrid keeps the reference in each policy rank: "
+                             "rl.placement.ref_num_workers does not apply (leave it at 1)")
+        if rollout.size % placement.ref_num_workers:
+            raise ValueError(f"rl.rollout.batch_size x n_samples_per_prompt ({rollout.size}) must be a multiple of "
+                             f"rl.placement.ref_num_workers ({placement.ref_num_workers})")
+        if self.agent.path and rollout.async_train:
+            raise ValueError("rl.rollout.async_train draws the next step's samples in one generate call; a multi-turn "
+                             "agent (rl.agent.path) steps its environment between turns: set one of them off")
+        if self.critic.aux_loss_coef:
+            raise ValueError("rl.critic.aux_loss_coef: the value loss takes no router loss; set rl.actor.aux_loss_coef")
+        if algorithm.overlong_buffer_len >= rollout.generate_max_len:
+            raise ValueError("rl.algorithm.overlong_buffer_len must be smaller than rl.rollout.generate_max_len")
+        return self
+
+    @property
+    def importance_cap(self) -> float | None:
+        """The truncated-IS cap in force: rollout_is_cap, else async training's default where old log-probs are recomputed."""
+        algorithm = self.algorithm
+        if algorithm.rollout_is_cap is not None or not self.rollout.async_train or not algorithm.recompute_old_log_probs:
+            return algorithm.rollout_is_cap
+        return ASYNC_IS_CAP
 
 
 EvalMetric = Literal["reward", "sampled_reward", "pass_at_k", "accuracy", "sampled_accuracy"]
@@ -641,7 +702,7 @@ class PipelineConfig(Section):
 
     @model_validator(mode="after")
     def _hybrid_engine_needs_whole_weights(self) -> "PipelineConfig":
-        if self.rl.engine == "hybrid" and self.infra.zero_stage == 3:
-            raise ValueError("rl.engine=hybrid samples with each policy rank's own weights, which ZeRO-3 partitions: "
-                             "use infra.zero_stage 0, 1 or 2, or rl.engine=hf")
+        if self.rl.rollout.engine == "hybrid" and self.infra.zero_stage == 3:
+            raise ValueError("rl.rollout.engine=hybrid samples with each policy rank's own weights, which ZeRO-3 partitions: "
+                             "use infra.zero_stage 0, 1 or 2, or rl.rollout.engine=hf")
         return self

@@ -59,7 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from stages import preflight
 
     preflight.check(cfg)
-    if cfg.rl.engine == "vllm":
+    if cfg.rl.rollout.engine == "vllm":
         from stages.rl.rollout_engines import check_installed
 
         check_installed(cfg)
@@ -277,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_rm.add_argument("--max-request-mb", type=float, default=1.0, metavar="MIB",
                           help="largest request body in MiB (default 1); a larger one is answered 413")
     serve_rm.set_defaults(func=cmd_serve_rm)
-    vllm_env = sub.add_parser("vllm-env", help="make a Python environment with the CPU build of vLLM for the rollout engine (rl.engine=vllm)")
+    vllm_env = sub.add_parser("vllm-env", help="make a Python environment with the CPU build of vLLM for the rollout engine (rl.rollout.engine=vllm)")
     vllm_env.add_argument("path", metavar="PATH", help="where to create it, e.g. .venv-vllm")
     vllm_env.set_defaults(func=cmd_vllm_env)
     merge = sub.add_parser("merge", help="merge a LoRA adapter into its base and save a full HF checkpoint")

@@ -65,8 +65,8 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
     started = time.monotonic()
     loaded = load_config(config, overrides or [])
     cfg = preflight.with_rl_layout(loaded)
-    if cfg.rl.engine != loaded.rl.engine:
-        print(f"[rl] rl.engine=auto: {describe_layout(cfg)} on the local Ray cluster", flush=True)
+    if cfg.rl.rollout.engine != loaded.rl.rollout.engine:
+        print(f"[rl] rl.rollout.engine=auto: {describe_layout(cfg)} on the local Ray cluster", flush=True)
     dag.check_request(cfg, force or [], only or [])
     # a forced stage reruns; its consumers rerun because their inputs' identity (the new run) changed
     forced = set(force or [])

@@ -39,7 +39,7 @@ def create(path: Path) -> Path:
     # --no-compile: byte-compiling ~3 GB of packages costs minutes; imports compile what they use
     pip("install", "--quiet", "--no-compile", *CPU_PACKAGES, f"ray=={ray.__version__}")
     pip("uninstall", "--yes", "--quiet", *CUDA_EXTRAS)
-    print(f"[vllm-env] ready: set rl.engine=vllm rl.vllm_python={python}", flush=True)
+    print(f"[vllm-env] ready: set rl.rollout.engine=vllm rl.rollout.vllm_python={python}", flush=True)
     return python
 
 

@@ -1,4 +1,4 @@
-"""An `rl.agent_path` file: where it is, and whether it defines `class Environment` with `reset` and
+"""An `rl.agent.path` file: where it is, and whether it defines `class Environment` with `reset` and
 `step`, decided from its source without running it (the flow's driver checks it before any work
 starts, without importing torch or what the file imports)."""
 
@@ -18,13 +18,13 @@ def resolve(agent_path: str) -> Path:
     try:
         return resolve_func_path(agent_path)
     except RewardError:
-        raise RewardError(f"rl.agent_path={agent_path}: no such file") from None
+        raise RewardError(f"rl.agent.path={agent_path}: no such file") from None
 
 
 def check(path: Path) -> None:
     """From the source, without running it: the file compiles and defines `class Environment` with
     `reset` and `step` (the driver checks this before any work starts)."""
-    where = f"rl.agent_path={path}"
+    where = f"rl.agent.path={path}"
     tree = parse(path, where)
     found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == CLASS]
     if not found:

@@ -47,7 +47,7 @@ def local_gpus() -> int:
 
 
 def with_rl_layout(cfg: PipelineConfig) -> PipelineConfig:
-    """`rl.engine: auto` resolved for the local cluster (on a named cluster the RL stage resolves it)."""
+    """`rl.rollout.engine: auto` resolved for the local cluster (on a named cluster the RL stage resolves it)."""
     size = local_cluster(cfg)
     return cfg if size is None else resolve_layout(cfg, *size)
 
@@ -77,8 +77,8 @@ def check_reward(cfg: PipelineConfig) -> None:
     scores = any("reward" in spec.wanted_config(spec.config_keys, cfg) and not pinned_away(spec, cfg) for spec in STAGES)
     if scores and cfg.reward.source == "func":
         reward_file.check(reward_file.resolve_func_path(cfg.reward.func_path))
-    if cfg.rl.agent_path and not pinned_away(BY_NAME["rl"], cfg):
-        agent_file.check(agent_file.resolve(cfg.rl.agent_path))
+    if cfg.rl.agent.path and not pinned_away(BY_NAME["rl"], cfg):
+        agent_file.check(agent_file.resolve(cfg.rl.agent.path))
 
 
 def check_distillation(cfg: PipelineConfig) -> None:

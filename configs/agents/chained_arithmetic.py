@@ -1,4 +1,4 @@
-"""A two-turn environment for the tiny task (`rl.agent_path=agents/chained_arithmetic.py`): the last
+"""A two-turn environment for the tiny task (`rl.agent.path=agents/chained_arithmetic.py`): the last
 operation of `Compute a+b-c` is held back until the policy has answered the first part, and the second
 turn builds on the policy's own first answer.
 

@@ -1,6 +1,6 @@
 """Multi-turn environments for RL (OpenRLHF's agent API, in this project's shape).
 
-`rl.agent_path` names a Python file defining `class Environment`, one instance per episode:
+`rl.agent.path` names a Python file defining `class Environment`, one instance per episode:
 
     reset(prompt, label) -> str
         the first observation: the text the policy continues first (usually the prompt as it is: the
@@ -11,8 +11,8 @@
         environment writes the turn as the policy's template does) and is masked out of the loss
 
 Either may be `async def`; a turn's steps then run concurrently. An episode ends when `done` is true or
-after `rl.agent_max_turns` turns. The reward workers hold the episodes (their share of a rollout each),
-so a step that never returns ends the stage after `rl.agent_timeout_s` and its workers are killed, as a
+after `rl.agent.max_turns` turns. The reward workers hold the episodes (their share of a rollout each),
+so a step that never returns ends the stage after `rl.agent.timeout_s` and its workers are killed, as a
 `reward_func` that never returns does.
 """
 
@@ -52,7 +52,7 @@ class Episodes:
         self.path = Path(path)
         cls = getattr(load_module(self.path), CLASS, None)
         if not isinstance(cls, type):
-            raise RewardError(f"rl.agent_path={self.path}: defines no class {CLASS}")
+            raise RewardError(f"rl.agent.path={self.path}: defines no class {CLASS}")
         self.cls = cls
         self.envs: list = []
 

@@ -1,4 +1,4 @@
-"""The driver's side of multi-turn RL (`rl.agent_path`, stages/rl/agent.py): episodes played turn by
+"""The driver's side of multi-turn RL (`rl.agent.path`, stages/rl/agent.py): episodes played turn by
 turn. Each turn the engines answer every open episode's context (one `generate` call), the reward
 workers step those episodes' environments, and each environment's next observation is appended to its
 context as tokens the policy did not sample. An episode comes back as one `Sample` (its answers and
@@ -24,25 +24,26 @@ class Hosts:
         k = math.ceil(count / len(actors.reward))
         self.shares = [(w, i * k, min((i + 1) * k, count)) for i, w in enumerate(actors.reward) if i * k < count]
 
-    def call(self, method: str, episodes: list[int], *columns: list) -> list:
+    def call(self, method: str, episodes: list[int], *columns: list, indexed: bool = True) -> list:
         """`method(local indices, *columns)` on each worker for the given episodes (global indices), within
-        `rl.agent_timeout_s`; the results in the order of `episodes`."""
+        `rl.agent.timeout_s`; the results in the order of `episodes`. `indexed=False`: `method(*columns)`, for
+        a call that covers a worker's whole share in order (reset)."""
         b, rl = self.actors.backend, self.cfg.rl
         calls = []
         for worker, first, end in self.shares:
             mine = [n for n, e in enumerate(episodes) if first <= e < end]
             if mine:
                 args = [[episodes[n] - first for n in mine], *([col[n] for n in mine] for col in columns)]
-                calls.append((mine, b.call(worker, method, *(args if method == "agent_step" else args[1:]))))
+                calls.append((mine, b.call(worker, method, *(args if indexed else args[1:]))))
         try:
-            parts = b.get([pending for _, pending in calls], timeout=rl.agent_timeout_s)
+            parts = b.get([pending for _, pending in calls], timeout=rl.agent.timeout_s)
         except TimeoutError:
             for worker, _, _ in self.shares:
                 b.kill(worker)
             what = "reset" if method == "agent_reset" else "step"
-            raise RewardError(f"rl.agent_path={rl.agent_path}: Environment.{what} did not return within "
-                              f"rl.agent_timeout_s={rl.agent_timeout_s:g} s; fix the environment or raise "
-                              "rl.agent_timeout_s") from None
+            raise RewardError(f"rl.agent.path={rl.agent.path}: Environment.{what} did not return within "
+                              f"rl.agent.timeout_s={rl.agent.timeout_s:g} s; fix the environment or raise "
+                              "rl.agent.timeout_s") from None
         out: list = [None] * len(episodes)
         for (mine, _), results in zip(calls, parts):
             for n, result in zip(mine, results):
@@ -58,13 +59,13 @@ def run_episodes(actors, tokenizer, texts: list[str], labels: list[str | None], 
     rl = cfg.rl
     hosts = Hosts(actors, len(texts), cfg)
     every = list(range(len(texts)))
-    observations = hosts.call("agent_reset", every, texts, labels)
+    observations = hosts.call("agent_reset", every, texts, labels, indexed=False)
     contexts = []
     for i, text in enumerate(observations):
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if not ids or len(ids) > rl.prompt_max_len:
-            raise DataError(f"rl.agent_path={rl.agent_path}: Environment.reset's first observation for prompt {i} is "
-                            f"{len(ids)} tokens; it must be 1 to rl.prompt_max_len={rl.prompt_max_len}")
+        if not ids or len(ids) > rl.rollout.prompt_max_len:
+            raise DataError(f"rl.agent.path={rl.agent.path}: Environment.reset's first observation for prompt {i} is "
+                            f"{len(ids)} tokens; it must be 1 to rl.rollout.prompt_max_len={rl.rollout.prompt_max_len}")
         contexts.append(ids)
     response: list[list[int]] = [[] for _ in texts]
     trained: list[list[int]] = [[] for _ in texts]
@@ -72,7 +73,7 @@ def run_episodes(actors, tokenizer, texts: list[str], labels: list[str | None], 
     ends: list[list[int]] = [[] for _ in texts]
     rewards: list[list[float]] = [[] for _ in texts]
     active = every
-    for turn in range(rl.agent_max_turns):
+    for turn in range(rl.agent.max_turns):
         answers = generate(actors, [contexts[i] + response[i] for i in active], seed + 7919 * turn, temperature,
                            max_new_tokens, top_p)
         for i, s in zip(active, answers):
@@ -85,7 +86,7 @@ def run_episodes(actors, tokenizer, texts: list[str], labels: list[str | None], 
         still = []
         for i, (reward, observation, done) in zip(active, results):
             rewards[i].append(reward)
-            if done or turn + 1 == rl.agent_max_turns:
+            if done or turn + 1 == rl.agent.max_turns:
                 continue
             ids = tokenizer(observation, add_special_tokens=False)["input_ids"]
             response[i] += ids

@@ -37,23 +37,23 @@ class Pending:
 
 
 def layout(cfg: PipelineConfig) -> PipelineConfig:
-    """The config as one process runs it: `rl.engine: auto` becomes hybrid (an HF engine beside the policy
+    """The config as one process runs it: `rl.rollout.engine: auto` becomes hybrid (an HF engine beside the policy
     under ZeRO-3, whose partitions the policy cannot sample with); vLLM, which runs in processes of its own,
     and more than one rank per model are refused in one line."""
     rl = cfg.rl
-    if rl.engine == "vllm":
-        raise ConfigError("rl.engine=vllm: vLLM runs in processes of its own, which a one-process RL run does "
-                          "not start; use rl.engine: hybrid or hf")
+    if rl.rollout.engine == "vllm":
+        raise ConfigError("rl.rollout.engine=vllm: vLLM runs in processes of its own, which a one-process RL run does "
+                          "not start; use rl.rollout.engine: hybrid or hf")
     for key, n in (("rl.actor.num_workers", rl.actor.num_workers), ("rl.critic.num_workers", rl.critic.num_workers)):
         if n != 1:
             raise ConfigError(f"{key}={n}: a one-process RL run has one rank per model; set it to 1")
-    if rl.async_train:
-        raise ConfigError("rl.async_train: a one-process RL run calls its workers one after another, so nothing "
-                          "generates while the policy trains; run the stage on Ray, or set rl.async_train: false")
-    if rl.engine != "auto":
+    if rl.rollout.async_train:
+        raise ConfigError("rl.rollout.async_train: a one-process RL run calls its workers one after another, so nothing "
+                          "generates while the policy trains; run the stage on Ray, or set rl.rollout.async_train: false")
+    if rl.rollout.engine != "auto":
         return cfg
     resolved = cfg.model_copy(deep=True)
-    resolved.rl.engine = "hybrid" if cfg.infra.zero_stage != 3 else "hf"
+    resolved.rl.rollout.engine = "hybrid" if cfg.infra.zero_stage != 3 else "hf"
     return resolved
 
 

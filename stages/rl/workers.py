@@ -1,6 +1,6 @@
 """The RL stage's workers: the policy and critic (DeepSpeed engines, one worker per rank), the frozen
 reference model, the reward scorer, and HF rollout engines. The driver (stages/rl/stage.py) moves
-tensors between them; each worker holds one model and does one job, except with rl.engine=hybrid,
+tensors between them; each worker holds one model and does one job, except with rl.rollout.engine=hybrid,
 where each policy rank also samples and holds the reference (verl's fused worker). They are plain
 classes: the pipeline runs each as a Ray actor (stages/rl/ray_backend.py), a one-process run as an
 object in the driver (stages/rl/in_process.py)."""
@@ -94,7 +94,7 @@ class HoldsReference:
 
     @torch.no_grad()
     def ref_log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return per_micro_batch(lambda m: token_log_probs(self.reference, m, self.rl.temperature, packed=self.rl.packing),
+        return per_micro_batch(lambda m: token_log_probs(self.reference, m, self.rl.rollout.temperature, packed=self.rl.packing),
                                batch, self.rl, self.reference.device)
 
 
@@ -122,7 +122,7 @@ class TrainerWorker(Worker):
         self.grad_accum = rl.train_batch_size // (rl.micro_train_batch_size * self.world)
         train = TrainingConfig(**optim.model_dump(exclude={"num_workers"}),
                                micro_batch_size=rl.micro_train_batch_size, grad_accum_steps=self.grad_accum)
-        optimizer_steps = total_steps * rl.max_epochs * (rl.rollout_batch_size * rl.n_samples_per_prompt // rl.train_batch_size)
+        optimizer_steps = total_steps * rl.max_epochs * (rl.rollout.batch_size * rl.rollout.n_samples_per_prompt // rl.train_batch_size)
         self.engine = build_engine(model, cfg.infra, train, optimizer_steps)
 
     def load_model(self, path: str):
@@ -171,7 +171,7 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         moe.check(model.config, self.optim.aux_loss_coef, "rl.actor.aux_loss_coef")
         if self.rl.packing:
             packing.check_loaded(model, "rl.packing")
-        if hosts(self.cfg).get(Role.REF) == Role.ACTOR and self.rl.needs_reference:
+        if hosts(self.cfg).get(Role.REF) == Role.ACTOR and self.rl.algorithm.needs_reference:
             # verl's fused actor/rollout/ref worker: the KL term's model scores in this hot process, with
             # no actor of its own (a reference actor takes longer for the same pass)
             self.reference = checkpoint.load_frozen_lm(path, self.cfg.model, self.cfg.infra.precision)
@@ -198,17 +198,17 @@ class PolicyWorker(TrainerWorker, HoldsReference):
     @torch.no_grad()
     def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         self.engine.eval()
-        return per_micro_batch(lambda m: token_log_probs(self.engine, m, self.rl.temperature, packed=self.rl.packing),
+        return per_micro_batch(lambda m: token_log_probs(self.engine, m, self.rl.rollout.temperature, packed=self.rl.packing),
                                batch, self.rl, self.engine.device)
 
     def old_and_ref_log_probs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """rl.engine=hybrid recomputing the old log-probs: both passes in one call, so the batch crosses
+        """rl.rollout.engine=hybrid recomputing the old log-probs: both passes in one call, so the batch crosses
         to this rank once."""
         return self.log_probs(batch), self.ref_log_probs(batch)
 
     def generate(self, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
                  top_p: float = 1.0) -> list[Sample]:
-        """rl.engine=hybrid: this rank samples with the weights it trains (ZeRO 0-2 hold them whole), so
+        """rl.rollout.engine=hybrid: this rank samples with the weights it trains (ZeRO 0-2 hold them whole), so
         there is no engine actor and nothing to sync."""
         self.engine.eval()
         return sample(self.engine.module, self.tokenizer, self.rl, prompt_ids, seed, temperature, max_new_tokens, top_p)
@@ -249,35 +249,35 @@ class CriticWorker(TrainerWorker):
 
     def loss(self, batch: dict[str, torch.Tensor], units: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         values = self._values(batch)
-        loss = value_loss(values, batch["values"], batch["returns"], batch["action_mask"], self.rl.value_clip, units)
+        loss = value_loss(values, batch["values"], batch["returns"], batch["action_mask"], self.rl.algorithm.value_clip, units)
         return loss, {"value_loss": loss.item()}
 
 
 def actor_loss(model, batch: dict[str, torch.Tensor], rl, units: torch.Tensor,
                aux_loss_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
-    """The policy's loss on a micro-batch: the PPO surrogate aggregated as `rl.aggregation` says, minus
+    """The policy's loss on a micro-batch: the PPO surrogate aggregated as `rl.algorithm.aggregation` says, minus
     the entropy bonus, plus the KL term (GRPO); the latter two always token means, as OpenRLHF's. Each
     is divided by the step's `units`, not the micro-batch's own count. An MoE policy adds its router
     loss times `aux_loss_coef`."""
     mask = batch["action_mask"]
     aux = [] if aux_loss_coef else None
-    log_probs, entropy = token_log_probs(model, batch, rl.temperature, with_entropy=True,
-                                         entropy_grad=bool(rl.entropy_coef), aux=aux, packed=rl.packing)
+    log_probs, entropy = token_log_probs(model, batch, rl.rollout.temperature, with_entropy=True,
+                                         entropy_grad=bool(rl.algorithm.entropy_coef), aux=aux, packed=rl.packing)
     is_weights = None
     if rl.importance_cap is not None:
         is_weights = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], rl.importance_cap)
     loss, clip_frac = policy_loss(
         log_probs, batch["old_log_probs"], batch["advantages"], mask,
-        clip_eps_low=rl.eps_clip_low, clip_eps_high=rl.eps_clip_high, dual_clip=rl.dual_clip,
-        aggregation=rl.aggregation, max_len=rl.generate_max_len, is_weights=is_weights, units=units,
+        clip_eps_low=rl.algorithm.eps_clip_low, clip_eps_high=rl.algorithm.eps_clip_high, dual_clip=rl.algorithm.dual_clip,
+        aggregation=rl.algorithm.aggregation, max_len=rl.rollout.generate_max_len, is_weights=is_weights, units=units,
     )
     metrics = {"policy_loss": loss.item(), "clip_frac": clip_frac.item()}
     ent = aggregate(entropy, mask, "token_mean", units=units)
     metrics["entropy"] = ent.item()
-    if rl.entropy_coef:
-        loss = loss - rl.entropy_coef * ent
-    if rl.use_kl_loss and "ref_log_probs" in batch:
-        kl = aggregate(approx_kl(log_probs, batch["ref_log_probs"], rl.kl_estimator), mask, "token_mean", units=units)
+    if rl.algorithm.entropy_coef:
+        loss = loss - rl.algorithm.entropy_coef * ent
+    if rl.algorithm.use_kl_loss and "ref_log_probs" in batch:
+        kl = aggregate(approx_kl(log_probs, batch["ref_log_probs"], rl.algorithm.kl_estimator), mask, "token_mean", units=units)
         loss = loss + batch["kl_coef"][0] * kl
         metrics["kl_loss"] = kl.item()
     return moe.add_aux_loss(loss, aux, aux_loss_coef, metrics), metrics
@@ -293,18 +293,18 @@ def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]
 
 
 def per_micro_batch(fn, batch: dict[str, torch.Tensor], rl, device) -> torch.Tensor:
-    """`fn` ([b, t] per token) over `micro_rollout_batch_size` rows at a time on `device`, each trimmed of
+    """`fn` ([b, t] per token) over `rl.rollout.micro_batch_size` rows at a time on `device`, each trimmed of
     unused padding and widened back with zeros, concatenated to the batch's [B, T-1] on the CPU (where
     the driver makes experience)."""
     width, parts = batch["action_mask"].shape[1], []
-    for micro in micro_batches(batch, rl.micro_rollout_batch_size):
+    for micro in micro_batches(batch, rl.rollout.micro_batch_size):
         out = fn(to_device(trim(micro), device)).float().cpu()
         parts.append(torch.nn.functional.pad(out, (0, width - out.shape[1])))
     return torch.cat(parts)
 
 
 class ReferenceWorker(Worker, HoldsReference):
-    """The frozen SFT policy in an actor of its own (rl.engine=hybrid keeps it in the policy ranks)."""
+    """The frozen SFT policy in an actor of its own (rl.rollout.engine=hybrid keeps it in the policy ranks)."""
 
     def __init__(self, cfg: PipelineConfig, given: NodeInputs, threads: int):
         super().__init__(threads)
@@ -314,7 +314,7 @@ class ReferenceWorker(Worker, HoldsReference):
 
 class RewardWorker(Worker):
     """The shared scorer (RM, PRM, rule function or remote server) behind one actor, and with
-    `rl.agent_path` its share of a rollout's multi-turn episodes (stages/rl/agent.py)."""
+    `rl.agent.path` its share of a rollout's multi-turn episodes (stages/rl/agent.py)."""
 
     def setup(self, cfg: PipelineConfig, given: NodeInputs, models: list[str], cwd: str) -> None:
         """Build the scorer (`models`: the names of the pipeline's own reward models among the stage's
@@ -324,7 +324,7 @@ class RewardWorker(Worker):
 
         os.chdir(cwd)  # a relative reward.func_path means what it meant to the user
         self.scorer = build_scorer(cfg.reward, {name: given.path(name) for name in models})
-        self.episodes = agent.Episodes(agent.resolve(cfg.rl.agent_path)) if cfg.rl.agent_path else None
+        self.episodes = agent.Episodes(agent.resolve(cfg.rl.agent.path)) if cfg.rl.agent.path else None
 
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]):
         return self.scorer.score(prompts, responses, labels)
@@ -375,11 +375,11 @@ class HFRolloutEngine(Worker):
 def sample(model, tok, rl, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
            top_p: float = 1.0) -> list[Sample]:
     """Samples at `temperature` (None: greedy) with HF `generate`, with each sampled token's log-prob;
-    `rl.generate_batch_size` prompts per `generate` call (all of them when it is empty: one large call
+    `rl.rollout.generate_batch_size` prompts per `generate` call (all of them when it is empty: one large call
     beats several small ones on a CPU)."""
     torch.manual_seed(seed)
     config = sampling_config(tok, max_new_tokens, temperature, top_p, return_dict_in_generate=True, output_logits=True)
-    per_call = rl.generate_batch_size or len(prompt_ids)
+    per_call = rl.rollout.generate_batch_size or len(prompt_ids)
     samples: list[Sample] = []
     for start in range(0, len(prompt_ids), per_call):
         chunk = prompt_ids[start : start + per_call]

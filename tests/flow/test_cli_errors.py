@@ -82,7 +82,7 @@ def test_unknown_only_stage(cli, workdir):
 
 
 def test_vllm_engine_without_vllm(cli, workdir):
-    assert_one_line_error(cli("run", "rl.engine=vllm"), "rl.engine=vllm", "vLLM is not installed", "rlhf vllm-env")
+    assert_one_line_error(cli("run", "rl.rollout.engine=vllm"), "rl.rollout.engine=vllm", "vLLM is not installed", "rlhf vllm-env")
     assert_no_work_started(workdir)
 
 

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/tes
 QUICK = [
     "data.synthetic.num_train=200", "data.synthetic.num_eval=21", "data.synthetic.num_prompts=20", "eval.max_samples=20",
     "sft.max_steps=6", "sft.eval_every=3", "sft.save_every=3", "rm.max_steps=4", "prm.max_steps=4",
-    "rl.max_steps=2", "rl.rollout_batch_size=4", "rl.n_samples_per_prompt=4", "rl.train_batch_size=8",
+    "rl.max_steps=2", "rl.rollout.batch_size=4", "rl.rollout.n_samples_per_prompt=4", "rl.train_batch_size=8",
     "rl.micro_train_batch_size=4", "rl.eval_every=2", "rl.save_every=1", "eval.samples_per_prompt=1",
     "dpo.max_steps=2", "dpo.micro_batch_size=4",
 ]

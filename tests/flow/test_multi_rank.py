@@ -17,9 +17,9 @@ FAST = [
     "eval.max_samples=20", "sft.max_steps=6", "sft.eval_every=3", "sft.save_every=3",
     "rm.max_steps=4", "prm.max_steps=4", "sft.micro_batch_size=8", "rm.micro_batch_size=8", "prm.micro_batch_size=8",
     # RL: two policy ranks and two critic ranks (PPO), sharing the two 1-CPU bundles with the other actors
-    "rl.advantage_estimator=gae", "rl.actor.num_workers=2", "rl.critic.num_workers=2", "rl.max_steps=1",
-    "rl.rollout_batch_size=4", "rl.n_samples_per_prompt=4", "rl.train_batch_size=8", "rl.micro_train_batch_size=4",
-    "rl.eval_every=2", "eval.samples_per_prompt=1", "rl.engine=hf",  # ZeRO-3 partitions the weights a hybrid rank samples with
+    "rl.algorithm.advantage_estimator=gae", "rl.actor.num_workers=2", "rl.critic.num_workers=2", "rl.max_steps=1",
+    "rl.rollout.batch_size=4", "rl.rollout.n_samples_per_prompt=4", "rl.train_batch_size=8", "rl.micro_train_batch_size=4",
+    "rl.eval_every=2", "eval.samples_per_prompt=1", "rl.rollout.engine=hf",  # ZeRO-3 partitions the weights a hybrid rank samples with
     # DPO as iterative KTO: each round's samples drawn by both ranks in lockstep (ZeRO-3) and ranked by
     # the pipeline's RM (also the PPO reward); the KL reference point is averaged over the two ranks
     "dpo.loss=kto", "dpo.max_steps=2", "dpo.micro_batch_size=4", "dpo.iterative.rounds=2",

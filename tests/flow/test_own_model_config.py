@@ -40,7 +40,7 @@ def test_a_config_of_only_model_data_and_reward_runs_every_stage(cli, workdir):
         "reward:\n  source: func\n  func_path: reward.py\n")
     done = cli("run", "--config", "mine.yaml")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "rl.engine=auto: rl.engine=hybrid, every group colocated" in done.stdout
+    assert "rl.rollout.engine=auto: rl.rollout.engine=hybrid, every group colocated" in done.stdout
     client = mlflow_client(workdir)
     experiment = client.get_experiment_by_name("rlhf-pipeline")
     (parent,) = client.search_runs([experiment.experiment_id], "tags.`rlhf.kind` = 'pipeline'")
@@ -51,4 +51,4 @@ def test_a_config_of_only_model_data_and_reward_runs_every_stage(cli, workdir):
     for model_name in ("base", "sft", "rl", "dpo"):
         assert {f"{model_name}/reward", f"{model_name}/sampled_reward"} <= set(eval_run.data.metrics)
     assert not any(k.endswith("/accuracy") for k in eval_run.data.metrics)  # no answer_pattern: rewards only
-    assert parent.data.params["sft.lr"] == "5e-06" and parent.data.params["rl.engine"] == "hybrid"
+    assert parent.data.params["sft.lr"] == "5e-06" and parent.data.params["rl.rollout.engine"] == "hybrid"

@@ -404,7 +404,7 @@ def test_a_stage_that_raises_fails_the_flow_with_its_error_and_registers_nothing
     boom.write_text("def reward_func(queries, prompts, labels):\n    raise ValueError('no reward today')\n")
     versions = len(mlflow_client(ws).search_model_versions("name = 'rlhf-rl'"))
     # no KL term: no reference actor to start for a run that fails at its first scoring
-    result = run_cli(ws, "run", f"reward.func_path={boom}", "rl.max_steps=2", "rl.init_kl_coef=0")
+    result = run_cli(ws, "run", f"reward.func_path={boom}", "rl.max_steps=2", "rl.algorithm.init_kl_coef=0")
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == f"error: reward_func in {boom} raised ValueError: no reward today"
     assert "Traceback" not in result.stdout + result.stderr  # it is in the stage's MLflow run, tag rlhf.error
@@ -440,8 +440,8 @@ def test_ctrl_c_during_rl_stops_it_within_seconds_registers_nothing_and_keeps_it
     KILLED, registers nothing, and the process ends with 130 and one line saying how to go on. Its
     checkpoints stay in the work dir of its fingerprint, where a rerun resumes (as SFT's above; RL's
     resume itself: tests/stage/test_rl_stage.py)."""
-    args = ["--only", "rl", "rl.max_steps=4", "rl.save_every=1", "rl.eval_every=4", "rl.rollout_batch_size=8",
-            "rl.n_samples_per_prompt=4", "rl.train_batch_size=32", "eval.max_samples=16", "eval.samples_per_prompt=0"]
+    args = ["--only", "rl", "rl.max_steps=4", "rl.save_every=1", "rl.eval_every=4", "rl.rollout.batch_size=8",
+            "rl.rollout.n_samples_per_prompt=4", "rl.train_batch_size=32", "eval.max_samples=16", "eval.samples_per_prompt=0"]
     versions = len(mlflow_client(ws).search_model_versions("name = 'rlhf-rl'"))
     before = set((ws / ".rlhf" / "work").glob("rl-*"))
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"

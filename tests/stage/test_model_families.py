@@ -72,9 +72,9 @@ def family_overrides(name: str, model_dir, files) -> list[str]:
         "data.prompts.label_key=answer", "data.prompts.eval_ratio=0.5",
         "reward.source=func", f"reward.func_path={files.reward}",
         *(f"{s}.{k}" for s in TRAINED for k in ("max_steps=2", "micro_batch_size=2", "eval_every=2", "save_every=2", "lr=1e-3")),
-        "rl.max_steps=1", "rl.rollout_batch_size=2", "rl.n_samples_per_prompt=2", "rl.train_batch_size=4",
-        "rl.micro_train_batch_size=4", "rl.micro_rollout_batch_size=4", "rl.generate_max_len=8", "rl.prompt_max_len=128",
-        "rl.eval_every=1", "rl.save_every=1", "rl.engine=hybrid", "rl.colocate_all=true", "rl.actor.lr=1e-3",
+        "rl.max_steps=1", "rl.rollout.batch_size=2", "rl.rollout.n_samples_per_prompt=2", "rl.train_batch_size=4",
+        "rl.micro_train_batch_size=4", "rl.rollout.micro_batch_size=4", "rl.rollout.generate_max_len=8", "rl.rollout.prompt_max_len=128",
+        "rl.eval_every=1", "rl.save_every=1", "rl.rollout.engine=hybrid", "rl.placement.colocate_all=true", "rl.actor.lr=1e-3",
         "eval.max_samples=4", "eval.samples_per_prompt=1", "eval.max_new_tokens=8", "eval.batch_size=4",
         "infra.cpus_per_worker=2", *aux,
     ]
@@ -154,7 +154,7 @@ def test_a_system_prompt_over_the_length_limits_names_the_row(family):
     with pytest.raises(DataError, match=rf"prompts.jsonl line \d+: \d+ tokens, longer than data.max_len={max(others)}"):
         run_stage(family, data_prep, "data_prep_short", {}, [f"data.max_len={max(others)}"])
     first = next(i for i, r in enumerate(rows) if SYSTEM in r["prompt"])
-    with pytest.raises(DataError, match=rf"prompts/train row {first}: prompt is \d+ tokens, over rl.prompt_max_len={max(others)}"):
+    with pytest.raises(DataError, match=rf"prompts/train row {first}: prompt is \d+ tokens, over rl.rollout.prompt_max_len={max(others)}"):
         rl_stage.encode_prompts(tok, rows, max(others), "prompts/train")
 
 

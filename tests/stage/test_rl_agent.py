@@ -27,9 +27,9 @@ class Environment:
 def test_every_episode_takes_its_two_turns_and_their_rewards_reach_the_estimator(prepared, tmp_path):
     env = tmp_path / "two_turns.py"
     env.write_text(TWO_TURNS)
-    cfg = load_config(None, [*FAST, f"rl.agent_path={env}", "rl.advantage_estimator=reinforce", "rl.max_steps=2",
-                             "rl.rollout_batch_size=4", "rl.n_samples_per_prompt=2", "rl.train_batch_size=8",
-                             "rl.micro_train_batch_size=8", "rl.generate_max_len=8", "rl.eval_every=2",
+    cfg = load_config(None, [*FAST, f"rl.agent.path={env}", "rl.algorithm.advantage_estimator=reinforce", "rl.max_steps=2",
+                             "rl.rollout.batch_size=4", "rl.rollout.n_samples_per_prompt=2", "rl.train_batch_size=8",
+                             "rl.micro_train_batch_size=8", "rl.rollout.generate_max_len=8", "rl.eval_every=2",
                              "eval.max_samples=4", "eval.max_new_tokens=8", "eval.samples_per_prompt=2",
                              "rl.actor.lr=1e-3"])
     logged = []

@@ -15,12 +15,12 @@ from stages.rl import stage as rl_stage
 from tests.stage.conftest import FAST, make_ctx
 
 RL_FAST = [
-    *FAST, "rl.max_steps=2", "rl.rollout_batch_size=4", "rl.n_samples_per_prompt=4", "rl.train_batch_size=8",
-    "rl.micro_train_batch_size=4", "rl.micro_rollout_batch_size=16", "rl.eval_every=1", "rl.save_every=1",
-    "rl.generate_max_len=12", "rl.actor.lr=1e-3", "eval.max_samples=8", "eval.max_new_tokens=12",
-    "eval.samples_per_prompt=2", "rl.colocate_all=true", "infra.cpus_per_worker=2",
-    "rl.recompute_old_log_probs=true",  # the policy's own old log-probs: rollout_logprob_gap checks the weight sync
-    "rl.engine=hf",  # engine and reference actors (the preset's hybrid layout: the hybrid test and the flow tests)
+    *FAST, "rl.max_steps=2", "rl.rollout.batch_size=4", "rl.rollout.n_samples_per_prompt=4", "rl.train_batch_size=8",
+    "rl.micro_train_batch_size=4", "rl.rollout.micro_batch_size=16", "rl.eval_every=1", "rl.save_every=1",
+    "rl.rollout.generate_max_len=12", "rl.actor.lr=1e-3", "eval.max_samples=8", "eval.max_new_tokens=12",
+    "eval.samples_per_prompt=2", "rl.placement.colocate_all=true", "infra.cpus_per_worker=2",
+    "rl.algorithm.recompute_old_log_probs=true",  # the policy's own old log-probs: rollout_logprob_gap checks the weight sync
+    "rl.rollout.engine=hf",  # engine and reference actors (the preset's hybrid layout: the hybrid test and the flow tests)
 ]
 # Rewards that differ between samples of the untrained model, so every estimator has a signal.
 LENGTH_REWARD = "def reward_func(queries, prompts, labels):\n    return [len(q) - len(p) for q, p in zip(queries, prompts)]\n"
@@ -57,7 +57,7 @@ def run_rl(prepared, root, overrides, fail_at: int | None = None, extra_inputs=N
 @pytest.fixture(scope="module")
 def grpo_args(length_reward) -> list[str]:
     """The module's GRPO run's settings (on top of RL_FAST): the tests that compare against it start from them."""
-    return ["rl.advantage_estimator=group_norm", f"reward.func_path={length_reward}"]
+    return ["rl.algorithm.advantage_estimator=group_norm", f"reward.func_path={length_reward}"]
 
 
 @pytest.fixture(scope="module")
@@ -95,11 +95,11 @@ def test_grpo_trains_the_policy_and_syncs_the_engine(grpo, prepared):
 
 @pytest.mark.parametrize("engine", ["hf", "hybrid"])  # hybrid, not recomputed: the tiny preset's RL
 def test_sampling_log_probs_stand_in_for_the_old_ones_when_not_recomputed(grpo, grpo_args, prepared, tmp_path, engine):
-    """rl.recompute_old_log_probs=false: the same first rollout (same seed) trains to the same losses,
+    """rl.algorithm.recompute_old_log_probs=false: the same first rollout (same seed) trains to the same losses,
     since the sampler's log-probs (HF engine or the hybrid policy rank) are the ones the policy would
     recompute."""
-    _, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.recompute_old_log_probs=false", "rl.max_steps=1",
-                                            f"rl.engine={engine}"])
+    _, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.algorithm.recompute_old_log_probs=false", "rl.max_steps=1",
+                                            f"rl.rollout.engine={engine}"])
     fast = next(m for s, m in logged if s == 1 and "train/reward" in m)
     full = next(m for s, m in grpo[1] if s == 1 and "train/reward" in m)
     assert "rollout/logprob_gap" not in fast
@@ -110,11 +110,11 @@ def test_sampling_log_probs_stand_in_for_the_old_ones_when_not_recomputed(grpo, 
 
 def test_hybrid_engine_samples_as_the_engine_does_without_engine_actors_or_weight_sync(grpo, grpo_args, prepared,
                                                                                          tmp_path):
-    """rl.engine=hybrid: the policy rank samples with the weights it trains and holds the reference. The
+    """rl.rollout.engine=hybrid: the policy rank samples with the weights it trains and holds the reference. The
     first rollout (same seed, same start weights) is the one the HF engine drew; the second comes from
     the updated policy itself, so its log-probs are the trainer's, nothing is synced, and its KL against
     the rank's reference is the one the reference actor gave the engine's run."""
-    result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.engine=hybrid"])
+    result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.rollout.engine=hybrid"])
     steps = {s: m for s, m in logged if "train/reward" in m}
     engine = next(m for s, m in grpo[1] if s == 1 and "train/reward" in m)
     assert (steps[1]["train/reward"], steps[1]["train/response_length"]) == (engine["train/reward"], engine["train/response_length"])
@@ -131,7 +131,7 @@ def test_hybrid_engine_samples_as_the_engine_does_without_engine_actors_or_weigh
 
 
 def test_hf_engine_in_calls_of_generate_batch_size_returns_every_prompt_in_order(prepared):
-    """rl.generate_batch_size splits an engine's share into several `generate` calls; greedy answers
+    """rl.rollout.generate_batch_size splits an engine's share into several `generate` calls; greedy answers
     (which do not depend on the batch) come back the same, one per prompt, in the prompts' order."""
     import ray
 
@@ -143,7 +143,7 @@ def test_hf_engine_in_calls_of_generate_batch_size_returns_every_prompt_in_order
     tok = checkpoint.load_tokenizer(prepared["base_model"])
     prompts = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in read_split(prepared["eval_data"], "eval")[:7]]
     engines = {per_call: actor_class(HFRolloutEngine).options(num_cpus=0).remote(  # both start at once
-        load_config(None, [*RL_FAST, *([f"rl.generate_batch_size={per_call}"] if per_call else [])]),
+        load_config(None, [*RL_FAST, *([f"rl.rollout.generate_batch_size={per_call}"] if per_call else [])]),
         NodeInputs({"sft_model": str(prepared["base_model"])}), 1) for per_call in (None, 3)}
     answers = {per_call: ray.get(e.generate.remote(prompts, 0, None, 12)) for per_call, e in engines.items()}
     for engine in engines.values():
@@ -160,9 +160,9 @@ def test_ppo_with_lora_actor_and_critic_syncs_merged_weights_and_saves_the_adapt
 
     from stages.common import checkpoint_paths
 
-    result, logged = run_rl(prepared, tmp_path, ["rl.advantage_estimator=gae", f"reward.func_path={length_reward}",
+    result, logged = run_rl(prepared, tmp_path, ["rl.algorithm.advantage_estimator=gae", f"reward.func_path={length_reward}",
                                                  "rl.actor.lora.rank=4", "rl.actor.lora.alpha=8", "rl.critic.lora.rank=4",
-                                                 "rl.actor.lr=5e-3", "rl.init_kl_coef=0"])
+                                                 "rl.actor.lr=5e-3", "rl.algorithm.init_kl_coef=0"])
     step2 = next(m for s, m in logged if s == 2 and "train/reward" in m)
     assert step2["rollout/logprob_gap"] < 1e-4 and "critic/value_loss" in step2
     out = result.outputs["rl_model"]
@@ -185,7 +185,7 @@ def quick_reward_model(stage, module, data: str, output: str, prepared, root):
 
 def test_ppo_with_critic_and_reward_model(prepared, tmp_path):
     rm = quick_reward_model("rm", reward_model, "pref_data", "reward_model", prepared, tmp_path)
-    result, logged = run_rl(prepared, tmp_path / "rl", ["rl.advantage_estimator=gae", "reward.source=rm"],
+    result, logged = run_rl(prepared, tmp_path / "rl", ["rl.algorithm.advantage_estimator=gae", "reward.source=rm"],
                             extra_inputs={"reward_model": rm})
     steps = [m for _, m in logged if "train/reward" in m]
     assert all("critic/value_loss" in m for m in steps)
@@ -195,7 +195,7 @@ def test_ppo_with_critic_and_reward_model(prepared, tmp_path):
 
 def test_reinforce_with_dense_process_rewards(prepared, tmp_path):
     prm_dir = quick_reward_model("prm", prm, "prm_data", "prm", prepared, tmp_path)
-    result, logged = run_rl(prepared, tmp_path / "rl", ["rl.advantage_estimator=reinforce", "reward.source=prm"],
+    result, logged = run_rl(prepared, tmp_path / "rl", ["rl.algorithm.advantage_estimator=reinforce", "reward.source=prm"],
                             extra_inputs={"prm": prm_dir})
     steps = [m for _, m in logged if "train/reward" in m]
     assert all("reward/prm/steps" in m for m in steps)
@@ -203,12 +203,12 @@ def test_reinforce_with_dense_process_rewards(prepared, tmp_path):
 
 
 def test_weight_sync_through_the_object_store_gives_the_broadcast_run(grpo, grpo_args, prepared, tmp_path, capsys):
-    """rl.weight_sync decides only how the engine gets the policy's weights: whole state dicts through the
+    """rl.rollout.weight_sync decides only how the engine gets the policy's weights: whole state dicts through the
     object store give the module's GRPO run (parameter-by-parameter broadcast over a gloo group) step for
     step, and each run says in its log which path it took."""
     whole, steps = grpo
-    result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.weight_sync=object_store"])
-    assert "[rl] weight sync: whole state dicts (rl.weight_sync=object_store)" in capsys.readouterr().out
+    result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.rollout.weight_sync=object_store"])
+    assert "[rl] weight sync: whole state dicts (rl.rollout.weight_sync=object_store)" in capsys.readouterr().out
     by_step = {s: m for s, m in steps if "train/reward" in m}
     for step, m in ((s, m) for s, m in logged if "train/reward" in m):
         for key in ("train/reward", "train/kl", "actor/policy_loss", "rollout/logprob_gap", "train/response_length"):
@@ -219,12 +219,12 @@ def test_weight_sync_through_the_object_store_gives_the_broadcast_run(grpo, grpo
 
 
 def test_async_training_samples_one_update_behind_and_weighs_those_samples(grpo_args, prepared, tmp_path):
-    """rl.async_train: the engine draws step t+1's samples while the policy trains on step t's, so from step 2
+    """rl.rollout.async_train: the engine draws step t+1's samples while the policy trains on step t's, so from step 2
     on they come from the weights one update back: the engine's log-probs lag the policy's recomputed ones,
     where the synchronous run's agree (its gap < 1e-4: test_grpo_trains_the_policy_and_syncs_the_engine).
     Step 1's samples are drawn before any update, on-policy in both."""
-    result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.async_train=true", "rl.eval_every=2",
-                                                 "rl.colocate_all=false", "rl.colocate_models=true", "infra.cpus_per_worker=1"])
+    result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.rollout.async_train=true", "rl.eval_every=2",
+                                                 "rl.placement.colocate_all=false", "rl.placement.colocate_models=true", "infra.cpus_per_worker=1"])
     gaps = {s: m["rollout/logprob_gap"] for s, m in logged if "train/reward" in m}
     assert sorted(gaps) == [1, 2]
     assert gaps[1] < 1e-4 and gaps[2] > 1e-3, gaps
@@ -251,22 +251,22 @@ def test_killed_rl_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(
 
 def test_dynamic_filtering_replaces_groups_whose_scores_are_all_equal(prepared, tmp_path):
     # the untrained model never answers, so the rule reward is 0 for every sample: every group is filtered
-    result, logged = run_rl(prepared, tmp_path, ["rl.dynamic_filtering=true", "rl.max_steps=1"])
+    result, logged = run_rl(prepared, tmp_path, ["rl.algorithm.dynamic_filtering=true", "rl.max_steps=1"])
     (step,) = [m for _, m in logged if "train/reward" in m]
     assert step["rollout/filtered_groups"] == 4 * (1 + rl_stage.MAX_FILL_ROUNDS)
     assert result.outputs["rl_model"].is_dir()
 
 
 def test_actor_groups_that_do_not_fit_the_cluster_fail_with_one_line(prepared, tmp_path):
-    with pytest.raises(PipelineError, match=r"stage rl needs 8 CPU .* the Ray cluster has 2 CPU .*rl.colocate_all: true"):
-        run_rl(prepared, tmp_path, ["rl.colocate_all=false"])
+    with pytest.raises(PipelineError, match=r"stage rl needs 8 CPU .* the Ray cluster has 2 CPU .*rl.placement.colocate_all: true"):
+        run_rl(prepared, tmp_path, ["rl.placement.colocate_all=false"])
 
 
 def test_prompt_longer_than_prompt_max_len_names_the_row(prepared, tmp_path):
     from configs.errors import DataError
 
-    with pytest.raises(DataError, match=r"prompts/train row 0: prompt is \d+ tokens, over rl.prompt_max_len=2"):
-        run_rl(prepared, tmp_path, ["rl.prompt_max_len=2"])
+    with pytest.raises(DataError, match=r"prompts/train row 0: prompt is \d+ tokens, over rl.rollout.prompt_max_len=2"):
+        run_rl(prepared, tmp_path, ["rl.rollout.prompt_max_len=2"])
 
 
 def test_length_reward_fixture_is_a_valid_reward_file(length_reward):

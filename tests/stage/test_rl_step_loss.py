@@ -9,7 +9,7 @@ from stages.common import deepspeed_engine
 from stages.rl.workers import actor_loss, token_log_probs, train_steps
 from tests.stage.test_deepspeed_options import tiny_llama
 
-RL = RLConfig(use_kl_loss=True, kl_estimator="k3", entropy_coef=0.01)
+RL = RLConfig(algorithm={"use_kl_loss": True, "kl_estimator": "k3", "entropy_coef": 0.01})
 
 
 def micro_batch(responses: list[int], seed: int, width: int = 12, prompt: int = 3) -> dict[str, torch.Tensor]:
@@ -42,7 +42,7 @@ def one_step(micros: list[dict], per_micro_batch_mean: bool = False):
     engine = deepspeed_engine.initialize(tiny_llama(), config)
     before = [p.detach().clone() for p in engine.module.parameters()]
     with torch.no_grad():  # the old policy is this one: ratios of 1, every token in the clip range
-        micros = [m | {"old_log_probs": token_log_probs(engine, m, RL.temperature)} for m in micros]
+        micros = [m | {"old_log_probs": token_log_probs(engine, m, RL.rollout.temperature)} for m in micros]
 
     def loss(micro, units):
         return actor_loss(engine, micro, RL, None if per_micro_batch_mean else units)

@@ -25,7 +25,7 @@ def vllm_python() -> str:
 
 @pytest.fixture(scope="module")
 def engine(prepared, vllm_python):
-    cfg = load_config(None, ["rl.engine=vllm", f"rl.vllm_python={vllm_python}", "rl.vllm_kv_cache_mib=64"])
+    cfg = load_config(None, ["rl.rollout.engine=vllm", f"rl.rollout.vllm_python={vllm_python}", "rl.rollout.vllm_kv_cache_mib=64"])
     rollout_engines.check(cfg, cluster_gpus=0)
     actor = VLLMRolloutEngine.options(num_cpus=0, runtime_env=runtime_env(vllm_python, 2)).remote(
         NodeInputs({"sft_model": str(prepared["base_model"])}), rollout_engines.vllm_options(cfg, 0), 2)
@@ -107,8 +107,8 @@ def test_weights_broadcast_parameter_by_parameter_replace_the_engine_policy(engi
 def test_grpo_runs_on_the_vllm_engine_with_weights_broadcast_into_its_workers(prepared, vllm_python, tmp_path, capsys):
     reward = tmp_path / "length.py"
     reward.write_text("def reward_func(queries, prompts, labels):\n    return [float(len(q) - len(p)) for q, p in zip(queries, prompts)]\n")
-    result, logged = run_rl(prepared, tmp_path, ["rl.engine=vllm", f"rl.vllm_python={vllm_python}",
-                                                 "rl.vllm_kv_cache_mib=64", f"reward.func_path={reward}"])
+    result, logged = run_rl(prepared, tmp_path, ["rl.rollout.engine=vllm", f"rl.rollout.vllm_python={vllm_python}",
+                                                 "rl.rollout.vllm_kv_cache_mib=64", f"reward.func_path={reward}"])
     steps = {s: m for s, m in logged if "train/reward" in m}
     assert sorted(steps) == [1, 2]
     # step 2 samples after the step-1 update reached the engine, broadcast into vLLM's worker

@@ -1,4 +1,4 @@
-"""Multi-turn episodes (`rl.agent_path`): the turns, the loss mask over the environment's tokens, where
+"""Multi-turn episodes (`rl.agent.path`): the turns, the loss mask over the environment's tokens, where
 each turn's reward goes, and one line for each way an environment file can be wrong. The engine here
 answers from a script (the sampling itself is the engines' tests); the environment is the shipped example."""
 
@@ -53,7 +53,7 @@ class Actors:
 
 
 def config(*overrides: str, path: str = EXAMPLE):
-    return load_config(None, [f"rl.agent_path={path}", *overrides])
+    return load_config(None, [f"rl.agent.path={path}", *overrides])
 
 
 def test_two_turns_mask_the_environments_tokens_and_reward_the_answers_ends(tokenizer):
@@ -106,7 +106,7 @@ def test_max_turns_ends_an_episode_its_environment_keeps_open(tokenizer, tmp_pat
             async def step(self, observation, action):  # async steps run concurrently
                 return 0.5, "\\n", False
     """))
-    cfg = config("rl.agent_max_turns=3", path=str(endless))
+    cfg = config("rl.agent.max_turns=3", path=str(endless))
     engine = ScriptedEngine(tokenizer, ["1", "2", "3", "4"])
     samples, scored = run_episodes(Actors(cfg, engine), tokenizer, [PROMPT, PROMPT], ["1", "2"], cfg, 0, 1.0, 5)
     assert len(engine.contexts) == 3 and scored.rewards.tolist() == [1.5, 1.5]
@@ -139,9 +139,9 @@ def test_a_step_that_never_returns_ends_at_the_timeout(tokenizer, tmp_path):
     stuck = tmp_path / "stuck.py"
     stuck.write_text("import threading\nclass Environment:\n    def reset(self, prompt, label):\n        return prompt\n"
                      "    def step(self, observation, action):\n        threading.Event().wait(20)\n")
-    cfg = config("rl.agent_timeout_s=0.5", path=str(stuck))
-    with pytest.raises(RewardError, match=rf"^rl.agent_path={stuck}: Environment.step did not return within "
-                                          r"rl.agent_timeout_s=0.5 s; fix the environment or raise rl.agent_timeout_s$"):
+    cfg = config("rl.agent.timeout_s=0.5", path=str(stuck))
+    with pytest.raises(RewardError, match=rf"^rl.agent.path={stuck}: Environment.step did not return within "
+                                          r"rl.agent.timeout_s=0.5 s; fix the environment or raise rl.agent.timeout_s$"):
         run_episodes(Actors(cfg, ScriptedEngine(tokenizer, ["Answer: 1"])), tokenizer, [PROMPT], ["1"], cfg, 0, 1.0, 5)
 
 
@@ -169,13 +169,13 @@ def test_episodes_are_shared_over_the_reward_workers_in_order(tokenizer):
 def test_an_agent_file_is_checked_before_anything_runs(tmp_path, source, message):
     path = tmp_path / "env.py"
     path.write_text(source)
-    with pytest.raises(RewardError, match=f"^rl.agent_path={re.escape(str(path))}: {re.escape(message)}"):
+    with pytest.raises(RewardError, match=f"^rl.agent.path={re.escape(str(path))}: {re.escape(message)}"):
         agent_file.check(path)
-    with pytest.raises(RewardError, match="^rl.agent_path=missing.py: no such file$"):
+    with pytest.raises(RewardError, match="^rl.agent.path=missing.py: no such file$"):
         agent_file.resolve("missing.py")
     agent_file.check(agent_file.resolve(EXAMPLE))
 
 
 def test_async_training_and_an_agent_are_refused_together():
     with pytest.raises(ConfigError, match="async_train draws the next step's samples in one generate call"):
-        config("rl.async_train=true")
+        config("rl.rollout.async_train=true")

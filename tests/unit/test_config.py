@@ -390,7 +390,7 @@ def test_a_config_states_only_what_differs_from_its_base(tmp_path):
     mine.write_text("base: tiny\nsft:\n  max_steps: 7\nrl:\n  actor:\n    lr: 3.0e-5\n")
     cfg, tiny = load_config(str(mine)), load_config("tiny")
     assert (cfg.sft.max_steps, cfg.rl.actor.lr) == (7, 3.0e-5)
-    assert cfg.sft.lr == tiny.sft.lr and cfg.rl.engine == tiny.rl.engine == "hybrid"  # siblings kept
+    assert cfg.sft.lr == tiny.sft.lr and cfg.rl.rollout.engine == tiny.rl.rollout.engine == "hybrid"  # siblings kept
     assert cfg.model_dump(exclude={"sft", "rl"}) == tiny.model_dump(exclude={"sft", "rl"})
 
 

@@ -125,7 +125,7 @@ def test_config_subset_deep_key_and_none():
 
 
 def test_config_subset_follows_overrides_and_is_json():
-    cfg = load_config("tiny", ["sft.lr=3e-4", "infra.zero_stage=3", "rl.engine=hf"])
+    cfg = load_config("tiny", ["sft.lr=3e-4", "infra.zero_stage=3", "rl.rollout.engine=hf"])
     got = config_subset(cfg, ("sft.lr", "infra.zero_stage", "data.synthetic"))
     assert got["sft.lr"] == 0.0003
     assert got["infra.zero_stage"] == 3

@@ -17,19 +17,19 @@ def rl_section(*overrides):
 
 
 def test_rl_step_metrics_put_the_headline_curves_under_train_and_drop_what_the_config_fixes():
-    named = step_metrics(RAW, rl_section("rl.engine=hybrid"))
+    named = step_metrics(RAW, rl_section("rl.rollout.engine=hybrid"))
     assert named == {"train/reward": 0.5, "train/kl": 0.01, "train/response_length": 12.0, "rollout/reward_std": 0.2,
                      "rollout/score": 0.4, "rollout/tokens": 900.0, "rollout/advantage_mean": 0.0,
                      "rollout/logprob_gap": 1e-6, "rollout/samples_per_s": 30.0, "actor/entropy": 3.1,
                      "critic/value_loss": 0.2, "reward/answered": 0.9, "time/training": 1.5}
 
 
-@pytest.mark.parametrize("override, kept", [("rl.kl_target=0.05", "rollout/kl_coef"),
-                                            ("rl.dynamic_filtering=true", "rollout/filtered_groups"),
-                                            ("rl.engine=hf", "time/weight_sync"),
+@pytest.mark.parametrize("override, kept", [("rl.algorithm.kl_target=0.05", "rollout/kl_coef"),
+                                            ("rl.algorithm.dynamic_filtering=true", "rollout/filtered_groups"),
+                                            ("rl.rollout.engine=hf", "time/weight_sync"),
                                             ("rl.actor.warmup_ratio=0.1", "actor/lr")])
 def test_rl_step_metrics_keep_a_series_the_config_lets_vary(override, kept):
-    named = step_metrics(RAW, rl_section("rl.engine=hybrid", override) if override != "rl.engine=hf" else rl_section(override))
+    named = step_metrics(RAW, rl_section("rl.rollout.engine=hybrid", override) if override != "rl.rollout.engine=hf" else rl_section(override))
     assert kept in named
     assert len(named) == 14  # the 13 above and this one
 

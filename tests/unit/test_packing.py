@@ -170,8 +170,8 @@ def test_rl_packed_policy_loss_and_gradients_equal_the_padded_batch(aggregation)
     batch = rl_batch()
 
     def loss(model, packed):
-        rl = RLConfig(use_kl_loss=True, kl_estimator="k3", entropy_coef=0.01, rollout_is_cap=2.0,
-                      loss_aggregation=aggregation, packing=packed)
+        rl = RLConfig(algorithm={"use_kl_loss": True, "kl_estimator": "k3", "entropy_coef": 0.01, "rollout_is_cap": 2.0,
+                                 "loss_aggregation": aggregation}, packing=packed)
         return actor_loss(model, batch, rl, units=None)[0]
 
     assert_same_loss_and_grads(tiny, loss)

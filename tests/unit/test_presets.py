@@ -31,7 +31,7 @@ def test_preset_loads_and_passes_preflight(name):
 @pytest.mark.parametrize("name, gpus", GPU_PRESETS.items())
 def test_rl_layout_needs_the_gpus_the_preset_says(name, gpus):
     cfg = load_config(name)
-    assert bundles_needed(cfg, cfg.rl.needs_critic)[1] == gpus
+    assert bundles_needed(cfg, cfg.rl.algorithm.needs_critic)[1] == gpus
     assert cfg.infra.num_workers * cfg.infra.gpus_per_worker <= gpus  # the training stages fit too
 
 

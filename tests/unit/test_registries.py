@@ -14,7 +14,7 @@ from configs.reward_sources import REWARD_SOURCES, RewardSourceSpec
 from configs.schema import PipelineConfig
 from stages.dag import BY_NAME
 
-REGISTRIES = {"rl.advantage_estimator": ESTIMATORS, "reward.source": REWARD_SOURCES, "dpo.loss": DPO_OBJECTIVES}
+REGISTRIES = {"rl.algorithm.advantage_estimator": ESTIMATORS, "reward.source": REWARD_SOURCES, "dpo.loss": DPO_OBJECTIVES}
 
 
 @pytest.mark.parametrize("key", REGISTRIES)
@@ -28,8 +28,8 @@ def test_an_unknown_name_fails_in_one_line_listing_the_registered_names(key):
 
 def test_the_unknown_name_message_reads_as_pydantics_for_a_literal():
     with pytest.raises(ConfigError) as failed:
-        load_config(None, ["rl.advantage_estimator=ppo"])
-    assert str(failed.value) == ("override 'rl.advantage_estimator=ppo': rl.advantage_estimator: Input should be 'gae', "
+        load_config(None, ["rl.algorithm.advantage_estimator=ppo"])
+    assert str(failed.value) == ("override 'rl.algorithm.advantage_estimator=ppo': rl.algorithm.advantage_estimator: Input should be 'gae', "
                                  "'reinforce', 'reinforce_baseline', 'rloo', 'group_norm' or 'dr_grpo' (got 'ppo')")
 
 
@@ -40,16 +40,16 @@ def test_a_name_declared_twice_is_refused():
 
 def test_a_registered_estimator_is_accepted_and_its_properties_apply(monkeypatch):
     with pytest.raises(ConfigError):
-        load_config(None, ["rl.advantage_estimator=toy"])
+        load_config(None, ["rl.algorithm.advantage_estimator=toy"])
     monkeypatch.setitem(ESTIMATORS, "toy", Estimator("toy", "group_mean", needs_critic=True, grouped=True,
                                                       aggregation="seq_mean_token_mean"))
-    rl = load_config(None, ["rl.advantage_estimator=toy"]).rl
-    assert (rl.needs_critic, rl.aggregation) == (True, "seq_mean_token_mean")
+    rl = load_config(None, ["rl.algorithm.advantage_estimator=toy"]).rl
+    assert (rl.algorithm.needs_critic, rl.algorithm.aggregation) == (True, "seq_mean_token_mean")
     with pytest.raises(ConfigError, match="advantage_estimator=toy compares samples of a prompt"):
-        load_config(None, ["rl.advantage_estimator=toy", "rl.n_samples_per_prompt=1"])
+        load_config(None, ["rl.algorithm.advantage_estimator=toy", "rl.rollout.n_samples_per_prompt=1"])
     monkeypatch.delitem(ESTIMATORS, "toy")
     with pytest.raises(ConfigError):
-        load_config(None, ["rl.advantage_estimator=toy"])
+        load_config(None, ["rl.algorithm.advantage_estimator=toy"])
 
 
 def test_a_registered_reward_source_is_accepted_and_the_dag_gives_it_the_model_it_consumes(monkeypatch):
@@ -81,7 +81,7 @@ def test_an_option_of_another_objective_fails_in_one_line(overrides, message):
 
 def test_the_defaults_are_registered():
     cfg = PipelineConfig()
-    assert cfg.rl.advantage_estimator in ESTIMATORS and cfg.reward.source in REWARD_SOURCES
+    assert cfg.rl.algorithm.advantage_estimator in ESTIMATORS and cfg.reward.source in REWARD_SOURCES
     assert cfg.dpo.loss in DPO_OBJECTIVES
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from configs import ConfigError, load_config
 from configs.estimators import ESTIMATORS
-from configs.schema import InfraConfig, PipelineConfig, TrainingConfig
+from configs.schema import RL_MOVED, RL_SECTIONS, InfraConfig, PipelineConfig, RLConfig, TrainingConfig
 from stages.common.deepspeed_engine import engine_config
 from stages.rl.layout import group_sizes, pools
 from stages.rl.placement import Slot, waves
@@ -17,39 +17,55 @@ UNGROUPED = [n for n, e in ESTIMATORS.items() if not e.grouped]
 @pytest.mark.parametrize("estimator", GROUPED)
 def test_group_estimators_need_several_samples_per_prompt(estimator):
     with pytest.raises(ConfigError, match=f"advantage_estimator={estimator} compares samples of a prompt"):
-        load_config(None, [f"rl.advantage_estimator={estimator}", "rl.n_samples_per_prompt=1"])
+        load_config(None, [f"rl.algorithm.advantage_estimator={estimator}", "rl.rollout.n_samples_per_prompt=1"])
 
 
 @pytest.mark.parametrize("estimator", UNGROUPED)
 def test_single_sample_estimators_accept_one_sample(estimator):
-    cfg = load_config(None, [f"rl.advantage_estimator={estimator}", "rl.n_samples_per_prompt=1",
-                             "rl.rollout_batch_size=64", "rl.train_batch_size=64"])
-    assert cfg.rl.n_samples_per_prompt == 1
+    cfg = load_config(None, [f"rl.algorithm.advantage_estimator={estimator}", "rl.rollout.n_samples_per_prompt=1",
+                             "rl.rollout.batch_size=64", "rl.train_batch_size=64"])
+    assert cfg.rl.rollout.n_samples_per_prompt == 1
 
 
 @pytest.mark.parametrize("estimator", GROUPED)
 def test_group_estimators_refuse_a_discount(estimator):
-    with pytest.raises(ConfigError, match=f"override 'rl.gamma=0.9': rl: .*rl.gamma=0.9 with advantage_estimator={estimator}: "
+    with pytest.raises(ConfigError, match=f"override 'rl.algorithm.gamma=0.9': rl.algorithm: .*rl.algorithm.gamma=0.9 with advantage_estimator={estimator}: "
                                           "a group estimator scores whole responses, undiscounted"):
-        load_config(None, [f"rl.advantage_estimator={estimator}", "rl.gamma=0.9"])
+        load_config(None, [f"rl.algorithm.advantage_estimator={estimator}", "rl.algorithm.gamma=0.9"])
 
 
 @pytest.mark.parametrize("estimator", UNGROUPED)
 def test_discount_applies_to_estimators_that_compare_no_samples(estimator):
-    assert load_config(None, [f"rl.advantage_estimator={estimator}", "rl.gamma=0.9"]).rl.gamma == 0.9
+    assert load_config(None, [f"rl.algorithm.advantage_estimator={estimator}", "rl.algorithm.gamma=0.9"]).rl.algorithm.gamma == 0.9
 
 
 def test_batch_sizes_must_divide():
-    with pytest.raises(ConfigError, match=r"must be a multiple of train_batch_size"):
+    with pytest.raises(ConfigError, match=r"must be a multiple of rl.train_batch_size"):
         load_config(None, ["rl.train_batch_size=48"])
-    with pytest.raises(ConfigError, match=r"multiple of micro_train_batch_size x actor.num_workers"):
+    with pytest.raises(ConfigError, match=r"multiple of rl.micro_train_batch_size x rl.actor.num_workers"):
         load_config(None, ["rl.actor.num_workers=3"])
 
 
 def test_importance_weights_need_recomputed_old_log_probs():
-    with pytest.raises(ConfigError, match="rollout_is_cap .* needs recompute_old_log_probs: true"):
-        load_config(None, ["rl.rollout_is_cap=2", "rl.recompute_old_log_probs=false"])
-    assert load_config(None, ["rl.recompute_old_log_probs=false"]).rl.recompute_old_log_probs is False
+    with pytest.raises(ConfigError, match="rl.algorithm.rollout_is_cap .* needs rl.algorithm.recompute_old_log_probs: true"):
+        load_config(None, ["rl.algorithm.rollout_is_cap=2", "rl.algorithm.recompute_old_log_probs=false"])
+    assert load_config(None, ["rl.algorithm.recompute_old_log_probs=false"]).rl.algorithm.recompute_old_log_probs is False
+
+
+def test_a_key_of_the_flat_rl_layout_names_where_it_went(tmp_path):
+    """The rl section has sections (rollout, algorithm, placement, agent): a flat key, in an override or a
+    preset, is refused with its new name, and every old key has one."""
+    with pytest.raises(ConfigError, match=r"^override 'rl.temperature=0.5': rl.temperature is now rl.rollout.temperature$"):
+        load_config(None, ["rl.temperature=0.5"])
+    with pytest.raises(ConfigError, match=r"rl.rollout_batch_size is now rl.rollout.batch_size$"):
+        load_config(None, ["rl.rollout_batch_size=8"])
+    preset = tmp_path / "old.yaml"
+    preset.write_text("rl:\n  colocate_all: true\n")
+    with pytest.raises(ConfigError, match=r"old.yaml: rl: .*rl.colocate_all is now rl.placement.colocate_all"):
+        load_config(str(preset))
+    for old, new in RL_MOVED.items():
+        section, name = new.split(".")
+        assert name in RL_SECTIONS[section].model_fields and old not in RLConfig.model_fields
 
 
 def test_unknown_rl_key_is_named():
@@ -58,16 +74,16 @@ def test_unknown_rl_key_is_named():
 
 
 def test_loss_aggregation_defaults_per_estimator():
-    assert PipelineConfig().rl.aggregation == "token_mean"
-    dr = PipelineConfig.model_validate({"rl": {"advantage_estimator": "dr_grpo"}})
-    assert dr.rl.aggregation == "seq_mean_token_sum_norm"
-    chosen = PipelineConfig.model_validate({"rl": {"advantage_estimator": "dr_grpo", "loss_aggregation": "token_mean"}})
-    assert chosen.rl.aggregation == "token_mean"
+    assert PipelineConfig().rl.algorithm.aggregation == "token_mean"
+    dr = PipelineConfig.model_validate({"rl": {"algorithm": {"advantage_estimator": "dr_grpo"}}})
+    assert dr.rl.algorithm.aggregation == "seq_mean_token_sum_norm"
+    chosen = PipelineConfig.model_validate({"rl": {"algorithm": {"advantage_estimator": "dr_grpo", "loss_aggregation": "token_mean"}}})
+    assert chosen.rl.algorithm.aggregation == "token_mean"
 
 
 def test_reference_model_only_with_a_kl_coefficient():
-    assert PipelineConfig().rl.needs_reference
-    assert not PipelineConfig.model_validate({"rl": {"init_kl_coef": 0}}).rl.needs_reference
+    assert PipelineConfig().rl.algorithm.needs_reference
+    assert not PipelineConfig.model_validate({"rl": {"algorithm": {"init_kl_coef": 0}}}).rl.algorithm.needs_reference
 
 
 def test_group_sizes_and_pools():
@@ -75,27 +91,27 @@ def test_group_sizes_and_pools():
     assert group_sizes(cfg, needs_critic=True) == {"actor": 2, "engine": 1, "reward": 1, "ref": 1, "critic": 1}
     groups = list(group_sizes(cfg, needs_critic=True))
     assert pools(cfg, groups) == [["actor"], ["engine"], ["reward"], ["ref"], ["critic"]]
-    paired = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"colocate_actor_ref": True, "colocate_critic_reward": True})})
+    paired = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"placement": cfg.rl.placement.model_copy(update={"colocate_actor_ref": True, "colocate_critic_reward": True})})})
     assert pools(paired, groups) == [["actor", "ref"], ["critic", "reward"], ["engine"]]
-    together = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"colocate_all": True})})
+    together = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"placement": cfg.rl.placement.model_copy(update={"colocate_all": True})})})
     assert pools(together, groups) == [groups]
 
 
 def test_the_hybrid_engine_has_no_engine_or_reference_group_and_needs_whole_weights():
-    cfg = PipelineConfig.model_validate({"rl": {"engine": "hybrid"}, "infra": {"zero_stage": 2}})
-    assert cfg.rl.needs_reference  # the policy ranks hold it
+    cfg = PipelineConfig.model_validate({"rl": {"rollout": {"engine": "hybrid"}}, "infra": {"zero_stage": 2}})
+    assert cfg.rl.algorithm.needs_reference  # the policy ranks hold it
     assert group_sizes(cfg, needs_critic=True) == {"actor": 1, "reward": 1, "critic": 1}
-    with pytest.raises(ConfigError, match=r"tiny.yaml: .*rl.engine=hybrid .* use infra.zero_stage 0, 1 or 2"):
-        load_config(None, ["rl.engine=hybrid", "infra.zero_stage=3"])
-    with pytest.raises(ConfigError, match=r"engine=hybrid keeps the reference in each policy rank: ref_num_workers"):
-        load_config(None, ["rl.engine=hybrid", "rl.ref_num_workers=2"])
+    with pytest.raises(ConfigError, match=r"tiny.yaml: .*rl.rollout.engine=hybrid .* use infra.zero_stage 0, 1 or 2"):
+        load_config(None, ["rl.rollout.engine=hybrid", "infra.zero_stage=3"])
+    with pytest.raises(ConfigError, match=r"rl.rollout.engine=hybrid keeps the reference in each policy rank: rl.placement.ref_num_workers"):
+        load_config(None, ["rl.rollout.engine=hybrid", "rl.placement.ref_num_workers=2"])
 
 
 def test_reference_and_reward_groups_take_their_worker_counts_and_must_split_the_rollout():
-    cfg = PipelineConfig.model_validate({"rl": {"ref_num_workers": 2, "reward_num_workers": 3}})
+    cfg = PipelineConfig.model_validate({"rl": {"placement": {"ref_num_workers": 2, "reward_num_workers": 3}}})
     assert group_sizes(cfg, needs_critic=False) == {"actor": 1, "engine": 1, "reward": 3, "ref": 2}
-    with pytest.raises(ValueError, match="multiple of ref_num_workers"):
-        PipelineConfig.model_validate({"rl": {"ref_num_workers": 3}})  # 32 prompts x 4 samples
+    with pytest.raises(ValueError, match="multiple of rl.placement.ref_num_workers"):
+        PipelineConfig.model_validate({"rl": {"placement": {"ref_num_workers": 3}}})  # 32 prompts x 4 samples
 
 
 def test_groups_that_share_cores_take_turns_the_others_run_at_once():
@@ -120,7 +136,7 @@ def test_an_actor_sharing_its_cores_starts_with_as_many_threads_as_they_are():
 
 def test_tiny_preset_rl_fits_two_cpus():
     cfg = load_config(None)
-    assert cfg.rl.colocate_all and cfg.infra.cpus_per_worker <= 2
+    assert cfg.rl.placement.colocate_all and cfg.infra.cpus_per_worker <= 2
 
 
 def test_engine_config_has_no_scheduler_for_a_constant_lr():
