@@ -2,6 +2,7 @@
 
     python -m benchmarks run [NAME ...] [--steps N] [--repeats N] [--out benchmarks.json]
     python -m benchmarks list
+    python -m benchmarks report [--check]     # the docs' tables from the JSON in benchmarks/results/
 
 A benchmark is a function from `RunOptions` to a `Report` (benchmarks/report.py); add one to
 BENCHMARKS to register it.
@@ -69,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="the registered benchmarks")
+    commands.add_parser("report", help="rewrite the docs' benchmark tables from their JSON (--check: only say "
+                                       "which are stale)", add_help=False)
     run_parser = commands.add_parser("run", help="run benchmarks (default: all) and print their tables")
     run_parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of: {', '.join(BENCHMARKS)}")
     run_parser.add_argument("--steps", type=int, help="optimizer steps per trial (default: each benchmark's own)")
@@ -78,8 +81,13 @@ def main(argv: list[str] | None = None) -> int:
                             help="config overrides for the pipeline benchmark's `rlhf run`")
     run_parser.add_argument("--out", type=Path, default=Path("benchmarks.json"), help="JSON results file")
     run_parser.add_argument("--workdir", type=Path, help="scratch folder, kept afterwards (default: a temporary one)")
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "report":
+        from benchmarks import tables
 
+        return tables.main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "list":
         for name, (_, description) in BENCHMARKS.items():
             print(f"{name:9} {description}")

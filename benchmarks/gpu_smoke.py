@@ -196,6 +196,13 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def report(result: dict) -> str:
+    """A result file's heading and table, as docs/gpu.md shows them."""
+    a = result["args"]
+    return (f"{result['device']}, {result.get('date', '')}: batch {a['batch']} x {a['seq_len']} tokens, {a['steps']} "
+            f"steps after one warm-up\n\n{markdown(result['rows'])}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -210,10 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="profile one more step of each row: busy share, top ops")
     args = parser.parse_args(argv)
     if args.report:
-        result = json.loads(open(args.report).read())
-        a = result["args"]
-        print(f"{result['device']}, {result.get('date', '')}: batch {a['batch']} x {a['seq_len']} tokens, {a['steps']} "
-              f"steps after one warm-up\n\n{markdown(result['rows'])}")
+        print(report(json.loads(open(args.report).read())))
         return 0
     args.size = "tiny" if args.tiny else "0.5b"
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -228,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(measure(stage, zero, args))
             print(f"[gpu_smoke] {stage} ZeRO-{zero}: {rows[-1]}", flush=True)
             with open(args.out, "w") as f:  # after every row: a run cut short keeps what it measured
-                json.dump({"device": device_name(), "date": time.strftime("%Y-%m-%d"), "args": vars(args), "rows": rows},
+                json.dump({"benchmark": "gpu_smoke", "device": device_name(), "date": time.strftime("%Y-%m-%d"),
+                           "args": vars(args), "rows": rows},
                           f, indent=2)
     header = f"{device_name()}, torch {torch.__version__}, batch {args.batch} x {args.seq_len} tokens, {args.steps} steps"
     print(f"\n{header}\n\n{markdown(rows)}")
