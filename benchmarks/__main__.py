@@ -30,6 +30,9 @@ BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report], str]] = {
                                     "peak memory per stage"),
     "sft": (trl_compare.sft, "SFT tokens/s: our stage vs TRL's SFTTrainer (needs the bench extra)"),
     "dpo": (trl_compare.dpo, "DPO pairs/s and tokens/s: our stage vs TRL's DPOTrainer (needs the bench extra)"),
+    "sft-50m": (trl_compare.sft_50m, "SFT at a compute-bound size (a ~50M Llama, rows of ~200 tokens) vs TRL, with "
+                                     "MFU against this CPU's matmul peak (needs the bench extra)"),
+    "dpo-50m": (trl_compare.dpo_50m, "DPO at the compute-bound size vs TRL, with MFU (needs the bench extra)"),
     "grpo": (grpo_compare.grpo, "GRPO samples/s and time split: our RL stage vs TRL's GRPOTrainer (needs the bench extra)"),
     "rl": (rl_throughput.rl, "RL stage samples/s and time split by algorithm: GRPO, RLOO, REINFORCE++-baseline, PPO"),
     "agent": (agent.agent, "multi-turn GRPO on the shipped two-turn environment: held-out success before and after"),

@@ -42,6 +42,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import mfu
 from benchmarks.report import Report, RunOptions, folder_for
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -63,23 +64,47 @@ def dpo(options: RunOptions) -> Report:
     return compare("dpo", options)
 
 
+def sft_50m(options: RunOptions) -> Report:
+    return compare("sft", options, size="50m")
+
+
+def dpo_50m(options: RunOptions) -> Report:
+    return compare("dpo", options, size="50m")
+
+
+# a compute-bound size: a ~50M-parameter Llama of the tiny preset's kind, on longer problems of the same task
+# (8-12 numbers: worked solutions of roughly 150-250 tokens), micro-batches of 8 rows
+SIZES = {
+    "tiny": [],
+    "50m": ["model.tiny.hidden_size=640", "model.tiny.intermediate_size=1728", "model.tiny.num_hidden_layers=10",
+            "model.tiny.num_attention_heads=10", "model.tiny.num_key_value_heads=10",
+            "model.tiny.max_position_embeddings=512", "data.synthetic.min_terms=8", "data.synthetic.max_terms=12",
+            "data.synthetic.num_train=1000", "data.max_len=320"],
+}
+SIZE_STEPS = {"tiny": DEFAULT_STEPS, "50m": {"sft": 6, "dpo": 4}}
+SIZE_TRAINING = {"tiny": [], "50m": ["sft.micro_batch_size=8", "dpo.micro_batch_size=4"]}
+
+
 def require_trl(benchmark: str) -> None:
     if importlib.util.find_spec("trl") is None:
         raise SystemExit(f"the {benchmark} benchmark compares with TRL, which is not installed: pip install -e '.[bench]'")
 
 
-def compare(task: str, options: RunOptions) -> Report:
+def compare(task: str, options: RunOptions, size: str = "tiny") -> Report:
     require_trl(task)
-    steps, repeats = options.steps or DEFAULT_STEPS[task], options.repeats_or(2)
-    data = tiny_data(options.workdir)
+    steps, repeats = options.steps or SIZE_STEPS[size][task], options.repeats_or(2)
+    data = tiny_data(options.workdir, tuple(SIZES[size]))
+    peak = mfu.matmul_peak()  # this machine's limit, at the trials' dtype and threads
+    print(f"[{task}] matmul peak: {peak / 1e9:,.1f} GFLOP/s (fp32, {mfu.threads()} threads)", flush=True)
     trials: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
     for repeat in range(repeats):
         for system in SYSTEMS:  # alternate, so a slow spell of the machine hits both
-            result = run_trial(task, system, steps, data, options.workdir / f"{task}-{system}-{repeat}")
+            result = run_trial(task, system, steps, data, options.workdir / f"{task}-{size}-{system}-{repeat}",
+                               overrides=[*SIZES[size], *SIZE_TRAINING[size]])
             trials[system].append(result)
             print(f"[{task}] trial {repeat + 1}/{repeats} {system}: {result['tokens_per_s']:,.0f} tokens/s, "
-                  f"{result['samples_per_s']:,.1f} {UNITS[task]}/s", flush=True)
-    return report(task, steps, repeats, trials)
+                  f"{result['samples_per_s']:,.1f} {UNITS[task]}/s, MFU {mfu.utilisation(result, peak):.1%}", flush=True)
+    return report(task, steps, repeats, trials, size, peak)
 
 
 @functools.cache
@@ -128,18 +153,22 @@ LABELS = {
 }
 
 
-def report(task: str, steps: int, repeats: int, trials: dict[str, list[dict]]) -> Report:
+def report(task: str, steps: int, repeats: int, trials: dict[str, list[dict]], size: str = "tiny",
+           peak: float | None = None) -> Report:
     unit, version, first = UNITS[task], importlib.metadata.version("trl"), trials["ours"][0]
-    summary = {system: summarize(results) for system, results in trials.items()}
+    summary = {system: summarize(results, peak) for system, results in trials.items()}
     ratio = {metric: summary["ours"][metric] / summary["trl"][metric] for metric in ("tokens_per_s", "samples_per_s")}
-    columns = ["system", "tokens/s (median)", f"{unit}/s (median)", "tokens/s per trial", "tokens per step"]
+    columns = ["system", "tokens/s (median)", f"{unit}/s (median)", "tokens/s per trial", "tokens per step", "MFU (median)"]
     labels = {system: label.format(version=version, zero=first["zero_stage"]) for system, label in LABELS[task].items()}
     rows = [system_row(labels[system], summary[system], trials[system]) for system in SYSTEMS]
-    rows.append(["ours / TRL", f"{ratio['tokens_per_s']:.2f}", f"{ratio['samples_per_s']:.2f}", "", ""])
-    title = (f"{task.upper()} throughput, tiny preset: {steps} optimizer steps of {first['micro_batch_size']} {unit}, "
-             f"fp32, {repeats} alternating trials per system")
-    settings = {"steps": steps, "micro_batch_size": first["micro_batch_size"], "lr": first["lr"],
-                "ours_zero_stage": first["zero_stage"], **first["settings"]}
+    rows.append(["ours / TRL", f"{ratio['tokens_per_s']:.2f}", f"{ratio['samples_per_s']:.2f}", "", "", ""])
+    model = f"{first['params'] / 1e6:.1f}M parameters" if "params" in first else "the tiny preset's model"
+    title = (f"{task.upper()} throughput, {model} ({size}): {steps} optimizer steps of {first['micro_batch_size']} {unit}, "
+             f"fp32, {repeats} alternating trials per system" +
+             (f"; MFU: 6 x parameters x tokens/s (attention left out) over this CPU's fp32 matmul peak, "
+              f"{peak / 1e9:,.1f} GFLOP/s" if peak else ""))
+    settings = {"steps": steps, "size": size, "micro_batch_size": first["micro_batch_size"], "lr": first["lr"],
+                "ours_zero_stage": first["zero_stage"], "matmul_peak_flops": peak, **first["settings"]}
     return Report(title, columns, rows, data={"settings": settings, "trl_version": version,
                                               "systems": summary, "ratio": ratio, "trials": trials})
 
@@ -147,14 +176,15 @@ def report(task: str, steps: int, repeats: int, trials: dict[str, list[dict]]) -
 def system_row(label: str, summary: dict, trials: list[dict]) -> list[str]:
     per_trial = ", ".join(f"{r['tokens_per_s']:,.0f}" for r in trials)
     return [label, f"{summary['tokens_per_s']:,.0f}", f"{summary['samples_per_s']:,.1f}", per_trial,
-            f"{summary['tokens_per_step']:,.0f}"]
+            f"{summary['tokens_per_step']:,.0f}", "-" if summary["mfu"] is None else f"{summary['mfu']:.1%}"]
 
 
-def summarize(results: list[dict]) -> dict:
+def summarize(results: list[dict], peak: float | None = None) -> dict:
     return {
         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in results),
         "samples_per_s": statistics.median(r["samples_per_s"] for r in results),
         "tokens_per_step": results[0]["tokens"] / results[0]["steps"],
+        "mfu": statistics.median(mfu.utilisation(r, peak) for r in results) if peak and "params" in results[0] else None,
     }
 
 
@@ -346,7 +376,7 @@ def trial_main(spec: dict) -> None:
         "system": spec["system"], "steps": steps, "micro_batch_size": train.micro_batch_size, "lr": train.lr,
         **measured, "tokens_per_s": measured["tokens"] / measured["seconds"],
         "samples_per_s": samples / measured["seconds"],
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": torch.get_num_threads(), "params": mfu.count_params(data["base_model"]),
         "settings": {"precision": cfg.infra.precision, "grad_clip": train.grad_clip,
                      **({"beta": train.beta} if task == "dpo" else {})},
     }

@@ -10,12 +10,12 @@ Trials of the two ways alternate. Writes the trials and per-size medians as JSON
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import mfu
 from benchmarks.report import add_result_args, print_saved, save, with_note
 
 # model.tiny sizes: the tiny preset's, and 132M parameters (Llama-style, 14 layers of width 768)
@@ -49,15 +49,6 @@ def trial(size: str, mode: str, steps: int, data: dict, work: Path) -> list[floa
     with local_cluster(cfg.infra.num_cpus, log_to_driver=False):
         rl_stage.run(ctx, {"sft_model": data["base_model"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
     return syncs
-
-
-def params(model_dir: Path) -> int:
-    from safetensors import safe_open
-
-    from stages.common.checkpoint_paths import resolve
-
-    with safe_open(str(Path(resolve(model_dir)) / "model.safetensors"), "pt") as f:
-        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
 
 
 def report(result: dict) -> str:
@@ -97,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[weight_sync] {size} {mode}: {[round(s, 4) for s in syncs]}", flush=True)
         per_mode = {mode: statistics.median(s for t in result["trials"] if t["size"] == size and t["mode"] == mode
                                             for s in t["sync_s"][1:]) for mode in MODES}
-        result["sizes"][size] = {"params": params(data["base_model"]), **{f"{m}_s": v for m, v in per_mode.items()}}
+        result["sizes"][size] = {"params": mfu.count_params(data["base_model"]), **{f"{m}_s": v for m, v in per_mode.items()}}
     save(result, args.out, report)
     return 0
 

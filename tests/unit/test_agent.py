@@ -153,7 +153,7 @@ def test_episodes_are_shared_over_the_reward_workers_in_order(tokenizer):
     actors.reward.append(second)
     hosts = Hosts(actors, 3, cfg)
     prompts = [PROMPT, PROMPT.replace("7+14-9", "3+4"), PROMPT.replace("7+14-9", "5-2+1")]
-    first = hosts.call("agent_reset", [0, 1, 2], prompts, ["12", "7", "4"])
+    first = hosts.call("agent_reset", [0, 1, 2], prompts, ["12", "7", "4"], indexed=False)
     assert ["Compute 7+14\n" in first[0], "Compute 3+4\n" in first[1], "Compute 5-2\n" in first[2]] == [True] * 3
     assert [len(w.episodes.envs) for w in actors.reward] == [2, 1]
     # episode 2 lives on the second worker as its episode 0
