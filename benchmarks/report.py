@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,8 +41,11 @@ class Report:
 
 
 def folder_for(workdir: Path, name: str, overrides) -> Path:
-    """A scratch folder per set of config overrides: `name`, or `name-key_value-...`."""
-    return workdir / "-".join([name, *(o.replace("=", "_") for o in overrides)])
+    """A scratch folder per set of config overrides: `name`, `name-key_value-...`, or for a long set `name-<hash>`."""
+    folder = "-".join([name, *(o.replace("=", "_") for o in overrides)])
+    if len(folder) > 120:  # file names stop at 255 bytes
+        folder = f"{name}-{hashlib.sha1(' '.join(overrides).encode()).hexdigest()[:12]}"
+    return workdir / folder
 
 
 def add_result_args(parser, out: str) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("docs/benchmarks.md", "docs/gpu.md", "docs/own-task.md")
-MARKED = re.compile(r"(<!-- table: (?P<path>[\w./-]+?)(?:#(?P<name>\w+))? -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+MARKED = re.compile(r"(<!-- table: (?P<path>[\w./-]+?)(?:#(?P<name>[\w-]+))? -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 # a result file's "benchmark" -> the function that renders it (module:function), imported when used
 RENDERERS = {
     "packing": "benchmarks.packing:report",

@@ -73,13 +73,13 @@ def dpo_50m(options: RunOptions) -> Report:
 
 
 # a compute-bound size: a ~50M-parameter Llama of the tiny preset's kind, on longer problems of the same task
-# (8-12 numbers: worked solutions of roughly 150-250 tokens), micro-batches of 8 rows
+# (18-26 numbers: rows of about 200-300 tokens), micro-batches of 8 rows (4 pairs)
 SIZES = {
     "tiny": [],
     "50m": ["model.tiny.hidden_size=640", "model.tiny.intermediate_size=1728", "model.tiny.num_hidden_layers=10",
             "model.tiny.num_attention_heads=10", "model.tiny.num_key_value_heads=10",
-            "model.tiny.max_position_embeddings=512", "data.synthetic.min_terms=8", "data.synthetic.max_terms=12",
-            "data.synthetic.num_train=1000", "data.max_len=320"],
+            "model.tiny.max_position_embeddings=1024", "data.synthetic.min_terms=18", "data.synthetic.max_terms=26",
+            "data.synthetic.num_train=1000", "data.max_len=640"],
 }
 SIZE_STEPS = {"tiny": DEFAULT_STEPS, "50m": {"sft": 6, "dpo": 4}}
 SIZE_TRAINING = {"tiny": [], "50m": ["sft.micro_batch_size=8", "dpo.micro_batch_size=4"]}

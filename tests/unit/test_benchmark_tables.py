@@ -15,13 +15,13 @@ def test_the_docs_tables_are_what_their_json_renders():
 def test_a_marker_is_filled_from_its_file_and_only_its_block_changes(tmp_path, monkeypatch):
     monkeypatch.setattr(tables, "ROOT", tmp_path)
     result = {"date": "2026-01-02", "machine": {"cpus": 2, "platform": "Linux", "torch": "2.0", "transformers": "5.0"},
-              "benchmarks": {"toy": {"title": "A toy", "columns": ["a", "b"], "rows": [["1", "2"]]}}}
+              "benchmarks": {"toy-1": {"title": "A toy", "columns": ["a", "b"], "rows": [["1", "2"]]}}}
     (tmp_path / "r.json").write_text(json.dumps(result))
-    page = "before\n<!-- table: r.json#toy -->\nstale\n<!-- /table -->\nafter\n"
+    page = "before\n<!-- table: r.json#toy-1 -->\nstale\n<!-- /table -->\nafter\n"
     assert tables.refreshed(page, "p.md") == (
-        "before\n<!-- table: r.json#toy -->\nA toy. Measured 2026-01-02 on 2 CPUs (Linux), torch 2.0, transformers 5.0.\n\n"
+        "before\n<!-- table: r.json#toy-1 -->\nA toy. Measured 2026-01-02 on 2 CPUs (Linux), torch 2.0, transformers 5.0.\n\n"
         "| a | b |\n|---|---|\n| 1 | 2 |\n<!-- /table -->\nafter\n")
-    with pytest.raises(SystemExit, match=r"^p.md: the table of r.json: KeyError: .*no benchmark 'other' in this file \(it holds: toy\)"):
+    with pytest.raises(SystemExit, match=r"^p.md: the table of r.json: KeyError: .*no benchmark 'other' in this file \(it holds: toy-1\)"):
         tables.refreshed("<!-- table: r.json#other -->\n<!-- /table -->", "p.md")
     with pytest.raises(SystemExit, match=r"^p.md: the table of gone.json: FileNotFoundError"):
         tables.refreshed("<!-- table: gone.json -->\n<!-- /table -->", "p.md")
