@@ -107,10 +107,14 @@ def compare(task: str, options: RunOptions, size: str = "tiny") -> Report:
     return report(task, steps, repeats, trials, size, peak)
 
 
-@functools.cache
 def tiny_data(workdir: Path, overrides: tuple[str, ...] = ()) -> dict[str, Path]:
     """The tiny preset's data prep outputs (base model, tokenizer, datasets), made once per run (`overrides`:
     on top of the preset, into a folder of their own)."""
+    return prepared_data(workdir, tuple(overrides))  # one cache entry however the overrides are passed
+
+
+@functools.cache
+def prepared_data(workdir: Path, overrides: tuple[str, ...]) -> dict[str, Path]:
     from benchmarks.in_process import make_ctx
     from configs import load_config
     from stages import data_prep
