@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import agent, async_rl, grpo_compare, pipeline, rl_throughput, rollout_engines, threads, trl_compare
+from benchmarks import (agent, async_rl, grpo_compare, pipeline, rl_throughput, rollout_engines, threads, time_to_quality,
+                        trl_compare)
 from benchmarks.report import Report, RunOptions
 
 BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report], str]] = {
@@ -34,6 +35,8 @@ BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report], str]] = {
                                      "MFU against this CPU's matmul peak (needs the bench extra)"),
     "dpo-50m": (trl_compare.dpo_50m, "DPO at the compute-bound size vs TRL, with MFU (needs the bench extra)"),
     "grpo": (grpo_compare.grpo, "GRPO samples/s and time split: our RL stage vs TRL's GRPOTrainer (needs the bench extra)"),
+    "grpo-ttq": (time_to_quality.time_to_quality, "seconds of GRPO training to a sampled held-out accuracy: our RL "
+                                                  "stage vs TRL's GRPOTrainer over seeds (needs the bench extra)"),
     "rl": (rl_throughput.rl, "RL stage samples/s and time split by algorithm: GRPO, RLOO, REINFORCE++-baseline, PPO"),
     "agent": (agent.agent, "multi-turn GRPO on the shipped two-turn environment: held-out success before and after"),
     "async": (async_rl.async_rl, "async vs synchronous GRPO: samples/s and the held-out accuracy each ends on, over seeds"),

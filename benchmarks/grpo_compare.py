@@ -152,7 +152,8 @@ def ours(cfg, data: dict[str, Path], work: Path) -> dict:
             "seconds": sum(parts.values()), **parts, "zero_stage": cfg.infra.zero_stage}
 
 
-def trl(cfg, data: dict[str, Path], work: Path) -> dict:
+def trl_trainer(cfg, data: dict[str, Path], work: Path):
+    """TRL's GRPOTrainer on the same start policy, prompts, reward and settings as our stage's trial."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -180,9 +181,13 @@ def trl(cfg, data: dict[str, Path], work: Path) -> dict:
         # bnpo: the token mean of each micro-batch (ours: of each optimizer step); the same work either way
         scale_rewards="group", loss_type="bnpo",
     )
-    trainer = GRPOTrainer(model=trl_compare.load_model(cfg, {"base_model": data["policy"]}), reward_funcs=reward,
-                          args=args, train_dataset=dataset,
-                          processing_class=trl_compare.load_tokenizer({"base_model": data["policy"]}))
+    return GRPOTrainer(model=trl_compare.load_model(cfg, {"base_model": data["policy"]}), reward_funcs=reward,
+                       args=args, train_dataset=dataset,
+                       processing_class=trl_compare.load_tokenizer({"base_model": data["policy"]}))
+
+
+def trl(cfg, data: dict[str, Path], work: Path) -> dict:
+    trainer = trl_trainer(cfg, data, work)
     clock = PartClock(trainer)
     measured = trl_compare.timed_train(trainer, count_tokens=False)  # its collator passes rows through
     loop = measured["seconds"]

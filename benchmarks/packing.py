@@ -89,9 +89,10 @@ def stage_batch(stage: str, rows, gen, device: str = "cpu"):
     batch = on(batch, device)
     mask = batch["action_mask"]
     if stage == "rl_policy":
-        return batch, lambda model, packed: actor_loss(model, batch, RLConfig(algorithm={"use_kl_loss": False}, packing=packed), None)[0]
-    return batch, lambda model, packed: value_loss(critic_values(model, batch, packed), batch["values"], batch["returns"],
-                                                   mask, 0.2)
+        rl = {packed: RLConfig(algorithm={"use_kl_loss": False}, packing=packed, shared_prompt=False) for packed in (False, True)}
+        return batch, lambda model, packed: actor_loss(model, batch, rl[packed], None)[0]
+    return batch, lambda model, packed: value_loss(critic_values(model, batch, "packed" if packed else "padded"), batch["values"],
+                                                   batch["returns"], mask, 0.2)
 
 
 def model_for(stage: str, shape: str = "tiny", attn: str = "sdpa", device: str = "cpu", dtype: str = "fp32"):

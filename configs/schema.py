@@ -574,6 +574,12 @@ class RLConfig(Section):
     micro_train_batch_size: int = Field(32, gt=0, description="sequences per rank per training forward pass")
     packing: bool = Field(False, description=PACKING + "; the policy's, reference's and critic's passes, training and "
                                                       "experience making alike")
+    shared_prompt: bool = Field(True, description="the samples of a prompt as one row, the prompt computed once (a 4D "
+                                                  "attention mask; the same log-probs and gradients), and training "
+                                                  "micro-batches of whole groups; with SDPA or eager attention and no "
+                                                  "sliding window, else padded rows. A row is prompt + n responses "
+                                                  "long: with long responses its attention can cost more than the "
+                                                  "prompt saves")
     max_epochs: int = Field(1, gt=0, description="passes over each rollout batch")
     num_episodes: int = Field(1, gt=0, description="passes over the prompt set")
     max_steps: int | None = Field(None, gt=0, description="rollout steps; overrides num_episodes")

@@ -27,6 +27,7 @@ from transformers import AutoConfig, set_seed
 from configs.dpo_objectives import DPO_OBJECTIVES
 from configs.schema import DPOConfig
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe, packing
+from stages.common.shared_prompt import MASKED_ATTENTION, attention_window
 from stages.common.trainer import SampleStream, build_engine, eval_batches, fit, total_steps, train_loop
 from stages.contract import StageContext, StageResult
 from stages.data_prep import read_split
@@ -126,16 +127,6 @@ def response_logps(model, batch: dict[str, torch.Tensor], aux: list | None = Non
     mask = batch["response_mask"][:, 1:]
     logps = token_logps(logits[:, :-1], batch["input_ids"][:, 1:])
     return sequence_logps(logps, mask), mask.sum(-1)
-
-
-def attention_window(config) -> int | None:
-    """The span a sliding-window layer attends over; None when every layer sees the whole sequence
-    (0: some other local attention)."""
-    types = getattr(config, "layer_types", None)
-    if types is not None and all(t == "full_attention" for t in types):
-        return None
-    window = getattr(config, "sliding_window", None)
-    return 0 if types is not None and window is None else window
 
 
 def to_device(batch: dict, device) -> dict:
@@ -327,7 +318,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     pad_id = tokenizer.pad_token_id
 
     # flash_attention_2 takes no 4D mask: there, two padded rows per pair
-    shared = d.shared_prompt and checkpoint.attn_implementation(cfg.model) in ("sdpa", "eager")
+    shared = d.shared_prompt and checkpoint.attn_implementation(cfg.model) in MASKED_ATTENTION
     config = AutoConfig.from_pretrained(checkpoint_paths.resolve(inputs["sft_model"]), trust_remote_code=cfg.model.trust_remote_code)
     moe.check(config, d.aux_loss_coef, "dpo.aux_loss_coef")
     if d.packing:

@@ -80,10 +80,21 @@ def shard(batch: dict[str, torch.Tensor], n: int) -> list[dict[str, torch.Tensor
     return [{key: v[i * k : (i + 1) * k] for key, v in batch.items()} for i in range(n)]
 
 
-def micro_batches(batch: dict[str, torch.Tensor], size: int, generator: torch.Generator | None = None):
-    """Slices of `size` rows, in a seeded random order when `generator` is given."""
+def prompt_lengths(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[B]: where each row's sampled tokens begin (its first action's next token; the whole row when it
+    has none)."""
+    acting = batch["action_mask"] > 0
+    return torch.where(acting.any(-1), acting.long().argmax(-1) + 1, batch["attention_mask"].sum(-1))
+
+
+def micro_batches(batch: dict[str, torch.Tensor], size: int, generator: torch.Generator | None = None, group: int = 1):
+    """Slices of `size` rows, in a seeded random order when `generator` is given; with `group` > 1,
+    the order moves whole runs of `group` adjacent rows (a prompt's samples stay together)."""
     n = next(iter(batch.values())).shape[0]
-    order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+    if generator is not None and group > 1 and n % group == 0 and size % group == 0:
+        order = (torch.randperm(n // group, generator=generator)[:, None] * group + torch.arange(group)).flatten()
+    else:
+        order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
     for start in range(0, n, size):
         idx = order[start : start + size]
         yield {key: v[idx] for key, v in batch.items()}

@@ -14,11 +14,11 @@ import torch
 
 from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
 from stages.contract import NodeInputs
-from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, dist_env, lora, moe, packing
+from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, dist_env, lora, moe, packing, shared_prompt
 from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
 from stages.rl import agent, weight_sync
-from stages.rl.experience import Sample, micro_batches, trim
+from stages.rl.experience import Sample, micro_batches, prompt_lengths, trim
 from stages.rl.layout import Role, hosts
 from stages.rl.losses import (
     aggregate,
@@ -45,14 +45,29 @@ class Worker:
         return torch.__version__
 
 
+def row_layout(rl, model, aux: list | None = None) -> str:
+    """How a batch's rows go through `model`: `packed` (`rl.packing`), `shared` (`rl.shared_prompt`, where
+    the attention takes a 4D mask and no MoE router loss is taken: its token mean would count a shared
+    prompt once) or `padded`."""
+    if rl.packing:
+        return "packed"
+    return "shared" if rl.shared_prompt and aux is None and shared_prompt.supported(model) else "padded"
+
+
+def model_logits(model, batch: dict[str, torch.Tensor], layout: str, aux: list | None = None) -> torch.Tensor:
+    """`model`'s outputs [B, T, ...] for a right-padded batch, in the padded layout whatever `layout` ran."""
+    if layout == "shared":
+        return shared_prompt.logits(model, batch, prompt_lengths(batch))
+    return packing.logits(model, batch, layout == "packed", aux)
+
+
 def token_log_probs(model, batch: dict[str, torch.Tensor], temperature: float, with_entropy: bool = False,
-                    entropy_grad: bool = False, aux: list | None = None, packed: bool = False):
+                    entropy_grad: bool = False, aux: list | None = None, layout: str = "padded"):
     """Log-probs of each next token [B, T-1] (and the per-position entropy, in the autograd graph only
     when `entropy_grad`: a logged entropy needs none). No KV cache: nothing is generated from this pass,
     and building one costs time on every log-prob pass. `aux`: where an MoE model's router
-    load-balancing loss is appended (stages.common.moe). `packed` (`rl.packing`): the pass over one
-    padding-free row, its logits put back in the padded layout."""
-    logits = packing.logits(model, batch, packed, aux)[:, :-1]
+    load-balancing loss is appended (stages.common.moe). `layout`: `row_layout`'s."""
+    logits = model_logits(model, batch, layout, aux)[:, :-1]
     log_probs = log_probs_from_logits(logits, batch["input_ids"][:, 1:], temperature)
     if not with_entropy:
         return log_probs
@@ -94,7 +109,8 @@ class HoldsReference:
 
     @torch.no_grad()
     def ref_log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return per_micro_batch(lambda m: token_log_probs(self.reference, m, self.rl.rollout.temperature, packed=self.rl.packing),
+        layout = row_layout(self.rl, self.reference)
+        return per_micro_batch(lambda m: token_log_probs(self.reference, m, self.rl.rollout.temperature, layout=layout),
                                batch, self.rl, self.reference.device)
 
 
@@ -124,6 +140,9 @@ class TrainerWorker(Worker):
                                micro_batch_size=rl.micro_train_batch_size, grad_accum_steps=self.grad_accum)
         optimizer_steps = total_steps * rl.max_epochs * (rl.rollout.batch_size * rl.rollout.n_samples_per_prompt // rl.train_batch_size)
         self.engine = build_engine(model, cfg.infra, train, optimizer_steps)
+        # shared rows pay when a micro-batch holds whole groups: shuffle a prompt's samples together
+        shared = row_layout(rl, self.engine) == "shared"
+        self.shuffle_group = rl.rollout.n_samples_per_prompt if shared else 1
 
     def load_model(self, path: str):
         raise NotImplementedError
@@ -135,7 +154,8 @@ class TrainerWorker(Worker):
         gen = torch.Generator().manual_seed(self.cfg.seed * 7919 + step)
         logs: dict[str, list[float]] = {}
         for _ in range(self.rl.max_epochs):
-            micros = [to_device(trim(m), self.engine.device) for m in micro_batches(batch, self.rl.micro_train_batch_size, gen)]
+            micros = [to_device(trim(m), self.engine.device)
+                      for m in micro_batches(batch, self.rl.micro_train_batch_size, gen, self.shuffle_group)]
             for k, v in train_steps(self.engine, micros, self.grad_accum, self.world, self.loss).items():
                 logs.setdefault(k, []).extend(v)
         # a micro-batch's loss is its share of the step's: their mean over the micro-batches and ranks is
@@ -198,7 +218,8 @@ class PolicyWorker(TrainerWorker, HoldsReference):
     @torch.no_grad()
     def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         self.engine.eval()
-        return per_micro_batch(lambda m: token_log_probs(self.engine, m, self.rl.rollout.temperature, packed=self.rl.packing),
+        layout = row_layout(self.rl, self.engine)
+        return per_micro_batch(lambda m: token_log_probs(self.engine, m, self.rl.rollout.temperature, layout=layout),
                                batch, self.rl, self.engine.device)
 
     def old_and_ref_log_probs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,7 +261,7 @@ class CriticWorker(TrainerWorker):
         return lora.prepare(model, self.optim.lora, "TOKEN_CLS")[0]  # with LoRA: adapters plus the value head
 
     def _values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return critic_values(self.engine, batch, self.rl.packing)
+        return critic_values(self.engine, batch, row_layout(self.rl, self.engine))
 
     @torch.no_grad()
     def values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -262,7 +283,7 @@ def actor_loss(model, batch: dict[str, torch.Tensor], rl, units: torch.Tensor,
     mask = batch["action_mask"]
     aux = [] if aux_loss_coef else None
     log_probs, entropy = token_log_probs(model, batch, rl.rollout.temperature, with_entropy=True,
-                                         entropy_grad=bool(rl.algorithm.entropy_coef), aux=aux, packed=rl.packing)
+                                         entropy_grad=bool(rl.algorithm.entropy_coef), aux=aux, layout=row_layout(rl, model, aux))
     is_weights = None
     if rl.importance_cap is not None:
         is_weights = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], rl.importance_cap)
@@ -283,9 +304,9 @@ def actor_loss(model, batch: dict[str, torch.Tensor], rl, units: torch.Tensor,
     return moe.add_aux_loss(loss, aux, aux_loss_coef, metrics), metrics
 
 
-def critic_values(model, batch: dict[str, torch.Tensor], packed: bool = False) -> torch.Tensor:
-    """[B, T-1]: the value of the state before each next token (`packed`: `rl.packing`)."""
-    return packing.logits(model, batch, packed)[:, :-1, 0].float()
+def critic_values(model, batch: dict[str, torch.Tensor], layout: str = "padded") -> torch.Tensor:
+    """[B, T-1]: the value of the state before each next token (`layout`: `row_layout`'s)."""
+    return model_logits(model, batch, layout)[:, :-1, 0].float()
 
 
 def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:

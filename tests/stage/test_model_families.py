@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from configs import DataError, load_config
 from stages import data_prep, evaluate, lora_merge, prm, reward_model, sft
-from stages.common import checkpoint, generation
+from stages.common import checkpoint, generation, shared_prompt
 from stages.common.tokenization import encode_segments
 from stages.dpo import stage as dpo
 from stages.rl import stage as rl_stage
@@ -219,7 +219,7 @@ def test_dpo_pair_log_probs_equal_two_padded_rows(family):
     tok = checkpoint.load_tokenizer(family.model)
     model = AutoModelForCausalLM.from_pretrained(family.model, attn_implementation="sdpa")
     pairs = dpo.encode_pairs(tok, data_prep.read_split(family.data["pref_data"], "train"))
-    window = dpo.attention_window(model.config)
+    window = shared_prompt.attention_window(model.config)
     objective = dpo.PairObjective(family.cfg.dpo, pairs, tok.pad_token_id, shared_prompt=True, window=window)
     longest = max(len(p) + len(r) for p, r in objective.sequences)
     assert objective.shared_prompt == (window is None)
@@ -228,6 +228,25 @@ def test_dpo_pair_log_probs_equal_two_padded_rows(family):
     sums, _ = (dpo.shared_prompt_logps if objective.shared_prompt else dpo.response_logps)(model, batch)
     padded, _ = dpo.response_logps(model, dpo.sequence_batch(objective.sequences, tok.pad_token_id))
     assert sums.tolist() == pytest.approx(padded.tolist(), abs=1e-4)
+
+
+def test_rl_log_probs_of_a_prompts_samples_in_one_row_equal_padded_rows(family):
+    """`rl.shared_prompt` on each family's own tokenizer and model: a prompt's samples in one row give the
+    padded rows' log-probs, or the layout stays padded where the model has a sliding window."""
+    from stages.rl.experience import Sample, sequence_batch
+    from stages.rl.workers import row_layout, token_log_probs
+
+    tok = checkpoint.load_tokenizer(family.model)
+    model = AutoModelForCausalLM.from_pretrained(family.model, attn_implementation="sdpa").eval()
+    prompts = [tok(r["prompt"])["input_ids"] for r in data_prep.read_split(family.data["prompts"], "train")[:2]]
+    gen = torch.Generator().manual_seed(0)
+    samples = [Sample(p, torch.randint(3, 200, (n,), generator=gen).tolist(), [0.0] * n) for p in prompts for n in (5, 1, 9)]
+    batch = sequence_batch(samples, tok.pad_token_id)
+    layout = row_layout(family.cfg.rl, model)
+    assert layout == ("shared" if shared_prompt.attention_window(model.config) is None else "padded")
+    with torch.no_grad():
+        shared, padded = (token_log_probs(model, batch, 1.0, layout=lay) * batch["action_mask"] for lay in (layout, "padded"))
+    assert torch.allclose(shared, padded, atol=1e-4)
 
 
 def test_rl_with_a_reward_func(family, ray_cluster):  # noqa: F811

@@ -171,7 +171,7 @@ def test_rl_packed_policy_loss_and_gradients_equal_the_padded_batch(aggregation)
 
     def loss(model, packed):
         rl = RLConfig(algorithm={"use_kl_loss": True, "kl_estimator": "k3", "entropy_coef": 0.01, "rollout_is_cap": 2.0,
-                                 "loss_aggregation": aggregation}, packing=packed)
+                                 "loss_aggregation": aggregation}, packing=packed, shared_prompt=False)
         return actor_loss(model, batch, rl, units=None)[0]
 
     assert_same_loss_and_grads(tiny, loss)
@@ -180,7 +180,7 @@ def test_rl_packed_policy_loss_and_gradients_equal_the_padded_batch(aggregation)
 def test_rl_packed_log_prob_passes_equal_the_padded_ones():
     model, batch = tiny(), rl_batch()
     with torch.no_grad():
-        padded, packed = (token_log_probs(model, batch, 0.7, packed=p) * batch["action_mask"] for p in (False, True))
+        padded, packed = (token_log_probs(model, batch, 0.7, layout=p) * batch["action_mask"] for p in ("padded", "packed"))
     assert torch.allclose(packed, padded, atol=TOL)
 
 
@@ -188,7 +188,7 @@ def test_rl_packed_critic_values_loss_and_gradients_equal_the_padded_batch():
     batch = rl_batch()
 
     def loss(model, packed):
-        values = critic_values(model, batch, packed)
+        values = critic_values(model, batch, "packed" if packed else "padded")
         return value_loss(values, batch["values"], batch["returns"], batch["action_mask"], 0.2)
 
     assert_same_loss_and_grads(lambda: tiny(LlamaForTokenClassification, num_labels=1, classifier_dropout=0.0), loss)
