@@ -91,17 +91,6 @@ def prepare(workdir: Path, tiny: bool, seed: int) -> Path:
     return path
 
 
-def count_params(model_dir: Path) -> int:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from stages.common.checkpoint_paths import resolve
-
-    with torch.device("meta"):  # the shapes alone
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(resolve(model_dir)))
-    return sum(p.numel() for p in model.parameters())
-
-
 def reload_check(name: str, path: Path, device: str) -> str:
     """'ok' when the checkpoint loads with `from_pretrained` and generates (an RM: scores), else the error."""
     import torch
@@ -253,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks.__main__ import machine
     from benchmarks.gpu_smoke import device_name
+    from benchmarks.mfu import count_params
     from configs import load_config
     from stages.common import dist_env
     from stages.contract import StageContext

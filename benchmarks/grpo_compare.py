@@ -1,6 +1,7 @@
 """GRPO throughput of our RL stage side by side with TRL's GRPOTrainer.
 
     python -m benchmarks run grpo [--steps N] [--repeats N]
+    python -m benchmarks run grpo-50m [--steps N] [--repeats N]    # the compute-bound size (SIZE_ROLLOUT)
 
 Both systems start from the same policy (the tiny preset's base model after a short SFT run of our
 stage, made once per benchmark run) and train on the prompts of data prep's `prompts` split with the
@@ -40,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import trl_compare
+from benchmarks import mfu, trl_compare
 from benchmarks.report import Report, RunOptions
 
 # rollout steps per trial: with half as many, the machine's short swings decided the ratio (a system's
@@ -48,77 +49,115 @@ from benchmarks.report import Report, RunOptions
 DEFAULT_STEPS = 16
 # Our stage's rows. `ours` runs as the tiny preset does; TRL recomputes the old log-probs with the policy
 # after sampling (its steps per generation exceed its gradient accumulation), which `ours_recompute`
-# does too; `ours_actors` is the engine-actor layout of the GPU presets.
-OUR_ROWS = {"ours": [], "ours_recompute": ["rl.algorithm.recompute_old_log_probs=true"], "ours_actors": ["rl.rollout.engine=hf"]}
-SYSTEMS = (*OUR_ROWS, "trl", "trl_ray")
+# does too; `ours_padded` lays each sample in a row of its own; `ours_actors` is the engine-actor layout
+# of the GPU presets.
+OUR_ROWS = {"ours": [], "ours_recompute": ["rl.algorithm.recompute_old_log_probs=true"],
+            "ours_padded": ["rl.shared_prompt=false"], "ours_actors": ["rl.rollout.engine=hf"]}
+# the systems each size runs (the compute-bound size's trials take minutes: the rows that tell most)
+SIZE_SYSTEMS = {"tiny": ("ours", "ours_recompute", "ours_padded", "ours_actors", "trl", "trl_ray"),
+                "50m": ("ours", "ours_padded", "trl")}
 # (numerator, denominator): label of the ratio row
 RATIO_ROWS = {("ours", "trl"): "ours / TRL",
               ("ours_recompute", "trl"): "ours, TRL's work / TRL",
+              ("ours", "ours_padded"): "ours / ours in padded rows",
               ("trl_ray", "trl"): "TRL in a Ray worker / TRL",
               ("ours_recompute", "trl_ray"): "ours, TRL's work / TRL in a Ray worker",
               ("ours_actors", "ours"): "ours, engine and reference actors / ours"}
 SFT_STEPS = 300  # the start policy: enough SFT for the rule reward to vary within a group
 PARTS = ("generation", "reward", "experience", "training", "weight_sync")
 EVAL_SAMPLES = 16  # our stage's held-out evals (outside the timed loop) on few prompts
+# The compute-bound size: trl_compare's ~50M Llama (random init: its samples run to the length limit and
+# score 0, the same work for both systems) on prompts of 18-26 numbers (about 60-90 tokens), 4 prompts
+# x 4 samples of 64 tokens per rollout step, one optimizer step of 16 samples in micro-batches of 4.
+SIZE_ROLLOUT = {"tiny": [], "50m": ["rl.rollout.batch_size=4", "rl.rollout.n_samples_per_prompt=4",
+                                   "rl.rollout.generate_max_len=64", "rl.rollout.prompt_max_len=256", "rl.rollout.micro_batch_size=4", "rl.train_batch_size=16",
+                                   "rl.micro_train_batch_size=4", "eval.max_samples=2", "eval.samples_per_prompt=0",
+                                   "eval.max_new_tokens=8"]}
+SIZE_STEPS = {"tiny": DEFAULT_STEPS, "50m": 3}
 
 
 def grpo(options: RunOptions) -> Report:
-    trl_compare.require_trl("grpo")
-    steps, repeats = options.steps or DEFAULT_STEPS, options.repeats_or(2)
-    data = trl_compare.tiny_data(options.workdir)
-    policy = start_policy(options.workdir, data)
-    trials: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
+    return compare(options, "tiny")
+
+
+def grpo_50m(options: RunOptions) -> Report:
+    return compare(options, "50m")
+
+
+def compare(options: RunOptions, size: str) -> Report:
+    trl_compare.require_trl(f"grpo ({size})")
+    steps, repeats = options.steps or SIZE_STEPS[size], options.repeats_or(2)
+    data = trl_compare.tiny_data(options.workdir, tuple(trl_compare.SIZES[size]))
+    # the tiny size starts from a short SFT (rewards that vary within a group); the 50m one from its random init
+    policy = start_policy(options.workdir, data) if size == "tiny" else data["base_model"]
+    peak = mfu.matmul_peak()
+    print(f"[grpo] matmul peak: {peak / 1e9:,.1f} GFLOP/s (fp32, {mfu.threads()} threads)", flush=True)
+    systems = SIZE_SYSTEMS[size]
+    trials: dict[str, list[dict]] = {system: [] for system in systems}
     for repeat in range(repeats):
-        for system in SYSTEMS:
+        for system in systems:
             result = trl_compare.run_trial("grpo", system, steps, {**data, "policy": policy},
-                                           options.workdir / f"grpo-{system}-{repeat}", module=__name__,
-                                           overrides=OUR_ROWS.get(system, []))
+                                           options.workdir / f"grpo-{size}-{system}-{repeat}", module=__name__,
+                                           overrides=[*trl_compare.SIZES[size], *SIZE_ROLLOUT[size], *OUR_ROWS.get(system, [])])
             trials[system].append(result)
             print(f"[grpo] trial {repeat + 1}/{repeats} {system}: {result['samples_per_s']:,.1f} samples/s "
-                  f"({result['tokens_per_s']:,.0f} response tokens/s)", flush=True)
-    return report(steps, repeats, trials)
+                  f"({result['tokens_per_s']:,.0f} response tokens/s), training MFU {training_mfu(result, peak):.1%}", flush=True)
+    return report(steps, repeats, trials, size, peak)
 
 
-def start_policy(workdir: Path, data: dict[str, Path]) -> Path:
-    """Our SFT stage on the base model, once per benchmark run: the policy both systems start from."""
-    work = workdir / "grpo-start-policy"
+def training_mfu(result: dict, peak: float) -> float:
+    """6 x parameters x the tokens of the samples trained on (prompt + response each, as padded rows count
+    them) per second of training, over `peak`: the same count for every system, whatever rows it computes."""
+    return 6 * result["params"] * result["sample_tokens"] / result["training_s"] / peak
+
+
+def start_policy(workdir: Path, data: dict[str, Path], steps: int = SFT_STEPS) -> Path:
+    """Our SFT stage on the base model for `steps` steps, once per benchmark run: the policy both systems start from."""
+    work = workdir / f"grpo-start-policy-{steps}"
     if not work.exists():
-        print(f"[grpo] training the start policy ({SFT_STEPS} SFT steps) ...", flush=True)
-        trl_compare.run_trial("sft", "ours", SFT_STEPS, data, work)
+        print(f"[grpo] training the start policy ({steps} SFT steps) ...", flush=True)
+        trl_compare.run_trial("sft", "ours", steps, data, work)
     return work / "output" / "sft_model"
 
 
 # --- the table -----------------------------------------------------------------------------------
 
 
-def report(steps: int, repeats: int, trials: dict[str, list[dict]]) -> Report:
+def report(steps: int, repeats: int, trials: dict[str, list[dict]], size: str, peak: float) -> Report:
     version, first = importlib.metadata.version("trl"), trials["ours"][0]
-    summary = {system: {metric: statistics.median(r[metric] for r in results)
-                        for metric in ("samples_per_s", "tokens_per_s", *(f"{p}_s" for p in PARTS))}
+    summary = {system: {**{metric: statistics.median(r[metric] for r in results)
+                           for metric in ("samples_per_s", "tokens_per_s", *(f"{p}_s" for p in PARTS))},
+                        "training_mfu": statistics.median(training_mfu(r, peak) for r in results)}
                for system, results in trials.items()}
+    pairs = [pair for pair in RATIO_ROWS if set(pair) <= set(trials)]
     ratios = {pair: {metric: summary[pair[0]][metric] / summary[pair[1]][metric] for metric in ("samples_per_s", "tokens_per_s")}
-              for pair in RATIO_ROWS}
+              for pair in pairs}
     stage = "`stages.rl` (Ray; DeepSpeed ZeRO-{zero} policy rank sampling itself, reward actor)".format(zero=first["zero_stage"])
     labels = {"ours": f"ours: {stage}, as the tiny preset runs",
               "ours_recompute": "ours, old log-probs recomputed after sampling (TRL's work)",
+              "ours_padded": "ours, each sample in a padded row of its own (`rl.shared_prompt=false`)",
               "ours_actors": "ours, `rl.rollout.engine=hf`: HF engine and reference in actors of their own, weight sync",
               "trl": f"TRL {version} `GRPOTrainer` (one process, HF generate)",
               "trl_ray": f"TRL {version} `GRPOTrainer`, the same trial as a task on a local Ray cluster (control)"}
     columns = ["system", "samples/s (median)", "response tokens/s", "samples/s per trial",
-               *(f"{p.replace('_', ' ')} s/step" for p in PARTS)]
+               *(f"{p.replace('_', ' ')} s/step" for p in PARTS), "training MFU"]
     rows = []
-    for system in SYSTEMS:
+    for system in trials:
         s = summary[system]
         per_trial = ", ".join(f"{r['samples_per_s']:,.1f}" for r in trials[system])
         rows.append([labels[system], f"{s['samples_per_s']:,.1f}", f"{s['tokens_per_s']:,.0f}", per_trial,
-                     *(f"{s[f'{p}_s'] / steps:.2f}" for p in PARTS)])
-    for pair, name in RATIO_ROWS.items():
+                     *(f"{s[f'{p}_s'] / steps:.2f}" for p in PARTS), f"{s['training_mfu']:.1%}"])
+    for pair in pairs:
         r = ratios[pair]
-        rows.append([name, f"{r['samples_per_s']:.2f}", f"{r['tokens_per_s']:.2f}", "", *[""] * len(PARTS)])
-    title = (f"GRPO throughput, tiny preset: {steps} rollout steps of {first['prompts']} prompts x "
+        rows.append([RATIO_ROWS[pair], f"{r['samples_per_s']:.2f}", f"{r['tokens_per_s']:.2f}", "", *[""] * (len(PARTS) + 1)])
+    shape = "tiny preset" if size == "tiny" else f"{first['params'] / 1e6:.1f}M parameters ({size}, random init)"
+    title = (f"GRPO throughput, {shape}: {steps} rollout steps of {first['prompts']} prompts x "
              f"{first['group_size']} samples (<= {first['max_new_tokens']} tokens), {first['optimizer_steps_per_rollout']} "
-             f"optimizer steps each, KL loss, fp32, {repeats} alternating trials per system")
-    return Report(title, columns, rows, data={"settings": first["settings"], "trl_version": version,
+             f"optimizer steps each, KL loss, fp32, {repeats} alternating trials per system; training MFU: 6 x parameters x "
+             f"the samples' prompt + response tokens per training second over this CPU's fp32 matmul peak, "
+             f"{peak / 1e9:.1f} GFLOP/s")
+    return Report(title, columns, rows, data={"settings": first["settings"], "size": size, "matmul_peak_flops": peak,
+                                              "trl_version": version,
                                               "systems": summary, "ratio": ratios["ours", "trl"],
                                               "ratios": {"/".join(pair): r for pair, r in ratios.items()}, "trials": trials})
 
@@ -245,6 +284,17 @@ class PartClock:
         return wrapper
 
 
+def mean_prompt_tokens(cfg, data: dict[str, Path]) -> float:
+    """The prompts' mean length in tokens, as both systems encode them (the rollouts draw them evenly)."""
+    from stages.common import checkpoint
+    from stages.data_prep import read_split
+    from stages.rl.stage import encode_prompts
+
+    tokenizer = checkpoint.load_tokenizer(str(data["policy"]))
+    prompts = encode_prompts(tokenizer, read_split(data["prompts"], "train"), cfg.rl.rollout.prompt_max_len, "prompts/train")
+    return statistics.mean(len(p.ids) for p in prompts)
+
+
 def trial_main(spec: dict) -> None:
     import torch
 
@@ -253,12 +303,15 @@ def trial_main(spec: dict) -> None:
     cfg = bench_config(spec["steps"], spec["overrides"])
     rl = cfg.rl
     measured = {"trl": trl, "trl_ray": trl_in_ray}.get(spec["system"], ours)(cfg, data, work)
+    prompt_tokens = mean_prompt_tokens(cfg, data)
     result = {
         "system": spec["system"], "rollout_steps": spec["steps"], "prompts": rl.rollout.batch_size,
         "group_size": rl.rollout.n_samples_per_prompt, "max_new_tokens": rl.rollout.generate_max_len,
         "optimizer_steps_per_rollout": rl.rollout.batch_size * rl.rollout.n_samples_per_prompt // rl.train_batch_size,
         **measured, "samples_per_s": measured["samples"] / measured["seconds"],
         "tokens_per_s": measured["response_tokens"] / measured["seconds"], "torch_threads": torch.get_num_threads(),
+        "params": mfu.count_params(data["policy"]), "mean_prompt_tokens": prompt_tokens,
+        "sample_tokens": measured["response_tokens"] + prompt_tokens * measured["samples"],
         "settings": {"precision": cfg.infra.precision, "lr": rl.actor.lr, "kl_coef": rl.algorithm.init_kl_coef,
                      "kl_estimator": rl.algorithm.kl_estimator, "train_batch_size": rl.train_batch_size,
                      "micro_train_batch_size": rl.micro_train_batch_size, "sft_steps": SFT_STEPS,

@@ -31,13 +31,16 @@ def matmul_peak(size: int = PEAK_SIZE, repeats: int = 10) -> float:
 
 
 def count_params(model_dir: Path) -> int:
-    """Parameters stored in a checkpoint's model.safetensors (a tied LM head counted once)."""
-    from safetensors import safe_open
+    """A checkpoint's parameters (a tied LM head counted once), from its config alone: the model is built on
+    the meta device, so sharded and single-file checkpoints count alike and no weights are read."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from stages.common.checkpoint_paths import resolve
 
-    with safe_open(str(Path(resolve(model_dir)) / "model.safetensors"), "pt") as f:
-        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(resolve(model_dir)))
+    return sum(p.numel() for p in model.parameters())
 
 
 def utilisation(result: dict, peak: float) -> float:

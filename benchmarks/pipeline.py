@@ -60,7 +60,7 @@ class PipelineRun:
         return max((m for t, m in self.memory if span[0] <= t <= span[1]), default=0.0)
 
 
-def pipeline(options: RunOptions) -> Report:
+def pipeline(options: RunOptions) -> dict[str, Report]:
     runs: list[PipelineRun] = []
     repeats = options.repeats_or(1)  # a cold run is minutes
     for repeat in range(repeats):
@@ -71,7 +71,7 @@ def pipeline(options: RunOptions) -> Report:
             runs.append(run)
             print(f"[pipeline] {mode} run {repeat + 1}/{repeats}: {run.wall_s:.1f} s wall, "
                   f"{run.compute_s:.1f} s in stage functions, peak {run.peak_mib:,.0f} MiB", flush=True)
-    return report(runs, repeats)
+    return {"pipeline": report(runs, repeats), "pipeline-learned": learned(options.workdir / "pipeline-0")}
 
 
 def run_cli(folder: Path, mode: str, overrides: list[str]) -> PipelineRun:
@@ -123,27 +123,29 @@ class sample_memory:
         return self.samples
 
 
-def stage_spans(folder: Path) -> list[StageSpan]:
-    """The stages that ran in the folder's newest pipeline run, from their MLflow runs."""
+def stage_runs(folder: Path, status: str = "ran") -> dict:
+    """stage -> its MLflow run, for the stages of the folder's newest pipeline run with that status."""
     from mlflow import MlflowClient
-
-    from artifacts import store
 
     client = MlflowClient(f"sqlite:///{folder / '.rlhf' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rlhf-pipeline")
     parent = client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'",
                                 order_by=["attributes.start_time DESC"])[0]
-    spans = []
+    found = {}
     for key, value in parent.data.tags.items():
-        if not key.startswith("stage."):
-            continue
-        status, *run_id = value.split()
-        if status != "ran":
-            continue
-        run = client.get_run(run_id[0])
+        if key.startswith("stage.") and value.split()[0] == status:
+            found[key.removeprefix("stage.")] = client.get_run(value.split()[1])
+    return found
+
+
+def stage_spans(folder: Path) -> list[StageSpan]:
+    """The stages that ran in the folder's newest pipeline run, from their MLflow runs."""
+    from artifacts import store
+
+    spans = []
+    for stage, run in stage_runs(folder).items():
         start, end = (float(t) for t in run.data.tags[store.TAG_COMPUTE_SPAN].split())
-        spans.append(StageSpan(key.removeprefix("stage."), (run.info.start_time / 1000, run.info.end_time / 1000),
-                               (start, end)))
+        spans.append(StageSpan(stage, (run.info.start_time / 1000, run.info.end_time / 1000), (start, end)))
     return sorted(spans, key=lambda s: s.run[0])
 
 
@@ -179,3 +181,21 @@ def report(runs: list[PipelineRun], repeats: int) -> Report:
     title = (f"Tiny pipeline through `rlhf run`: cold and warm wall time, orchestration share and peak memory "
              f"(median of {repeats} repeat(s); stage rows from the first cold run)")
     return Report(title, columns, rows, data=data)
+
+
+# what the eval stage calls each model it scores, and how the table names it
+LEARNED_MODELS = {"base": "base (random init)", "sft": "SFT", "rl": "RL (the preset's GRPO)", "dpo": "DPO (offline)"}
+
+
+def learned(folder: Path) -> Report:
+    """What the first cold run's models score: the eval stage's held-out accuracies per model and the reward
+    models' own eval accuracy (from the run's MLflow store)."""
+    runs = stage_runs(folder)
+    scores = runs["eval"].data.metrics
+    rows = [[label, f"{scores[f'{model}/accuracy']:.3f}", f"{scores[f'{model}/sampled_accuracy']:.3f}"]
+            for model, label in LEARNED_MODELS.items() if f"{model}/accuracy" in scores]
+    rows.append(["RM: pairwise accuracy on held-out pairs", f"{runs['rm'].data.metrics['eval/accuracy']:.3f}", ""])
+    rows.append(["PRM: step accuracy on held-out solutions", f"{runs['prm'].data.metrics['eval/step_accuracy']:.3f}", ""])
+    title = ("What the tiny preset's cold `rlhf run` learned: held-out accuracy of each model the eval stage scores "
+             "(greedy, and sampled: 4 answers per prompt at temperature 1), and the reward models' own eval")
+    return Report(title, ["model", "greedy", "sampled"], rows, data={"eval": scores})
