@@ -106,9 +106,9 @@ def compare(options: RunOptions, size: str) -> Report:
 
 
 def training_mfu(result: dict, peak: float) -> float:
-    """6 x parameters x the tokens of the samples trained on (prompt + response each, as padded rows count
-    them) per second of training, over `peak`: the same count for every system, whatever rows it computes."""
-    return 6 * result["params"] * result["sample_tokens"] / result["training_s"] / peak
+    """6 x parameters x the tokens the training passes compute (`trained_tokens`) per second of training,
+    over `peak`."""
+    return 6 * result["params"] * result["trained_tokens"] / result["training_s"] / peak
 
 
 def start_policy(workdir: Path, data: dict[str, Path], steps: int = SFT_STEPS) -> Path:
@@ -154,7 +154,8 @@ def report(steps: int, repeats: int, trials: dict[str, list[dict]], size: str, p
     title = (f"GRPO throughput, {shape}: {steps} rollout steps of {first['prompts']} prompts x "
              f"{first['group_size']} samples (<= {first['max_new_tokens']} tokens), {first['optimizer_steps_per_rollout']} "
              f"optimizer steps each, KL loss, fp32, {repeats} alternating trials per system; training MFU: 6 x parameters x "
-             f"the samples' prompt + response tokens per training second over this CPU's fp32 matmul peak, "
+             f"the tokens the training passes compute (in shared rows a prompt once per group) per training second "
+             f"over this CPU's fp32 matmul peak, "
              f"{peak / 1e9:.1f} GFLOP/s")
     return Report(title, columns, rows, data={"settings": first["settings"], "size": size, "matmul_peak_flops": peak,
                                               "trl_version": version,
@@ -311,7 +312,10 @@ def trial_main(spec: dict) -> None:
         **measured, "samples_per_s": measured["samples"] / measured["seconds"],
         "tokens_per_s": measured["response_tokens"] / measured["seconds"], "torch_threads": torch.get_num_threads(),
         "params": mfu.count_params(data["policy"]), "mean_prompt_tokens": prompt_tokens,
-        "sample_tokens": measured["response_tokens"] + prompt_tokens * measured["samples"],
+        # the tokens the training passes compute: each sample's prompt and response, or in shared rows a
+        # prompt once per group (pads left out either way)
+        "trained_tokens": measured["response_tokens"] + prompt_tokens * measured["samples"] / (
+            rl.rollout.n_samples_per_prompt if spec["system"] in OUR_ROWS and rl.shared_prompt else 1),
         "settings": {"precision": cfg.infra.precision, "lr": rl.actor.lr, "kl_coef": rl.algorithm.init_kl_coef,
                      "kl_estimator": rl.algorithm.kl_estimator, "train_batch_size": rl.train_batch_size,
                      "micro_train_batch_size": rl.micro_train_batch_size, "sft_steps": SFT_STEPS,
