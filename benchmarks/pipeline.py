@@ -123,8 +123,9 @@ class sample_memory:
         return self.samples
 
 
-def stage_runs(folder: Path, status: str = "ran") -> dict:
-    """stage -> its MLflow run, for the stages of the folder's newest pipeline run with that status."""
+def stage_runs(folder: Path, statuses: tuple[str, ...] = ("ran",)) -> dict:
+    """stage -> its MLflow run, for the stages of the folder's newest pipeline run with one of `statuses`
+    (a cached stage's run is the one that made its outputs)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{folder / '.rlhf' / 'mlflow.db'}")
@@ -133,7 +134,7 @@ def stage_runs(folder: Path, status: str = "ran") -> dict:
                                 order_by=["attributes.start_time DESC"])[0]
     found = {}
     for key, value in parent.data.tags.items():
-        if key.startswith("stage.") and value.split()[0] == status:
+        if key.startswith("stage.") and value.split()[0] in statuses:
             found[key.removeprefix("stage.")] = client.get_run(value.split()[1])
     return found
 
@@ -189,8 +190,8 @@ LEARNED_MODELS = {"base": "base (random init)", "sft": "SFT", "rl": "RL (the pre
 
 def learned(folder: Path) -> Report:
     """What the first cold run's models score: the eval stage's held-out accuracies per model and the reward
-    models' own eval accuracy (from the run's MLflow store)."""
-    runs = stage_runs(folder)
+    models' own eval accuracy (from the run's MLflow store; the warm run after it reads them cached)."""
+    runs = stage_runs(folder, ("ran", "cached"))
     scores = runs["eval"].data.metrics
     rows = [[label, f"{scores[f'{model}/accuracy']:.3f}", f"{scores[f'{model}/sampled_accuracy']:.3f}"]
             for model, label in LEARNED_MODELS.items() if f"{model}/accuracy" in scores]
