@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, LlamaForTokenClassification
+from transformers import LlamaForSequenceClassification, LlamaForTokenClassification
 
 from configs import load_config
 from configs.errors import ConfigError
@@ -16,6 +16,8 @@ from stages.common import packing
 from stages.dpo import stage as dpo
 from stages.rl.losses import value_loss
 from stages.rl.workers import actor_loss, critic_values, token_log_probs
+from tests.same_gradients import assert_same_loss_and_grads
+from tests.tiny_llama import tiny
 
 TOL = 1e-5
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
@@ -48,14 +50,6 @@ def test_last_tokens_read_each_samples_own_last_token():
     assert packing.last_tokens(torch.tensor([[7.0, 8.0, 9.0, 10.0]]), one_token).tolist() == [7, 8, 10]
 
 
-def tiny(cls=LlamaForCausalLM, attn="sdpa", **extra):
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=64, pad_token_id=0, **extra)
-    config._attn_implementation = attn
-    return cls(config)
-
-
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_transformers_keeps_packed_samples_apart_from_position_ids_alone(attn):
     """What packing rests on, for both CPU attention implementations of the installed transformers: a row
@@ -74,29 +68,13 @@ def rows(lengths: list[int], seed: int, vocab: int = 64) -> dict[str, torch.Tens
     return {"input_ids": torch.randint(1, vocab, mask.shape, generator=gen) * mask, "attention_mask": mask}
 
 
-def loss_and_grads(make_model, loss_fn, packed: bool) -> tuple[float, list[torch.Tensor]]:
-    model = make_model()
-    loss = loss_fn(model, packed)
-    loss.backward()
-    return float(loss.detach()), [p.grad.clone() for p in model.parameters() if p.grad is not None]
-
-
-def assert_same_loss_and_grads(make_model, loss_fn):
-    padded_loss, padded_grads = loss_and_grads(make_model, loss_fn, packed=False)
-    packed_loss, packed_grads = loss_and_grads(make_model, loss_fn, packed=True)
-    assert packed_loss == pytest.approx(padded_loss, abs=TOL)
-    assert len(packed_grads) == len(padded_grads) > 0
-    assert max(float((a - b).abs().max()) for a, b in zip(packed_grads, padded_grads)) < TOL
-    assert any(float(g.abs().max()) > 1e-4 for g in padded_grads)  # a gradient that could differ
-
-
 def test_rm_packed_rewards_loss_and_gradients_equal_the_padded_batch():
     batch = rows([7, 4, 9, 2, 5, 6], seed=1) | {"margin": torch.tensor([0.0, 0.5, 0.0])}
 
     def loss(model, packed):
         return reward_model.bt_loss(reward_model.LastTokenReward(model, packed), batch)[0]
 
-    assert_same_loss_and_grads(lambda: tiny(LlamaForSequenceClassification, num_labels=1), loss)
+    assert_same_loss_and_grads(lambda: tiny(LlamaForSequenceClassification, num_labels=1), loss, False, True, TOL)
     model = tiny(LlamaForSequenceClassification, num_labels=1)
     rewards = [reward_model.rewards_of(reward_model.LastTokenReward(model, p), batch) for p in (False, True)]
     assert torch.allclose(rewards[0], rewards[1], atol=TOL)
@@ -110,7 +88,7 @@ def test_prm_packed_loss_and_gradients_equal_the_padded_batch():
     def loss(model, packed):
         return prm.prm_loss(packing.logits(model, batch, packed), labels, (5, 6))[0]
 
-    assert_same_loss_and_grads(tiny, loss)
+    assert_same_loss_and_grads(tiny, loss, False, True, TOL)
 
 
 PAIRS = [(([3, 4, 5], [6, 7]), ([3, 4, 5], [8, 9, 10, 11])),
@@ -127,7 +105,7 @@ def test_dpo_packed_pair_loss_and_gradients_equal_the_padded_rows(loss_name):
         ref = -torch.arange(1.0, 7.0)
         return objective.loss(model, objective.collate(ref, [0, 1, 2]))[0]
 
-    assert_same_loss_and_grads(tiny, loss)
+    assert_same_loss_and_grads(tiny, loss, False, True, TOL)
 
 
 def test_kto_packed_loss_and_gradients_equal_the_padded_rows():
@@ -136,7 +114,7 @@ def test_kto_packed_loss_and_gradients_equal_the_padded_rows():
         ref = -torch.arange(1.0, 13.0) / 2
         return objective.loss(model, objective.collate(ref, [0, 1, 2, 3, 5]))[0]
 
-    assert_same_loss_and_grads(tiny, loss)
+    assert_same_loss_and_grads(tiny, loss, False, True, TOL)
 
 
 def test_dpo_packed_reference_log_probs_equal_the_padded_ones():
@@ -174,7 +152,7 @@ def test_rl_packed_policy_loss_and_gradients_equal_the_padded_batch(aggregation)
                                  "loss_aggregation": aggregation}, packing=packed, shared_prompt=False)
         return actor_loss(model, batch, rl, units=None)[0]
 
-    assert_same_loss_and_grads(tiny, loss)
+    assert_same_loss_and_grads(tiny, loss, False, True, TOL)
 
 
 def test_rl_packed_log_prob_passes_equal_the_padded_ones():
@@ -191,7 +169,8 @@ def test_rl_packed_critic_values_loss_and_gradients_equal_the_padded_batch():
         values = critic_values(model, batch, "packed" if packed else "padded")
         return value_loss(values, batch["values"], batch["returns"], batch["action_mask"], 0.2)
 
-    assert_same_loss_and_grads(lambda: tiny(LlamaForTokenClassification, num_labels=1, classifier_dropout=0.0), loss)
+    critic = lambda: tiny(LlamaForTokenClassification, num_labels=1, classifier_dropout=0.0)  # noqa: E731
+    assert_same_loss_and_grads(critic, loss, False, True, TOL)
 
 
 def test_packing_with_a_family_that_takes_no_position_ids_is_refused_by_key(tmp_path):

@@ -4,23 +4,17 @@ the layout falls back to padded rows where it cannot be exact."""
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, LlamaForTokenClassification
+from transformers import LlamaForTokenClassification
 
 from configs.schema import RLConfig
 from stages.common import shared_prompt
 from stages.rl.experience import Sample, micro_batches, prompt_lengths, sequence_batch
 from stages.rl.losses import value_loss
 from stages.rl.workers import actor_loss, critic_values, row_layout, token_log_probs
+from tests.same_gradients import assert_same_loss_and_grads
+from tests.tiny_llama import tiny
 
 TOL = 1e-5
-
-
-def tiny(cls=LlamaForCausalLM, attn="sdpa", **extra):
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=64, pad_token_id=0, **extra)
-    config._attn_implementation = attn
-    return cls(config)
 
 
 def rollout(prompts: list[list[int]], lengths: list[list[int]], seed: int = 0) -> dict[str, torch.Tensor]:
@@ -78,22 +72,6 @@ def test_log_prob_passes_on_shared_rows_equal_the_padded_ones(attn):
     assert padded.abs().sum() > 0
 
 
-def loss_and_grads(make_model, loss_fn, layout: str) -> tuple[float, list[torch.Tensor]]:
-    model = make_model()
-    loss = loss_fn(model, layout)
-    loss.backward()
-    return float(loss.detach()), [p.grad.clone() for p in model.parameters() if p.grad is not None]
-
-
-def assert_same_loss_and_grads(make_model, loss_fn):
-    padded_loss, padded_grads = loss_and_grads(make_model, loss_fn, "padded")
-    shared_loss, shared_grads = loss_and_grads(make_model, loss_fn, "shared")
-    assert shared_loss == pytest.approx(padded_loss, abs=TOL)
-    assert len(shared_grads) == len(padded_grads) > 0
-    assert max(float((a - b).abs().max()) for a, b in zip(shared_grads, padded_grads)) < TOL
-    assert any(float(g.abs().max()) > 1e-4 for g in padded_grads)  # a gradient that could differ
-
-
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_sum_norm"])
 def test_policy_loss_and_gradients_on_shared_rows_equal_the_padded_batch(aggregation):
     batch = rollout(PROMPTS, LENGTHS, seed=1)
@@ -104,7 +82,7 @@ def test_policy_loss_and_gradients_on_shared_rows_equal_the_padded_batch(aggrega
         assert row_layout(rl, model) == layout
         return actor_loss(model, batch, rl, units=None)[0]
 
-    assert_same_loss_and_grads(tiny, loss)
+    assert_same_loss_and_grads(tiny, loss, "padded", "shared", TOL)
 
 
 def test_critic_values_loss_and_gradients_on_shared_rows_equal_the_padded_batch():
@@ -114,7 +92,8 @@ def test_critic_values_loss_and_gradients_on_shared_rows_equal_the_padded_batch(
         values = critic_values(model, batch, layout)
         return value_loss(values, batch["values"], batch["returns"], batch["action_mask"], 0.2)
 
-    assert_same_loss_and_grads(lambda: tiny(LlamaForTokenClassification, num_labels=1, classifier_dropout=0.0), loss)
+    critic = lambda: tiny(LlamaForTokenClassification, num_labels=1, classifier_dropout=0.0)  # noqa: E731
+    assert_same_loss_and_grads(critic, loss, "padded", "shared", TOL)
 
 
 def test_a_multi_turn_row_shares_only_the_tokens_before_its_first_action():
