@@ -28,7 +28,7 @@ from benchmarks.report import Report, RunOptions
 
 BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report], str]] = {
     "pipeline": (pipeline.pipeline, "the tiny pipeline through `rlhf run`: cold/warm wall time, orchestration share, "
-                                    "peak memory per stage"),
+                                    "peak memory per stage, and what its models learned"),
     "sft": (trl_compare.sft, "SFT tokens/s: our stage vs TRL's SFTTrainer (needs the bench extra)"),
     "dpo": (trl_compare.dpo, "DPO pairs/s and tokens/s: our stage vs TRL's DPOTrainer (needs the bench extra)"),
     "sft-50m": (trl_compare.sft_50m, "SFT at a compute-bound size (a ~50M Llama, rows of ~200 tokens) vs TRL, with "
