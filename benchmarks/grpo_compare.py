@@ -108,7 +108,8 @@ def compare(options: RunOptions, size: str) -> Report:
 def training_mfu(result: dict, peak: float) -> float:
     """6 x parameters x the tokens the training passes compute (`trained_tokens`) per second of training,
     over `peak`."""
-    return 6 * result["params"] * result["trained_tokens"] / result["training_s"] / peak
+    per_second = result["trained_tokens"] / result["training_s"]
+    return mfu.utilisation({"params": result["params"], "tokens_per_s": per_second}, peak)
 
 
 def start_policy(workdir: Path, data: dict[str, Path], steps: int = SFT_STEPS) -> Path:

@@ -63,15 +63,15 @@ class PipelineRun:
 def pipeline(options: RunOptions) -> dict[str, Report]:
     runs: list[PipelineRun] = []
     repeats = options.repeats_or(1)  # a cold run is minutes
-    for repeat in range(repeats):
-        folder = options.workdir / f"pipeline-{repeat}"
+    folders = [options.workdir / f"pipeline-{repeat}" for repeat in range(repeats)]
+    for repeat, folder in enumerate(folders):
         folder.mkdir()
         for mode in ("cold", "warm"):
             run = run_cli(folder, mode, options.overrides)
             runs.append(run)
             print(f"[pipeline] {mode} run {repeat + 1}/{repeats}: {run.wall_s:.1f} s wall, "
                   f"{run.compute_s:.1f} s in stage functions, peak {run.peak_mib:,.0f} MiB", flush=True)
-    return {"pipeline": report(runs, repeats), "pipeline-learned": learned(options.workdir / "pipeline-0")}
+    return {"pipeline": report(runs, repeats), "pipeline-learned": learned(folders[0])}
 
 
 def run_cli(folder: Path, mode: str, overrides: list[str]) -> PipelineRun:
@@ -128,15 +128,13 @@ def stage_runs(folder: Path, statuses: tuple[str, ...] = ("ran",)) -> dict:
     (a cached stage's run is the one that made its outputs)."""
     from mlflow import MlflowClient
 
+    from flows.report import pipeline_runs, stage_outcomes
+
     client = MlflowClient(f"sqlite:///{folder / '.rlhf' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rlhf-pipeline")
-    parent = client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'",
-                                order_by=["attributes.start_time DESC"])[0]
-    found = {}
-    for key, value in parent.data.tags.items():
-        if key.startswith("stage.") and value.split()[0] in statuses:
-            found[key.removeprefix("stage.")] = client.get_run(value.split()[1])
-    return found
+    (parent,) = pipeline_runs(client, exp.experiment_id, 1)
+    return {stage: client.get_run(run_id) for stage, (status, run_id) in stage_outcomes(parent).items()
+            if status in statuses}
 
 
 def stage_spans(folder: Path) -> list[StageSpan]:
