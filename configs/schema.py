@@ -579,7 +579,8 @@ class RLConfig(Section):
                                                   "micro-batches of whole groups; with SDPA or eager attention and no "
                                                   "sliding window, else padded rows. A row is prompt + n responses "
                                                   "long: with long responses its attention can cost more than the "
-                                                  "prompt saves")
+                                                  "prompt saves, and in bf16 on a GPU SDPA's masked kernel made it "
+                                                  "slower than padded rows (docs/gpu.md)")
     max_epochs: int = Field(1, gt=0, description="passes over each rollout batch")
     num_episodes: int = Field(1, gt=0, description="passes over the prompt set")
     max_steps: int | None = Field(None, gt=0, description="rollout steps; overrides num_episodes")
