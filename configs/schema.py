@@ -266,9 +266,10 @@ class DPOConfig(TrainingConfig):
     loss: Annotated[str, DPO_OBJECTIVES] = Field("sigmoid", description=DPO_OBJECTIVES.described())
     label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="cDPO: assumed probability that a pair's label is flipped")
     nll_loss_coef: float = Field(0.0, ge=0.0, description="weight of the chosen responses' NLL added to the loss")
-    shared_prompt: bool = Field(True, description="pair losses: each pair as one row, its prompt computed once for both "
-                                                  "responses (a 4D attention mask; the same log-probs); with "
-                                                  "flash_attention_2, which takes no such mask, two padded rows")
+    shared_prompt: bool = Field(True, description="pair losses: the responses of one prompt (a pair's two, and those of "
+                                                  "any other pair of that prompt in the micro-batch) as one row, the "
+                                                  "prompt computed once (a 4D attention mask; the same log-probs); with "
+                                                  "flash_attention_2, which takes no such mask, two padded rows per pair")
     packing: bool = Field(False, description=PACKING + "; the policy's and the reference's passes alike (in place of "
                                                       "shared_prompt's rows)")
     desirable_weight: float = Field(1.0, gt=0, description="KTO: weight of desirable examples")

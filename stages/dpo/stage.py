@@ -26,7 +26,7 @@ from transformers import AutoConfig, set_seed
 
 from configs.dpo_objectives import DPO_OBJECTIVES
 from configs.schema import DPOConfig
-from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe, packing
+from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe, packing, shared_prompt
 from stages.common.shared_prompt import MASKED_ATTENTION, attention_window
 from stages.common.trainer import SampleStream, build_engine, eval_batches, fit, total_steps, train_loop
 from stages.contract import StageContext, StageResult
@@ -68,62 +68,17 @@ def sequence_batch(seqs: list[Seq], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask}
 
 
-def shared_prompt_batch(pairs: list[tuple[Seq, Seq]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Each pair as one right-padded row: its prompt once, then the chosen and the rejected response.
-    The rejected response's position ids restart where the chosen one's began, and `mask4d` lets every
-    response token see the prompt and its own response only (a pad sees itself: a row of nothing but
-    masked keys would give NaNs). `chosen_mask` / `rejected_mask` [B, W-1], aligned with
-    `logits[:, :-1]`, mark where each response's next-token log-probs are read; the rejected response's
-    first token is the exception, read at the prompt's last position (`prompt_last` -> `rejected_first`)."""
-    width = max(len(p) + len(c) + len(r) for (p, c), (_, r) in pairs)
-    b = len(pairs)
-    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((b, width), dtype=torch.long)
-    mask4d = torch.zeros((b, 1, width, width), dtype=torch.bool)
-    chosen_mask = torch.zeros((b, width - 1), dtype=torch.long)
-    rejected_mask = torch.zeros((b, width - 1), dtype=torch.long)
-    prompt_last = torch.zeros(b, dtype=torch.long)
-    causal = torch.ones((width, width), dtype=torch.bool).tril()
-    for i, ((prompt, chosen), (_, rejected)) in enumerate(pairs):
-        p, c, r = len(prompt), len(chosen), len(rejected)
-        n = p + c + r
-        input_ids[i, :n] = torch.tensor(prompt + chosen + rejected)
-        position_ids[i, : p + c] = torch.arange(p + c)
-        position_ids[i, p + c : n] = torch.arange(p, p + r)
-        mask4d[i, 0, : p + c, : p + c] = causal[: p + c, : p + c]
-        mask4d[i, 0, p + c : n, :p] = True
-        mask4d[i, 0, p + c : n, p + c : n] = causal[:r, :r]
-        pads = torch.arange(n, width)
-        mask4d[i, 0, pads, pads] = True
-        chosen_mask[i, p - 1 : p + c - 1] = 1
-        rejected_mask[i, p + c : n - 1] = 1
-        prompt_last[i] = p - 1
-    return {"input_ids": input_ids, "position_ids": position_ids, "mask4d": mask4d, "chosen_mask": chosen_mask,
-            "rejected_mask": rejected_mask, "prompt_last": prompt_last, "rejected_first": prompt_last + 1 + chosen_mask.sum(-1)}
-
-
-def shared_prompt_logps(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """`response_logps` of a `shared_prompt_batch`: the chosen rows' sums and counts, then the rejected
-    rows'. The mask goes in as an additive float mask, which SDPA and eager attention both take."""
-    dtype = next(iter(model.parameters())).dtype
-    additive = torch.zeros(batch["mask4d"].shape, dtype=dtype, device=batch["mask4d"].device)
-    additive.masked_fill_(~batch["mask4d"], torch.finfo(dtype).min)
-    ids = batch["input_ids"]
-    logits = model(input_ids=ids, position_ids=batch["position_ids"], attention_mask=additive, use_cache=False).logits
-    logps = token_logps(logits[:, :-1], ids[:, 1:])
-    rows = torch.arange(ids.shape[0], device=ids.device)
-    first = token_logps(logits[rows, batch["prompt_last"]], ids[rows, batch["rejected_first"]])
-    chosen, rejected = sequence_logps(logps, batch["chosen_mask"]), sequence_logps(logps, batch["rejected_mask"]) + first
-    counts = torch.cat([batch["chosen_mask"].sum(-1), batch["rejected_mask"].sum(-1) + 1])
-    return torch.cat([chosen, rejected]), counts
-
-
-def response_logps(model, batch: dict[str, torch.Tensor], aux: list | None = None,
-                   packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def response_logps(model, batch: dict[str, torch.Tensor], aux: list | None = None, packed: bool = False,
+                   shared: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the summed log-prob of the response tokens, and how many there are; with `packed`
-    (`dpo.packing`) from one padding-free row. `aux`: where an MoE model's router load-balancing loss
-    is appended (stages.common.moe)."""
-    logits = packing.logits(model, batch, packed, aux)
+    (`dpo.packing`) from one padding-free row; with `shared` (`dpo.shared_prompt`) the rows that share
+    a prompt (a pair's two, and any other pair of the same prompt) as one row, the prompt once
+    (stages/common/shared_prompt.py). `aux`: where an MoE model's router load-balancing loss is
+    appended (stages.common.moe)."""
+    if shared:
+        logits = shared_prompt.logits(model, batch, prefix=batch["response_mask"].argmax(-1))
+    else:
+        logits = packing.logits(model, batch, packed, aux)
     mask = batch["response_mask"][:, 1:]
     logps = token_logps(logits[:, :-1], batch["input_ids"][:, 1:])
     return sequence_logps(logps, mask), mask.sum(-1)
@@ -154,8 +109,8 @@ def reference_logps(engine, seqs: list[Seq], batch_size: int, pad_id: int, rank:
 
 class PairObjective:
     """DPO / cDPO / IPO on (chosen, rejected) pairs; row i is pair i. With `shared_prompt` (and pairs
-    whose non-empty responses share the prompt, as every pair built here does) a micro-batch has one
-    row per pair (`shared_prompt_batch`), else two padded rows. A model with a sliding `window` shares
+    whose non-empty responses share the prompt, as every pair built here does) the rows of one prompt
+    run as one row (`response_logps`), else as two padded rows per pair. A model with a sliding `window` shares
     only when no sequence is longer than it (the shared row's mask has no window), and a router loss
     (`aux_loss_coef`) is computed from padded rows (HF's MoE forward reads the mask as [B, T]).
     `packing` passes the two-row layout as one padding-free row instead (its restarting position ids
@@ -176,20 +131,14 @@ class PairObjective:
     def collate(self, ref: torch.Tensor, idx: list[int]) -> dict:
         rejected = [self.n_rows + i for i in idx]
         seqs = [self.sequences[i] for i in idx + rejected]
-        if self.shared_prompt:
-            batch = shared_prompt_batch([self.pairs[i] for i in idx], self.pad_id)
-        else:
-            batch = sequence_batch(seqs, self.pad_id)
+        batch = sequence_batch(seqs, self.pad_id)
         batch["ref"] = ref[idx + rejected]
         batch["tokens"] = torch.tensor(sum(len(p) + len(r) for p, r in seqs))  # both sequences' tokens, either layout
         return batch
 
     def pair_terms(self, model, batch: dict, aux: list | None = None):
         """Per pair: losses, chosen / rejected implicit rewards; also the chosen responses' NLL."""
-        if self.shared_prompt:
-            sums, counts = shared_prompt_logps(model, batch)
-        else:
-            sums, counts = response_logps(model, batch, aux, self.cfg.packing)
+        sums, counts = response_logps(model, batch, aux, self.cfg.packing, self.shared_prompt)
         policy, ref = sums, batch["ref"]
         objective = DPO_OBJECTIVES[self.cfg.loss]
         if objective.length_average:

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from configs import load_config
+from stages.common import shared_prompt
 from stages.dpo import stage as dpo
 from tests.stage.conftest import FAST, make_ctx
 from tests.stage.test_sft_stage import Recorder
@@ -88,20 +89,24 @@ def test_objective_at_the_reference(prepared, overrides, expected, shared_prompt
 @pytest.mark.slow
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_a_shared_prompt_row_scores_and_trains_as_two_padded_rows(prepared, attention):
-    """One row per pair (prompt once, each response masked from the other) gives each response the
-    log-prob, token count and gradient of its own padded row."""
+    """The rows of one prompt as one row (prompt once, each response masked from the others) give each
+    response the log-prob, token count and gradient of its own padded row."""
     from stages.common import checkpoint
     from stages.data_prep import read_split
 
     tok = checkpoint.load_tokenizer(prepared["base_model"])
     model = AutoModelForCausalLM.from_pretrained(prepared["base_model"], attn_implementation=attention)
     pairs = dpo.encode_pairs(tok, read_split(prepared["pref_data"], "train")[:7])
+    prompt = pairs[0][0][0]
+    pairs.append(((prompt, pairs[1][0][1]), (prompt, pairs[2][1][1])))  # a second pair of the first prompt
     assert len({len(c[1]) + len(r[1]) for c, r in pairs}) > 1  # rows of different lengths: pads in the shared rows
+    batch = dpo.sequence_batch([c for c, _ in pairs] + [r for _, r in pairs], tok.pad_token_id)
+    rows = shared_prompt.layout(batch["input_ids"], batch["attention_mask"], batch["response_mask"].argmax(-1))
+    assert rows.input_ids.shape[0] == len(pairs) - 1  # both pairs of the first prompt in one row
     results = []
-    for sums_fn, batch in ((dpo.response_logps, dpo.sequence_batch([c for c, _ in pairs] + [r for _, r in pairs], tok.pad_token_id)),
-                           (dpo.shared_prompt_logps, dpo.shared_prompt_batch(pairs, tok.pad_token_id))):
+    for shared in (False, True):
         model.zero_grad()
-        sums, counts = sums_fn(model, batch)
+        sums, counts = dpo.response_logps(model, batch, shared=shared)
         (sums * torch.linspace(0.5, 1.5, len(sums))).sum().backward()  # a different weight per sequence
         results.append((sums.detach(), counts, [p.grad.clone() for p in model.parameters()]))
     (padded, padded_counts, padded_grads), (shared, shared_counts, shared_grads) = results

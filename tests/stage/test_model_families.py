@@ -225,7 +225,7 @@ def test_dpo_pair_log_probs_equal_two_padded_rows(family):
     assert objective.shared_prompt == (window is None)
     assert window is None or longest > window
     batch = objective.collate(torch.zeros(2 * len(pairs)), list(range(len(pairs))))
-    sums, _ = (dpo.shared_prompt_logps if objective.shared_prompt else dpo.response_logps)(model, batch)
+    sums, _ = dpo.response_logps(model, batch, shared=objective.shared_prompt)
     padded, _ = dpo.response_logps(model, dpo.sequence_batch(objective.sequences, tok.pad_token_id))
     assert sums.tolist() == pytest.approx(padded.tolist(), abs=1e-4)
 
