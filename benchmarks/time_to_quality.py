@@ -131,7 +131,7 @@ def trl(cfg, data: dict[str, Path], work: Path) -> list[tuple[int, float, float]
     from stages.common import checkpoint
     from stages.common.answers import is_correct
     from stages.data_prep import read_split
-    from stages.rl.stage import encode_prompts
+    from stages.rl.stage import encode_prompts, eval_batches
     from stages.rl.workers import sample
 
     trainer = grpo_compare.trl_trainer(cfg, data, work)
@@ -145,9 +145,8 @@ def trl(cfg, data: dict[str, Path], work: Path) -> list[tuple[int, float, float]
     def sampled_accuracy(model) -> float:
         """The RL stage's sampled accuracy (stages/rl/stage.py `evaluate`): the same batches, seeds and check."""
         model.eval()
-        samples = [s for i in range(0, len(asked), e.batch_size)
-                   for s in sample(model, tokenizer, rl, [p.ids for p in asked[i : i + e.batch_size]], cfg.seed + i,
-                                   e.sample_temperature, e.max_new_tokens)]
+        samples = [s for batch, seed in eval_batches(asked, e.batch_size, cfg.seed)
+                   for s in sample(model, tokenizer, rl, [p.ids for p in batch], seed, e.sample_temperature, e.max_new_tokens)]
         model.train()
         answers = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
         return sum(is_correct(a, p.label, e.answer_pattern) for a, p in zip(answers, asked)) / len(asked)

@@ -155,6 +155,12 @@ def in_waves(actors: Actors, calls: dict[Role, Callable[[], list]]) -> dict[Role
     return results
 
 
+def eval_batches(asked: list[Prompt], batch_size: int, seed: int) -> list[tuple[list[Prompt], int]]:
+    """The held-out requests in batches of `eval.batch_size`, as the eval stage generates (the held-out set
+    x k can be far larger than a rollout), each with its sampling seed."""
+    return [(asked[i : i + batch_size], seed + i) for i in range(0, len(asked), batch_size)]
+
+
 def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str, float]:
     """On the held-out prompts, the eval stage's metrics (stages.eval_metrics): greedy and sampled reward
     (`eval.samples_per_prompt` responses at `eval.sample_temperature`), pass@k, length, and the regex
@@ -163,11 +169,8 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
 
     def answers(temperature: float | None, k: int) -> tuple[list[Sample], list[str], list[Prompt], list[float]]:
         asked = [p for p in prompts for _ in range(k)]
-        # in batches of eval.batch_size, as the eval stage generates: the held-out set x k can be far
-        # larger than a rollout
-        samples = [s for i in range(0, len(asked), e.batch_size)
-                   for s in generate(actors, [p.ids for p in asked[i : i + e.batch_size]], cfg.seed + i,
-                                     temperature, e.max_new_tokens)]
+        samples = [s for batch, seed in eval_batches(asked, e.batch_size, cfg.seed)
+                   for s in generate(actors, [p.ids for p in batch], seed, temperature, e.max_new_tokens)]
         responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
         rewards = score(actors.backend, actors.reward, [p.text for p in asked], responses, [p.label for p in asked], cfg.reward).rewards.tolist()
         return samples, responses, asked, rewards
