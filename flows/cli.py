@@ -103,12 +103,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 def start_prefect_server() -> threading.Thread | None:
     """Without PREFECT_API_URL, calling the flow starts Prefect's temporary server: a process that imports
     the server and creates its database (seconds). Starting it first, in a thread, lets the flow's
-    imports and the early Ray start run meanwhile; the flow then finds it running."""
+    imports and the early Ray start run meanwhile; the flow then finds it running. A new database starts
+    as a copy of an empty migrated one (flows/prefect_db.py)."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return None
     from prefect.server.api.server import SubprocessASGIServer
+
+    from flows import prefect_db
+
+    database, template = prefect_db.database_file(), prefect_db.template_file()
+    prefect_db.seed(database, template)
 
     def start() -> None:
         # The server inherits this thread's signal mask: a Ctrl-C in the terminal, which reaches the whole
@@ -117,6 +123,7 @@ def start_prefect_server() -> threading.Thread | None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         with contextlib.suppress(Exception):  # the flow's own start tries again and reports the error
             SubprocessASGIServer().start()
+            prefect_db.keep_template(database, template)
 
     thread = threading.Thread(target=start, name="prefect-server-start", daemon=True)
     thread.start()

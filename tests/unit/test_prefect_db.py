@@ -1,0 +1,75 @@
+"""A new state folder's Prefect database, copied from an empty migrated one (flows/prefect_db.py), on
+real SQLite files: a database in WAL mode with a writer open stands for the running server's."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+
+from flows import prefect_db
+
+
+def server_database(path, version: str = "a3b9c7d2e5f1") -> sqlite3.Connection:
+    """A database as a running Prefect server holds it: WAL mode, migrated, its connection still open."""
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE alembic_version (version_num TEXT)")
+    db.execute("INSERT INTO alembic_version VALUES (?)", (version,))
+    db.execute("CREATE TABLE block_type (name TEXT)")
+    db.executemany("INSERT INTO block_type VALUES (?)", [(f"block-{i}",) for i in range(50)])
+    db.commit()
+    return db
+
+
+def rows(path, table: str) -> list[tuple]:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return db.execute(f"SELECT * FROM {table}").fetchall()
+
+
+def test_the_first_server_leaves_a_template_that_a_new_folder_starts_from(tmp_path):
+    first, template, second = tmp_path / "a" / "prefect.db", tmp_path / "cache" / "prefect-3.db", tmp_path / "b" / "prefect.db"
+    first.parent.mkdir()
+    live = server_database(first)
+    try:
+        assert not prefect_db.seed(first, template)  # nothing to copy yet: the server migrates
+        assert prefect_db.keep_template(first, template)
+        live.execute("INSERT INTO block_type VALUES ('after the copy')")  # the server goes on writing
+        live.commit()
+    finally:
+        live.close()
+    assert prefect_db.migrated(template)
+    assert rows(template, "alembic_version") == [("a3b9c7d2e5f1",)] and len(rows(template, "block_type")) == 50
+    assert not list(template.parent.glob("*-wal")) and not list(template.parent.glob(".prefect-3.db.*"))
+    assert prefect_db.seed(second, template)
+    assert rows(second, "block_type") == rows(template, "block_type")
+    assert not prefect_db.keep_template(second, template)  # one template is enough
+
+
+def test_an_existing_database_is_never_replaced(tmp_path):
+    template, database = tmp_path / "prefect-3.db", tmp_path / "home" / "prefect.db"
+    server_database(template).close()
+    database.parent.mkdir()
+    database.write_bytes(b"the user's flow runs")
+    assert not prefect_db.seed(database, template)
+    assert database.read_bytes() == b"the user's flow runs"
+
+
+def test_an_unsound_template_is_dropped_and_the_server_migrates(tmp_path):
+    template, database = tmp_path / "prefect-3.db", tmp_path / "home" / "prefect.db"
+    template.write_bytes(b"SQLite format 3\x00" + b"\x00" * 200)  # cut short: not a database
+    assert not prefect_db.seed(database, template)
+    assert not template.exists() and not database.exists()
+    with contextlib.closing(sqlite3.connect(template)) as db:  # a database, but no migration recorded
+        db.execute("CREATE TABLE flow (id TEXT)")
+    assert not prefect_db.seed(database, template) and not database.exists()
+
+
+def test_the_database_file_is_prefects_sqlite_file_under_its_home_or_none(tmp_path, monkeypatch):
+    monkeypatch.delenv("PREFECT_API_DATABASE_CONNECTION_URL", raising=False)
+    monkeypatch.delenv("PREFECT_SERVER_DATABASE_CONNECTION_URL", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    assert prefect_db.database_file() == tmp_path / "prefect.db"
+    monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", "postgresql+asyncpg://u:p@db:5432/prefect")
+    assert prefect_db.database_file() is None
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert prefect_db.template_file().parent == tmp_path / "cache" / "rlhf-pipeline"
