@@ -92,10 +92,13 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
         client.log_batch(parent_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
 
         ray_session = session_for(cfg.infra)
+        scheduled = {spec.name for spec in dag.STAGES
+                     if not (only and spec.name not in set(only) | reused) and not dag.pinned_away(spec, cfg)}
+        ray_session.preload_drivers(cfg, scheduled)
         futures = {}
         try:
             for spec in dag.STAGES:  # declared in dependency order
-                if (only and spec.name not in set(only) | reused) or dag.pinned_away(spec, cfg):
+                if spec.name not in scheduled:
                     continue
                 upstream = {name: futures[name] for name in dag.upstream(spec) if name in futures}
                 options = retries.task_options(cfg, spec.name)

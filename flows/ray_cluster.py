@@ -77,6 +77,14 @@ def drop_early() -> None:
         early.shutdown()
 
 
+def import_all(modules: list[str]) -> None:
+    import importlib
+
+    for module in modules:
+        with contextlib.suppress(Exception):  # the stage's own import reports any error, as its failure
+            importlib.import_module(module)
+
+
 def session_for(infra: InfraConfig) -> RaySession:
     """The flow's session: the one `start_early` began for this config, else a new one, joined lazily."""
     global _started_early
@@ -95,6 +103,7 @@ class RaySession:
         self._owned = False
         self.pool = None  # stages.common.ray_workers.WorkerPool on a local cluster of its own
         self.stopping = threading.Event()  # set by `stop` (Ctrl-C): no stage starts or goes on with work here
+        self.preload: dict[str, set[str]] = {}  # stage -> modules of the driver stages after it (`preload_drivers`)
 
     def ensure(self, prestart: Shape | None = None) -> None:
         """Join or start the cluster, once (`prestart`: on a local cluster, start a stage worker set of
@@ -136,12 +145,31 @@ class RaySession:
         from stages.common.ray_workers import run_driver_stage, run_stage
 
         self.ensure()
+        if files is None:
+            self.start_preloads(spec.name)
         if spec.driver:  # it starts actors of its own: no idle stage worker may hold their CPUs
             with self.pool.outside_work() if self.pool else contextlib.nullcontext():
                 if files is not None:
                     return run_driver_stage(spec.entrypoint, ctx, self.infra, files)
                 return run_timed(spec.load(), dataclasses.replace(ctx, should_stop=self.stopping.is_set), inputs)
         return run_stage(spec.entrypoint, ctx, inputs, self.infra, spec.distributed, self.pool, files)
+
+    def preload_drivers(self, cfg: PipelineConfig, scheduled: set[str]) -> None:
+        """A driver stage (RL) runs in this process, and importing its module (torch, transformers' auto
+        classes) takes seconds of one core. A stage that runs makes every stage that consumes it run too
+        (its inputs are new), so once one of them starts, the scheduled driver stages after it are
+        imported in the background while its workers compute."""
+        for spec in dag.STAGES:
+            if spec.driver and spec.name in scheduled:
+                for name in dag.needed_by({spec.name}, cfg) & scheduled:
+                    self.preload.setdefault(name, set()).add(spec.module)
+
+    def start_preloads(self, stage: str) -> None:
+        modules = self.preload.pop(stage, set())
+        for other in self.preload.values():
+            other -= modules  # each module once
+        if modules:
+            threading.Thread(target=import_all, args=(sorted(modules),), name="preload-drivers", daemon=True).start()
 
     def stop(self) -> None:
         """Ctrl-C: end every stage's work on the cluster now. A driver stage sees `stopping` between its

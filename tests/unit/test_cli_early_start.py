@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
 
 import pytest
 
@@ -42,3 +43,39 @@ def test_a_cluster_is_named_by_ray_address_first_then_by_the_config(cfg, monkeyp
     assert named_address(named) == "127.0.0.1:6379"
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     assert named_address(cfg.infra) == named_address(named) == "10.0.0.1:6379"
+
+
+def planned_preloads(cfg, scheduled: set[str]) -> dict[str, set[str]]:
+    from flows.ray_cluster import RaySession
+
+    session = RaySession(cfg.infra)
+    session.preload_drivers(cfg, scheduled)
+    return session.preload
+
+
+def test_the_rl_module_is_imported_once_a_stage_it_consumes_runs(cfg):
+    from stages import dag
+
+    every = {s.name for s in dag.STAGES}
+    # the tiny preset's RL reads data prep's prompts and the SFT policy (its reward is a rule): rm running
+    # says nothing about whether RL will
+    assert planned_preloads(cfg, every) == {"data_prep": {"stages.rl.stage"}, "sft": {"stages.rl.stage"}}
+    with_rm = load_config(None, ["reward.source=rm", f"tracking.state_dir={cfg.tracking.state_dir}"])
+    assert planned_preloads(with_rm, every)["rm"] == {"stages.rl.stage"}
+    assert planned_preloads(cfg, every - {"rl"}) == {}  # `--only` without RL, or RL pinned away
+    assert planned_preloads(cfg, {"rl", "sft"}) == {"sft": {"stages.rl.stage"}}  # data prep reused, not run
+
+
+def test_a_preload_starts_with_the_first_stage_that_runs_and_only_once(cfg, monkeypatch):
+    from flows import ray_cluster
+
+    started = []
+    monkeypatch.setattr(ray_cluster, "import_all", started.append)
+    session = ray_cluster.RaySession(cfg.infra)
+    session.preload = {"data_prep": {"stages.rl.stage"}, "sft": {"stages.rl.stage"}}
+    session.start_preloads("sft")
+    session.start_preloads("data_prep")
+    session.start_preloads("eval")
+    for thread in [t for t in threading.enumerate() if t.name == "preload-drivers"]:
+        thread.join()
+    assert started == [["stages.rl.stage"]]
