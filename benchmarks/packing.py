@@ -122,39 +122,53 @@ def gaps(first: dict) -> dict:
             "grad_gap_relative": grad_gap / scale if scale else 0.0}
 
 
+def side_by_side(models: dict, steps: int, device: str, next_step) -> tuple[dict, dict, list]:
+    """`steps` optimizer steps (AdamW) of each layout's model (`models`: False, the padded batch; True, the
+    layout measured) after one warm-up step each, a padded and a measured step on the same micro-batch,
+    their order alternating, so both see the same load on the machine. `next_step()` gives a micro-batch
+    and its loss function `(model, layout) -> loss`. Returns each layout's step seconds, the warm-up
+    step's (loss, gradients) per layout (for `gaps`) and the timed micro-batches."""
+    import torch
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    optimizers = {layout: torch.optim.AdamW(m.parameters(), lr=1e-5) for layout, m in models.items()}
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    first, batches = {}, []
+    for i in range(steps + 1):
+        batch, loss_fn = next_step()
+        for layout in (False, True) if i % 2 == 0 else (True, False):
+            sync()
+            started = time.perf_counter()
+            loss = loss_fn(models[layout], layout)
+            loss.backward()
+            if i == 0:
+                first[layout] = (float(loss.detach()), [p.grad.float().clone() for p in models[layout].parameters() if p.grad is not None])
+            optimizers[layout].step()
+            optimizers[layout].zero_grad()
+            sync()
+            if i:
+                seconds[layout].append(time.perf_counter() - started)
+        if i:
+            batches.append(batch)
+    return seconds, first, batches
+
+
 def trial(stage: str, profile: str, steps: int, seed: int, setup: dict) -> dict:
-    """`steps` optimizer steps of each layout after one warm-up step each, on two copies of one model:
-    a padded step and a packed one on the same micro-batch, their order alternating, so both see the
-    same load on the machine. Tokens count the samples' own (no pads). The warm-up step also measures
-    the layouts' loss and gradient gaps (`gaps`). `setup`: shape, attn, device, dtype, batch."""
+    """`side_by_side` steps of the padded and the packed layout on two copies of one model. Tokens count
+    the samples' own (no pads). `setup`: shape, attn, device, dtype, batch."""
     import torch
 
     device = setup["device"]
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     models = {packed: model_for(stage, setup["shape"], setup["attn"], device, setup["dtype"]) for packed in (False, True)}
-    optimizers = {packed: torch.optim.AdamW(m.parameters(), lr=1e-5) for packed, m in models.items()}
-    seconds: dict[bool, list[float]] = {False: [], True: []}
-    tokens, pads, first = [], [], {}
-    for i in range(steps + 1):
-        rows = sequences(profile, setup["batch"], rng, SHAPES[setup["shape"]]["vocab_size"])
-        batch, loss_fn = stage_batch(stage, rows, gen, device)
-        for packed in (False, True) if i % 2 == 0 else (True, False):
-            sync()
-            started = time.perf_counter()
-            loss = loss_fn(models[packed], packed)
-            loss.backward()
-            if i == 0:
-                first[packed] = (float(loss.detach()), [p.grad.float().clone() for p in models[packed].parameters() if p.grad is not None])
-            optimizers[packed].step()
-            optimizers[packed].zero_grad()
-            sync()
-            if i:
-                seconds[packed].append(time.perf_counter() - started)
+    vocab = SHAPES[setup["shape"]]["vocab_size"]
+    seconds, first, batches = side_by_side(models, steps, device,
+                                           lambda: stage_batch(stage, sequences(profile, setup["batch"], rng, vocab), gen, device))
+    tokens, pads = [], []
+    for batch in batches:
         masks = [batch["attention_mask"], *([batch["kl_attention_mask"]] if "kl_attention_mask" in batch else [])]
         tokens.append(sum(int(m.sum()) for m in masks))
         pads.append(1 - tokens[-1] / sum(m.numel() for m in masks))
-    tokens, pads = tokens[1:], pads[1:]
     return {"stage": stage, "profile": profile, "seed": seed, "attn": setup["attn"], "tokens": tokens,
             "pad_share": statistics.median(pads), "padded_s": seconds[False], "packed_s": seconds[True], **gaps(first)}
 

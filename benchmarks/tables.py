@@ -27,6 +27,7 @@ MARKED = re.compile(r"(<!-- table: (?P<path>[\w./-]+?)(?:#(?P<name>[\w-]+))? -->
 # a result file's "benchmark" -> the function that renders it (module:function), imported when used
 RENDERERS = {
     "packing": "benchmarks.packing:report",
+    "shared-rows": "benchmarks.shared_rows:report",
     "weight_sync": "benchmarks.weight_sync:report",
     "gpu_stages": "benchmarks.gpu_stages:report",
     "gpu_smoke": "benchmarks.gpu_smoke:report",
