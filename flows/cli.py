@@ -113,8 +113,7 @@ def start_prefect_server() -> threading.Thread | None:
 
     from flows import prefect_db
 
-    database, template = prefect_db.database_file(), prefect_db.template_file()
-    prefect_db.seed(database, template)
+    keep_template = prefect_db.seeded()
 
     def start() -> None:
         # The server inherits this thread's signal mask: a Ctrl-C in the terminal, which reaches the whole
@@ -123,7 +122,7 @@ def start_prefect_server() -> threading.Thread | None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         with contextlib.suppress(Exception):  # the flow's own start tries again and reports the error
             SubprocessASGIServer().start()
-            prefect_db.keep_template(database, template)
+            keep_template()
 
     thread = threading.Thread(target=start, name="prefect-server-start", daemon=True)
     thread.start()

@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 
 from configs.errors import PipelineError
-from flows import processes
+from flows import prefect_db, processes
 from flows.processes import Proc
 from flows.serve import answers
 
@@ -389,7 +389,9 @@ def start_services(starter: Starter, bindir: Path, db_user: str | None) -> None:
     ports, u = cluster.ports, urls(cluster.ports)
     starter.start("ray-head", ray_head_command(ports, starter.ray_temp("ray-head"), cluster.worker_cpus),
                   RAY_ENV | node_env(starter, "ray-head"))
-    # its UI asks the API at PREFECT_API_URL: this server's, whatever this shell has set
+    # its UI asks the API at PREFECT_API_URL: this server's, whatever this shell has set; a new database
+    # is a copy of an empty migrated one (flows/prefect_db.py)
+    keep_template = prefect_db.seeded(starter.folder("prefect-server"))
     starter.start("prefect-server", prefect_server_command(ports),
                   {"PREFECT_HOME": str(starter.folder("prefect-server")), "PREFECT_API_URL": u["prefect"]})
     data = starter.folder("postgres") / "data"
@@ -408,6 +410,7 @@ def start_services(starter: Starter, bindir: Path, db_user: str | None) -> None:
     starter.start("ray-worker", ray_worker_command(ports, starter.ray_temp("ray-worker"), cluster.worker_cpus),
                   RAY_ENV | node_env(starter, "ray-worker"))
     starter.wait("prefect-server", lambda: answers(u["prefect"] + "/health"), f"no answer at {u['prefect']}/health")
+    keep_template()
     starter.start("prefect-worker", prefect_worker_command(cluster.pool),
                   {**client_env(ports), "PREFECT_HOME": str(starter.folder("prefect-worker"))})
 

@@ -14,17 +14,19 @@ import os
 import shutil
 import sqlite3
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 SQLITE_PREFIX = "sqlite+aiosqlite:///"
 
 
-def database_file() -> Path | None:
-    """The SQLite file Prefect's server is set to use (under PREFECT_HOME unless the user named another);
-    None for any other database."""
+def database_file(home: Path | None = None) -> Path | None:
+    """The SQLite file Prefect's server is set to use (under `home`, else PREFECT_HOME, unless the user
+    named another); None for any other database."""
     from prefect.settings import Settings
 
-    url = Settings().server.database.connection_url  # read now: the environment may have changed since import
+    # read now, not from Prefect's settings at import: the environment may have changed since
+    url = (Settings(home=home) if home is not None else Settings()).server.database.connection_url
     url = url.get_secret_value() if url is not None else ""
     if not url.startswith(SQLITE_PREFIX) or ":memory:" in url:
         return None
@@ -87,3 +89,12 @@ def keep_template(database: Path | None, template: Path) -> bool:
         return False
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def seeded(home: Path | None = None) -> Callable[[], bool]:
+    """Seed a new database of a Prefect server about to start (under `home`, else PREFECT_HOME) from the
+    template; the returned call, made once the server answers, keeps its database as the template when
+    there was none."""
+    database, template = database_file(home), template_file()
+    seed(database, template)
+    return lambda: keep_template(database, template)

@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 from configs.errors import PipelineError
+from flows import prefect_db
 
 START_TIMEOUT_S = 120
 
@@ -83,8 +84,10 @@ def prefect_server(state_dir: Path, port: int) -> tuple[str, subprocess.Popen | 
     if answers(api + "/health"):
         raise PipelineError(f"port {port} already has a Prefect server: set PREFECT_API_URL={api} to use it, or pick --prefect-port")
     home = state_dir / "prefect"
+    keep_template = prefect_db.seeded(home)  # a new database: a copy of an empty migrated one
     proc = start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                  api + "/health", "the Prefect server", state_dir / "logs" / "prefect-server.log", {"PREFECT_HOME": str(home)})
+    keep_template()
     return api, proc
 
 
