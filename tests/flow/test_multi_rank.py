@@ -42,6 +42,8 @@ def test_two_ranks_with_zero3(workdir, monkeypatch, prefect_server):
     assert sft.data.params["infra.num_workers"] == "2" and sft.data.params["infra.zero_stage"] == "3"
     (rl,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "rl"]
     assert "critic/value_loss" in rl.data.metrics
+    history = client.get_metric_history(rl.info.run_id, "rollout/reward_std")
+    assert history and all(m.value > 0 for m in history)  # the pipeline's RM scores differ between samples
     (dpo,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "dpo"]
     assert {"train/kl", "eval/reward_accuracy", "round/pairs"} <= set(dpo.data.metrics)
     assert dpo.data.tags[store.TAG_INPUT_PREFIX + "reward_model"].startswith("runs:/")
