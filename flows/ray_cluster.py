@@ -104,6 +104,7 @@ class RaySession:
         self.pool = None  # stages.common.ray_workers.WorkerPool on a local cluster of its own
         self.stopping = threading.Event()  # set by `stop` (Ctrl-C): no stage starts or goes on with work here
         self.preload: dict[str, set[str]] = {}  # stage -> modules of the driver stages after it (`preload_drivers`)
+        self._preload_lock = threading.Lock()  # stages start from several task threads at once
 
     def ensure(self, prestart: Shape | None = None) -> None:
         """Join or start the cluster, once (`prestart`: on a local cluster, start a stage worker set of
@@ -165,9 +166,10 @@ class RaySession:
                     self.preload.setdefault(name, set()).add(spec.module)
 
     def start_preloads(self, stage: str) -> None:
-        modules = self.preload.pop(stage, set())
-        for other in self.preload.values():
-            other -= modules  # each module once
+        with self._preload_lock:
+            modules = self.preload.pop(stage, set())
+            for other in self.preload.values():
+                other -= modules  # each module once
         if modules:
             threading.Thread(target=import_all, args=(sorted(modules),), name="preload-drivers", daemon=True).start()
 
