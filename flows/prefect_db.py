@@ -10,6 +10,7 @@ in it; a new folder starts from that copy, and its server finds nothing left to 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import shutil
 import sqlite3
@@ -20,24 +21,26 @@ from pathlib import Path
 SQLITE_PREFIX = "sqlite+aiosqlite:///"
 
 
-def database_file(home: Path | None = None) -> Path | None:
-    """The SQLite file Prefect's server is set to use (under `home`, else PREFECT_HOME, unless the user
-    named another); None for any other database."""
-    from prefect.settings import Settings
+DATABASE_URL_VARS = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
 
-    # read now, not from Prefect's settings at import: the environment may have changed since
-    url = (Settings(home=home) if home is not None else Settings()).server.database.connection_url
-    url = url.get_secret_value() if url is not None else ""
+
+def database_file(home: Path | None = None) -> Path | None:
+    """The SQLite file a Prefect server under `home` (else PREFECT_HOME, else ~/.prefect) uses, as its
+    settings default it: None when the environment names another database. Read from the environment,
+    without importing Prefect: once imported, Prefect keeps the settings of that moment, and `rlhf serve`
+    sets PREFECT_API_URL only after its server answers."""
+    url = next((os.environ[k] for k in DATABASE_URL_VARS if os.environ.get(k)), None)
+    if url is None:
+        home = home or Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect")
+        return Path(home).expanduser() / "prefect.db"
     if not url.startswith(SQLITE_PREFIX) or ":memory:" in url:
         return None
     return Path(url.removeprefix(SQLITE_PREFIX)).expanduser()
 
 
 def template_file() -> Path:
-    import prefect
-
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "rlhf-pipeline" / f"prefect-{prefect.__version__}.db"
+    return cache / "rlhf-pipeline" / f"prefect-{importlib.metadata.version('prefect')}.db"
 
 
 def migrated(path: Path) -> bool:

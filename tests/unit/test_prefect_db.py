@@ -4,7 +4,10 @@ real SQLite files: a database in WAL mode with a writer open stands for the runn
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
+import subprocess
+import sys
 
 from flows import prefect_db
 
@@ -73,3 +76,14 @@ def test_the_database_file_is_prefects_sqlite_file_under_its_home_or_none(tmp_pa
     assert prefect_db.database_file() is None
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert prefect_db.template_file().parent == tmp_path / "cache" / "rlhf-pipeline"
+
+
+def test_seeding_a_servers_database_leaves_prefect_unimported(tmp_path):
+    """Prefect, once imported, keeps the settings of that moment: `rlhf serve` seeds its server's database
+    before PREFECT_API_URL names that server, so the seeding must not import it (else the deployments
+    go to a temporary server of their own)."""
+    code = ("import sys; from pathlib import Path; from flows import prefect_db; "
+            f"prefect_db.seeded(Path({str(tmp_path)!r})); print('prefect' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
