@@ -332,9 +332,12 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
         out = ctx.output_dir / "rl_model"
         actors.on_all(actors.policy, "export", str(out))
     finally:
-        if actors is not None:
-            actors.close()
-        backend.release()
+        # stopped (Ctrl-C): the flow is shutting Ray down, which ends the actors and their placement; a call
+        # into Ray while it shuts down would end this whole process instead of this stage
+        if not ctx.should_stop():
+            if actors is not None:
+                actors.close()
+            backend.release()
 
     print("[rl] held-out, before (SFT policy) -> after (RL policy)\n" + before_after(before, last_eval), flush=True)
     metrics = {f"eval/{k}": v for k, v in last_eval.items()}  # the `eval/*` series' last points; step 0 is the SFT policy's
