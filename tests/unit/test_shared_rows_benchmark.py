@@ -18,7 +18,7 @@ def test_rows_come_in_groups_of_responses_to_one_prompt_within_the_profiles_leng
 
 def test_both_layouts_are_timed_and_agree_on_their_first_step(tmp_path, capsys):
     out = tmp_path / "shared-rows.json"
-    assert shared_rows.main(["--steps", "1", "--profiles", "tiny", "even", "--groups", "2", "--samples", "4",
+    assert shared_rows.main(["--steps", "1", "--profiles", "tiny", "even", "--groups", "2", "--samples", "3",
                              "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert [(r["dtype"], r["profile"]) for r in result["summary"]] == [("fp32", "tiny"), ("fp32", "even")]
