@@ -126,6 +126,9 @@ class RaySession:
                     ray.init(address=address, log_to_driver=True)
                 except (ConnectionError, RuntimeError, ValueError) as exc:
                     raise PipelineError(f"Ray cluster at {address} (RAY_ADDRESS / infra.ray_address): cannot connect ({exc})") from exc
+                from stages.common import ray_shutdown
+
+                ray_shutdown.reopen()
                 self.where = f"cluster at {address}"
             else:
                 from stages.common.ray_workers import WorkerPool, start_local_cluster
@@ -177,7 +180,10 @@ class RaySession:
         """Ctrl-C: end every stage's work on the cluster now. A driver stage sees `stopping` between its
         steps; disconnecting from Ray kills the actors this process owns (on a local cluster, the cluster
         itself), so the stage threads' pending Ray calls fail at once instead of running to the end."""
+        from stages.common import ray_shutdown
+
         self.stopping.set()
+        ray_shutdown.close()  # the stage threads' cleanup calls into Ray from here on would end this process
         self.shutdown(flush_logs=False)
 
     def shutdown(self, flush_logs: bool = True) -> None:

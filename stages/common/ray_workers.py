@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from configs.errors import PipelineError
 from configs.schema import InfraConfig
+from stages.common import ray_shutdown
 from stages.common.dist_env import free_address, join_env, leave_process_group, prepare_process
 from stages.contract import StageContext, StageResult, run_timed
 
@@ -39,6 +40,7 @@ def start_local_cluster(num_cpus: int, log_to_driver: bool = True) -> None:
     they die with it."""
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
              _system_config={"worker_niceness": 0, "process_group_cleanup_enabled": False})
+    ray_shutdown.reopen()
 
 
 @contextlib.contextmanager
@@ -198,7 +200,7 @@ class WorkerSet:
             while not ray.wait([pg.ready()], timeout=PLACEMENT_POLL_S)[0]:
                 check_resources(stage, shape, wait_s)
         except BaseException:
-            remove_placement_group(pg)
+            ray_shutdown.cleanup(lambda: remove_placement_group(pg))
             raise
         workers = [
             StageWorker.options(
@@ -211,6 +213,9 @@ class WorkerSet:
         return cls(shape, workers, pg)
 
     def kill(self) -> None:
+        ray_shutdown.cleanup(self._kill)
+
+    def _kill(self) -> None:
         for w in self.workers:
             ray.kill(w)
         remove_placement_group(self.pg)
@@ -239,6 +244,8 @@ class WorkerPool:
         room (`wait_s`: see `WorkerSet.start`)."""
         with self._cond:
             while True:
+                if ray_shutdown.closed():  # stopped while this stage waited: Ray is going away
+                    raise KeyboardInterrupt(f"stage {stage} stopped before it started")
                 reusable = next((s for s in self._idle if s.shape == shape), None)
                 if reusable is not None:
                     self._idle.remove(reusable)
@@ -338,5 +345,5 @@ def run_driver_stage(entrypoint: str, ctx: StageContext, infra: InfraConfig, fil
     try:
         return ray.get(driver.run.remote(entrypoint, ctx, {}, None, os.getcwd(), files))
     finally:
-        ray.kill(driver)
+        ray_shutdown.cleanup(lambda: ray.kill(driver))
 

@@ -22,6 +22,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from configs.errors import PipelineError
 from configs.schema import PipelineConfig
+from stages.common import ray_shutdown
 from stages.common.ray_workers import bundle, capacity_within, cluster_name, thread_env
 from stages.rl.layout import Role, bundles_needed, check_fits, group_sizes, hosts, pools
 
@@ -121,4 +122,4 @@ class Placement:
     def release(self) -> None:
         groups, self.groups = self.groups, []
         for pg in groups:
-            remove_placement_group(pg)
+            ray_shutdown.cleanup(lambda pg=pg: remove_placement_group(pg))

@@ -6,6 +6,7 @@ import ray
 
 from configs.schema import PipelineConfig
 from stages.contract import NodeInputs
+from stages.common import ray_shutdown
 from stages.common.ray_workers import actor_class, capacity
 from stages.rl import rollout_engines
 from stages.rl.layout import Role, check_async, resolve_layout
@@ -64,7 +65,7 @@ class RayActors:
         except (ray.exceptions.RayError, TimeoutError) as exc:  # the actors are killed next either way
             print(f"[rl] closing process groups: {type(exc).__name__}", flush=True)
         for actor in everyone:
-            ray.kill(actor)
+            ray_shutdown.cleanup(lambda actor=actor: ray.kill(actor))
 
     def release(self) -> None:
         if self.placement is not None:

@@ -332,8 +332,8 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
         out = ctx.output_dir / "rl_model"
         actors.on_all(actors.policy, "export", str(out))
     finally:
-        # stopped (Ctrl-C): the flow is shutting Ray down, which ends the actors and their placement; a call
-        # into Ray while it shuts down would end this whole process instead of this stage
+        # stopped (Ctrl-C): the flow is shutting Ray down, which ends the actors and their placement; no need to
+        # wait for them to close (a stop mid-close is covered too: stages.common.ray_shutdown)
         if not ctx.should_stop():
             if actors is not None:
                 actors.close()

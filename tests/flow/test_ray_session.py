@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -11,7 +14,8 @@ from configs import load_config
 from configs.schema import InfraConfig
 from flows.ray_cluster import RaySession, drop_early, session_for, start_early
 from stages import dag
-from stages.common.ray_workers import stage_shape
+from stages.common.ray_workers import run_stage, stage_shape
+from stages.contract import StageContext, StageResult
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 
@@ -64,3 +68,56 @@ def test_an_early_start_no_flow_took_over_is_shut_down():
     assert ray.is_initialized()
     drop_early()
     assert not ray.is_initialized()
+
+
+def sleep_a_minute(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+    """A stage that holds its worker (and the cluster's CPUs) until it is stopped."""
+    time.sleep(60)
+    return StageResult({}, {})
+
+
+def test_a_stop_ends_the_stage_threads_and_leaves_this_process_and_its_next_cluster_working(tmp_path):
+    """Ctrl-C mid-stage: `stop` shuts Ray down while one stage thread waits on its worker and another
+    waits for the CPUs that worker holds. Both end with an error within seconds; neither thread's cleanup
+    (killing its workers, removing their placement) calls into Ray mid-shutdown, which would end this
+    whole process. The next session in this process starts a cluster and runs a stage as before."""
+    cfg = load_config(None, ["infra.num_cpus=2"])
+    ctx = StageContext(stage="probe", config=cfg, output_dir=tmp_path / "out", work_dir=tmp_path / "work")
+    session = RaySession(cfg.infra)
+    session.ensure()
+    ended: dict[str, BaseException] = {}
+
+    def stage(name: str) -> None:
+        try:
+            run_stage(f"{__name__}:sleep_a_minute", ctx, {}, cfg.infra, distributed=False, pool=session.pool)
+        except BaseException as exc:  # noqa: BLE001 - what the stage thread ended with is the point
+            ended[name] = exc
+
+    running = threading.Thread(target=stage, args=("running",))
+    running.start()
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0) > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the running stage holds both CPUs
+    waiting = threading.Thread(target=stage, args=("waiting",))
+    waiting.start()
+    time.sleep(1.5)  # in the pool's wait for the CPUs
+    stopped = time.monotonic()
+    session.stop()
+    for t in (running, waiting):
+        t.join(timeout=30)
+    assert not running.is_alive() and not waiting.is_alive()
+    assert time.monotonic() - stopped < 15
+    assert isinstance(ended["waiting"], KeyboardInterrupt), ended
+    assert "running" in ended and not ray.is_initialized()
+
+    again = RaySession(cfg.infra)
+    again.ensure()
+    try:
+        done = run_stage(f"{__name__}:quick", ctx, {}, cfg.infra, distributed=False, pool=again.pool)
+        assert done.metrics == {"ok": 1.0}
+    finally:
+        again.shutdown()
+
+
+def quick(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+    return StageResult({}, {"ok": 1.0})
