@@ -1,4 +1,4 @@
-"""The wheels a bare CUDA machine needs to run benchmarks/gpu_stages.py and gpu_smoke.py: what the stage code
+"""The wheels a bare CUDA machine needs to run benchmarks/gpu_stages.py, gpu_smoke.py and gpu_grpo.py: what the stage code
 imports that such a machine (CUDA torch, transformers, accelerate, safetensors, tokenizers, pyarrow, pandas,
 numpy, ...) lacks, at the versions installed here, for its Python (3.12, manylinux x86-64). DeepSpeed ships
 no wheel: it is built here from its source (pure Python; its CUDA ops compile on first use, and the stages
@@ -24,7 +24,7 @@ LIMIT_MIB = 64
 # what the stage code needs beyond such a machine's image; transformers and peft at this venv's versions, so
 # the GPU runs the code the CPU tests ran
 WHEELS = ("transformers", "peft", "datasets", "dill", "multiprocess", "pydantic", "pydantic_core",
-          "annotated_types", "typing_inspection", "hjson")
+          "annotated_types", "typing_inspection", "hjson", "trl")  # trl: gpu_grpo's other system (the bench extra)
 BUILT_HERE = ("deepspeed",)  # source only on PyPI
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")

@@ -297,7 +297,10 @@ def trl_dpo(cfg, data: dict[str, Path], steps: int, work: Path) -> dict:
 
 def trl_training_args(cfg, train, steps: int, work: Path) -> dict:
     """TrainingArguments matching our stage's run: batch, steps, constant lr, our engine's AdamW settings,
-    fp32 on the CPU, the rows in the order given, no eval, no checkpoints, no reporting."""
+    the config's precision on a CUDA GPU where there is one (else fp32 on the CPU), the rows in the order
+    given, no eval, no checkpoints, no reporting."""
+    import torch
+
     from stages.common import deepspeed_engine
 
     adam = deepspeed_engine.engine_config(cfg.infra, train, steps)["optimizer"]["params"]
@@ -308,16 +311,23 @@ def trl_training_args(cfg, train, steps: int, work: Path) -> dict:
         learning_rate=train.lr, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=adam["weight_decay"], adam_beta1=adam["betas"][0], adam_beta2=adam["betas"][1],
         max_grad_norm=train.grad_clip,
-        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=train.gradient_checkpointing,
+        use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available() and cfg.infra.precision == "bf16",
+        fp16=torch.cuda.is_available() and cfg.infra.precision == "fp16", gradient_checkpointing=train.gradient_checkpointing,
         train_sampling_strategy="sequential", dataloader_num_workers=0, dataloader_pin_memory=False,
         logging_steps=LOG_EVERY, eval_strategy="no", save_strategy="no", report_to=[], disable_tqdm=True,
     )
 
 
 def load_model(cfg, data: dict[str, Path]):
+    """The start model with the attention our stages use; on a CUDA GPU in the config's half precision, as
+    TRL loads a bf16 hub checkpoint (fp32 on the CPU)."""
+    import torch
+
     from stages.common import checkpoint
 
-    return checkpoint.load_causal_lm(data["base_model"], cfg.model)  # fp32, the attention our stages use
+    model = checkpoint.load_causal_lm(data["base_model"], cfg.model)
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.infra.precision)
+    return model.to(half) if half is not None and torch.cuda.is_available() else model
 
 
 def load_tokenizer(data: dict[str, Path]):
