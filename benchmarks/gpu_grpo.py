@@ -29,9 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-SYSTEMS = ("ours", "trl")
-LABELS = {"ours": "ours: `stages.rl` (in-process workers, DeepSpeed ZeRO-2 policy sampling itself)",
-          "trl": "TRL {version} `GRPOTrainer` (HF generate)"}
+SYSTEMS = ("ours", "trl", "ours_zero0")
+LABELS = {"ours": "ours: `stages.rl` (in-process workers, DeepSpeed ZeRO-2 policy sampling itself), as the preset runs",
+          "trl": "TRL {version} `GRPOTrainer` (HF generate)",
+          "ours_zero0": "ours, DeepSpeed ZeRO-0 (nothing partitioned on one GPU)"}
+SYSTEM_OVERRIDES = {"ours_zero0": ["infra.zero_stage=0"]}
+RATIO_LABELS = {"ours": "ours / TRL", "ours_zero0": "ours at ZeRO-0 / TRL"}
 NEVER = 10**9
 
 
@@ -118,11 +121,17 @@ def run(args) -> dict:
     prepared = data_prep(ctx, {}).outputs
     data = {"config": config, "policy": prepared["base_model"], "base_model": prepared["base_model"],
             "prompts": prepared["prompts"], "eval_data": prepared["eval_data"]}
-    trials: dict[str, list[dict]] = {s: [] for s in SYSTEMS}
+    trials: dict[str, list[dict]] = {s: [] for s in args.systems}
+    failed: dict[str, str] = {}
     for repeat in range(args.repeats):
-        for system in SYSTEMS:
-            result = trl_compare.run_trial("grpo", system, args.steps, data, root / f"{system}-{repeat}",
-                                           module="benchmarks.gpu_grpo", overrides=overrides)
+        for system in (s for s in args.systems if s not in failed):
+            try:
+                result = trl_compare.run_trial("grpo", system, args.steps, data, root / f"{system}-{repeat}",
+                                               module="benchmarks.gpu_grpo", overrides=[*overrides, *SYSTEM_OVERRIDES.get(system, [])])
+            except RuntimeError as exc:  # reported with the table; the other systems go on
+                failed[system] = str(exc)[-2000:]
+                print(f"[gpu_grpo] {system} failed:\n{failed[system]}", flush=True)
+                continue
             trials[system].append(result)
             print(f"[gpu_grpo] trial {repeat + 1}/{args.repeats} {system}: {result['samples_per_s']:,.1f} samples/s, "
                   f"generation {result['generation_s']:.2f} s, experience {result['experience_s']:.2f} s, "
@@ -134,7 +143,7 @@ def run(args) -> dict:
             "shape": {"prompts": cfg.rl.rollout.batch_size, "group": cfg.rl.rollout.n_samples_per_prompt,
                       "new_tokens": cfg.rl.rollout.generate_max_len, "train_batch": cfg.rl.train_batch_size,
                       "micro_batch": cfg.rl.micro_train_batch_size, "precision": cfg.infra.precision},
-            "trials": trials}
+            "trials": {s: t for s, t in trials.items() if t}, "failed": failed}
 
 
 PART_COLUMNS = ("generation_s", "experience_s", "training_s")
@@ -158,8 +167,10 @@ def report(result: dict) -> str:
         lines.append(f"| {LABELS[system].format(version=result['trl_version'])} | {medians[system]:,.1f} | {tokens:,.0f} | "
                      + ", ".join(f"{t['samples_per_s']:,.1f}" for t in trials) + " | "
                      + " | ".join(f"{p:.2f}" for p in parts) + f" | {'-' if peak is None else peak} |")
-    lines.append(f"| ours / TRL | {medians['ours'] / medians['trl']:.2f} |  |  |  |  |  |  |")
-    return head + "\n\n" + "\n".join(lines) + "\n"
+    for system in (s for s in medians if s != "trl" and "trl" in medians):
+        lines.append(f"| {RATIO_LABELS[system]} | {medians[system] / medians['trl']:.2f} |  |  |  |  |  |  |")
+    failed = "".join(f"\n{system} failed: {error.strip().splitlines()[-1]}" for system, error in result.get("failed", {}).items())
+    return head + "\n\n" + "\n".join(lines) + "\n" + failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="a small model and rollout (a CPU run of the code paths)")
     parser.add_argument("--steps", type=int, default=6, help="rollout steps per trial")
     parser.add_argument("--repeats", type=int, default=2, help="alternating trials per system")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="gpu_grpo.json")
     parser.add_argument("--workdir", default=None, help="task files, checkpoint and trials (default: a temp dir)")

@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_stages", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--tiny", action="store_true", help="a small model (a CPU run of the code paths)")
-    parser.add_argument("--zero", type=int, nargs="+", default=[2, 3], choices=[2, 3])
+    parser.add_argument("--zero", type=int, nargs="+", default=[2, 3], choices=[0, 2, 3])
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps of sft, rm and dpo")
     parser.add_argument("--micro-batch", type=int, default=32, help="SFT rows per micro-batch (RM, DPO: half as many pairs)")
     parser.add_argument("--seed", type=int, default=0)

@@ -31,6 +31,7 @@ RENDERERS = {
     "weight_sync": "benchmarks.weight_sync:report",
     "gpu_stages": "benchmarks.gpu_stages:report",
     "gpu_smoke": "benchmarks.gpu_smoke:report",
+    "gpu_grpo": "benchmarks.gpu_grpo:report",
     "methods": "benchmarks.methods:markdown",
     "freeform": "benchmarks.freeform:markdown",
 }
