@@ -64,8 +64,12 @@ def ours(cfg, data: dict[str, Path], work: Path) -> dict:
     from stages.rl.stage import run_in_process
 
     steps: list[dict] = []
-    ctx = StageContext(stage="rl", config=cfg, output_dir=work / "output", work_dir=work / "work",
-                       log_metrics=lambda metrics, step: steps.append(metrics) if "rollout/samples_per_s" in metrics else None)
+
+    def log(metrics: dict, step: int) -> None:
+        if "rollout/samples_per_s" in metrics:  # a rollout step's timers (not the evals before and after)
+            steps.append(metrics)
+
+    ctx = StageContext(stage="rl", config=cfg, output_dir=work / "output", work_dir=work / "work", log_metrics=log)
     ctx.output_dir.mkdir(parents=True)
     run_in_process(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
     per_step = cfg.rl.rollout.batch_size * cfg.rl.rollout.n_samples_per_prompt
@@ -127,7 +131,8 @@ def run(args) -> dict:
         for system in (s for s in args.systems if s not in failed):
             try:
                 result = trl_compare.run_trial("grpo", system, args.steps, data, root / f"{system}-{repeat}",
-                                               module="benchmarks.gpu_grpo", overrides=[*overrides, *SYSTEM_OVERRIDES.get(system, [])])
+                                               module="benchmarks.gpu_grpo",
+                                               overrides=[*overrides, *SYSTEM_OVERRIDES.get(system, [])])
             except RuntimeError as exc:  # reported with the table; the other systems go on
                 failed[system] = str(exc)[-2000:]
                 print(f"[gpu_grpo] {system} failed:\n{failed[system]}", flush=True)
@@ -169,8 +174,9 @@ def report(result: dict) -> str:
                      + " | ".join(f"{p:.2f}" for p in parts) + f" | {'-' if peak is None else peak} |")
     for system in (s for s in medians if s != "trl" and "trl" in medians):
         lines.append(f"| {RATIO_LABELS[system]} | {medians[system] / medians['trl']:.2f} |  |  |  |  |  |  |")
-    failed = "".join(f"\n{system} failed: {error.strip().splitlines()[-1]}" for system, error in result.get("failed", {}).items())
-    return head + "\n\n" + "\n".join(lines) + "\n" + failed
+    for system, error in result.get("failed", {}).items():
+        lines.append(f"\n{system} failed: {error.strip().splitlines()[-1]}")
+    return head + "\n\n" + "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
