@@ -180,23 +180,18 @@ def report(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.gpu_stages import device_options, use_device
+
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_grpo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--tiny", action="store_true", help="a small model and rollout (a CPU run of the code paths)")
+    device_options(parser, "gpu_grpo.json")
     parser.add_argument("--steps", type=int, default=6, help="rollout steps per trial")
     parser.add_argument("--repeats", type=int, default=2, help="alternating trials per system")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="gpu_grpo.json")
-    parser.add_argument("--workdir", default=None, help="task files, checkpoint and trials (default: a temp dir)")
-    parser.add_argument("--report", metavar="JSON", help="print the table of a result file and exit")
     args = parser.parse_args(argv)
     if args.report:
         print(report(json.loads(Path(args.report).read_text())), end="")
         return 0
-    if args.device == "cpu":
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU even where there is a GPU (the trials inherit it)
-        os.environ["DS_ACCELERATOR"] = "cpu"
+    use_device(args.device)
     result = run(args)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print("\n" + report(result), end="", flush=True)

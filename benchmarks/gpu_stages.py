@@ -220,24 +220,33 @@ def versions() -> dict[str, str]:
     return {p: md.version(p) for p in ("torch", "transformers", "deepspeed", "peft", "datasets", "pydantic")}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_stages", description=__doc__.split("\n\n")[0])
+def device_options(parser: argparse.ArgumentParser, out: str) -> None:
+    """The options the GPU scripts share: where to run, the small CPU variant, seed, files, --report."""
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--tiny", action="store_true", help="a small model (a CPU run of the code paths)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--workdir", default=None, help="task files, checkpoints and outputs (default: a temp dir)")
+    parser.add_argument("--report", metavar="JSON", help="print the table of a result file and exit")
+
+
+def use_device(device: str) -> None:
+    if device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU even where there is a GPU (child processes inherit it)
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_stages", description=__doc__.split("\n\n")[0])
+    device_options(parser, "gpu_stages.json")
     parser.add_argument("--zero", type=int, nargs="+", default=[2, 3], choices=[0, 2, 3])
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps of sft, rm and dpo")
     parser.add_argument("--micro-batch", type=int, default=32, help="SFT rows per micro-batch (RM, DPO: half as many pairs)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="gpu_stages.json")
-    parser.add_argument("--workdir", default=None, help="files, checkpoints and stage outputs (default: a temp dir)")
-    parser.add_argument("--report", metavar="JSON", help="print the table of a result file and exit")
     args = parser.parse_args(argv)
     if args.report:
         print(report(json.loads(Path(args.report).read_text())), end="")
         return 0
-    if args.device == "cpu":
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU even where there is a GPU
-        os.environ["DS_ACCELERATOR"] = "cpu"
+    use_device(args.device)
     import torch
 
     from benchmarks.__main__ import machine
