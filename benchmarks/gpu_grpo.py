@@ -144,7 +144,7 @@ def run(args) -> dict:
     cfg = load_config(str(config), overrides)
     return {"benchmark": "gpu_grpo", "date": time.strftime("%Y-%m-%d"), "machine": machine(), "device": device_name(),
             "params": count_params(prepared["base_model"]), "model": "tiny" if args.tiny else "qwen2-0.5b shape",
-            "steps": args.steps, "repeats": args.repeats, "trl_version": importlib.metadata.version("trl"),
+            "steps": args.steps, "repeats": args.repeats, "trl_version": importlib.metadata.version("trl") if "trl" in args.systems else None,
             "shape": {"prompts": cfg.rl.rollout.batch_size, "group": cfg.rl.rollout.n_samples_per_prompt,
                       "new_tokens": cfg.rl.rollout.generate_max_len, "train_batch": cfg.rl.train_batch_size,
                       "micro_batch": cfg.rl.micro_train_batch_size, "precision": cfg.infra.precision},

@@ -215,8 +215,11 @@ def trl_trainer(cfg, data: dict[str, Path], work: Path):
     train = TrainingConfig(**rl.actor.model_dump(exclude={"num_workers"}), micro_batch_size=rl.micro_train_batch_size,
                            grad_accum_steps=rl.train_batch_size // rl.micro_train_batch_size)
     common = trl_compare.trl_training_args(cfg, train, rl.max_steps * per_rollout // rl.train_batch_size, work)
+    # the reference TRL builds from the checkpoint loads in float32 unless told (it warns that the policy, passed
+    # built, ignores these): on a GPU, in the precision the policy trains in
+    half = common["bf16"] and "bfloat16" or common["fp16"] and "float16"
     args = GRPOConfig(
-        **common, steps_per_generation=per_rollout // rl.micro_train_batch_size, num_generations=rl.rollout.n_samples_per_prompt,
+        **common, model_init_kwargs={"dtype": half} if half else None, steps_per_generation=per_rollout // rl.micro_train_batch_size, num_generations=rl.rollout.n_samples_per_prompt,
         max_completion_length=rl.rollout.generate_max_len, temperature=rl.rollout.temperature, top_p=1.0, top_k=0,
         beta=rl.algorithm.init_kl_coef, num_iterations=rl.max_epochs, epsilon=rl.algorithm.eps_clip_low, epsilon_high=rl.algorithm.eps_clip_high,
         # bnpo: the token mean of each micro-batch (ours: of each optimizer step); the same work either way

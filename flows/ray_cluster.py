@@ -111,13 +111,16 @@ class RaySession:
         this shape too, for the first stage to find idle)."""
         import ray
 
+        from stages.common import ray_shutdown
+
         with self._lock:
             if self.stopping.is_set():
                 raise KeyboardInterrupt("the run is being stopped")
             if self.where is not None:
                 return
-            if ray.is_initialized():  # joined by the caller (e.g. a test or a notebook)
+            if ray.is_initialized():  # joined by the caller (e.g. a test or a notebook), who shuts it down
                 self.where = "existing"
+                ray_shutdown.reopen()  # a Ray of its own: an earlier session's stop does not concern it
                 return
             address = named_address(self.infra)
             if address:
@@ -126,9 +129,6 @@ class RaySession:
                     ray.init(address=address, log_to_driver=True)
                 except (ConnectionError, RuntimeError, ValueError) as exc:
                     raise PipelineError(f"Ray cluster at {address} (RAY_ADDRESS / infra.ray_address): cannot connect ({exc})") from exc
-                from stages.common import ray_shutdown
-
-                ray_shutdown.reopen()
                 self.where = f"cluster at {address}"
             else:
                 from stages.common.ray_workers import WorkerPool, start_local_cluster
@@ -140,6 +140,10 @@ class RaySession:
                 if prestart:
                     self.pool.prestart(prestart)
             self._owned = True
+            ray_shutdown.reopen()
+            if self.stopping.is_set():  # stopped while connecting, before `stop` saw a cluster of this session's
+                ray_shutdown.close()
+                raise KeyboardInterrupt("the run is being stopped")
             print(f"[ray] connected to {self.where}: {ray.cluster_resources().get('CPU', 0):g} CPU, "
                   f"{ray.cluster_resources().get('GPU', 0):g} GPU", flush=True)
 
@@ -183,7 +187,8 @@ class RaySession:
         from stages.common import ray_shutdown
 
         self.stopping.set()
-        ray_shutdown.close()  # the stage threads' cleanup calls into Ray from here on would end this process
+        if self._owned:  # Ray goes down below: a stage thread's call into it from now on would end this process
+            ray_shutdown.close()
         self.shutdown(flush_logs=False)
 
     def shutdown(self, flush_logs: bool = True) -> None:

@@ -138,7 +138,7 @@ def node_capacity(nodes: list[dict], resources: dict[str, float]) -> tuple[float
 
 def capacity(resources: dict[str, float]) -> tuple[float, float]:
     """(CPUs, GPUs) stage work may use: the whole cluster's, or its nodes' with `infra.worker_resources`."""
-    return node_capacity(ray.nodes(), resources)
+    return node_capacity(ray_shutdown.call(ray.nodes), resources)
 
 
 def cluster_name(resources: dict[str, float]) -> str:
@@ -195,21 +195,22 @@ class WorkerSet:
         the resources; when the cluster no longer has them at all (its nodes lost), it waits `wait_s` for
         nodes to join, then fails with `check_resources`' line."""
         n, cpus, gpus, resources = shape
-        pg = placement_group([bundle(cpus, gpus, dict(resources))] * n, strategy="PACK")
+        pg = ray_shutdown.call(lambda: placement_group([bundle(cpus, gpus, dict(resources))] * n, strategy="PACK"))
         try:
-            while not ray.wait([pg.ready()], timeout=PLACEMENT_POLL_S)[0]:
+            ready = ray_shutdown.call(pg.ready)
+            while not ray.wait([ready], timeout=PLACEMENT_POLL_S)[0]:
                 check_resources(stage, shape, wait_s)
+            workers = ray_shutdown.call(lambda: [
+                StageWorker.options(
+                    num_cpus=cpus,
+                    num_gpus=gpus,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+                ).remote(i, n, cpus)
+                for i in range(n)
+            ])
         except BaseException:
             ray_shutdown.cleanup(lambda: remove_placement_group(pg))
             raise
-        workers = [
-            StageWorker.options(
-                num_cpus=cpus,
-                num_gpus=gpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-            ).remote(i, n, cpus)
-            for i in range(n)
-        ]
         return cls(shape, workers, pg)
 
     def kill(self) -> None:
@@ -244,8 +245,6 @@ class WorkerPool:
         room (`wait_s`: see `WorkerSet.start`)."""
         with self._cond:
             while True:
-                if ray_shutdown.closed():  # stopped while this stage waited: Ray is going away
-                    raise KeyboardInterrupt(f"stage {stage} stopped before it started")
                 reusable = next((s for s in self._idle if s.shape == shape), None)
                 if reusable is not None:
                     self._idle.remove(reusable)
@@ -305,7 +304,7 @@ class WorkerPool:
 
 def free_for(shape: Shape) -> bool:
     n, cpus, gpus, resources = shape
-    free = ray.available_resources()
+    free = ray_shutdown.call(ray.available_resources)  # a stage waiting for CPUs stops here on a stop
     return all(free.get(k, 0) >= n * v for k, v in [("CPU", cpus), ("GPU", gpus), *resources])
 
 
@@ -324,10 +323,11 @@ def run_stage(entrypoint: str, ctx: StageContext, inputs: dict[str, Path], infra
     ranks = pool.acquire(shape, ctx.stage, infra.node_wait_s)
     healthy = False
     try:
-        master = ray.get(ranks.workers[0].rendezvous.remote())
-        results = ray.get([w.run.remote(entrypoint, ctx, inputs, master, os.getcwd(), files) for w in ranks.workers])
+        master = ray.get(ray_shutdown.call(ranks.workers[0].rendezvous.remote))
+        results = ray.get(ray_shutdown.call(lambda: [w.run.remote(entrypoint, ctx, inputs, master, os.getcwd(), files)
+                                                     for w in ranks.workers]))
         # a worker still holding a stage's model (ZeRO-3) is replaced, not kept for the next stage
-        healthy = all(ray.get([w.reusable.remote() for w in ranks.workers]))
+        healthy = all(ray.get(ray_shutdown.call(lambda: [w.reusable.remote() for w in ranks.workers])))
         return results[0]
     finally:
         pool.release(ranks, healthy)
@@ -341,9 +341,9 @@ def run_driver_stage(entrypoint: str, ctx: StageContext, infra: InfraConfig, fil
     driver's, so that it reads and writes no file of the driver's (`files`). It takes no CPU from its
     actors; stopping the flow (Ray shut down in the driver) ends it and its actors with it."""
     resources = {k: DRIVER_SHARE for k in infra.worker_resources}
-    driver = StageWorker.options(num_cpus=0, resources=resources).remote(0, 1, 1)
+    driver = ray_shutdown.call(lambda: StageWorker.options(num_cpus=0, resources=resources).remote(0, 1, 1))
     try:
-        return ray.get(driver.run.remote(entrypoint, ctx, {}, None, os.getcwd(), files))
+        return ray.get(ray_shutdown.call(lambda: driver.run.remote(entrypoint, ctx, {}, None, os.getcwd(), files)))
     finally:
         ray_shutdown.cleanup(lambda: ray.kill(driver))
 

@@ -87,7 +87,7 @@ class Placement:
         for pool in self.pools:
             n = max(self.sizes[g] for g in pool)
             each = bundle(cpus, gpus, infra.worker_resources)
-            pg = placement_group([each] * n, strategy="PACK")
+            pg = ray_shutdown.call(lambda n=n, each=each: placement_group([each] * n, strategy="PACK"))
             self.groups.append(pg)  # released with the others if the wait is stopped
             self._wait_for(pg, n, each, stop)
             share = len(pool)
@@ -95,12 +95,12 @@ class Placement:
                 self.slots[g] = [Slot(pg, i, cpus / share, gpus / share, max(1, int(cpus))) for i in range(self.sizes[g])]
 
     def _wait_for(self, pg: PlacementGroup, n: int, bundle: dict, stop: Callable[[], bool]) -> None:
-        waited, ready = 0.0, False
+        waited, ready, pending = 0.0, False, ray_shutdown.call(pg.ready)
         while not ready:
             if stop():
                 self.release()
                 raise PipelineError("stage rl: stopped while waiting for the Ray cluster's resources")
-            ready = bool(ray.wait([pg.ready()], timeout=1.0)[0])
+            ready = bool(ray.wait([pending], timeout=1.0)[0])
             waited += 1.0
             if not ready:
                 try:

@@ -41,13 +41,13 @@ class RayActors:
 
     def start(self, cls: type, role: Role, index: int, *args):
         slot = self.placement.slots[role][index]
-        return actor_class(cls).options(**slot.options()).remote(*args, slot.threads)
+        return ray_shutdown.call(lambda: actor_class(cls).options(**slot.options()).remote(*args, slot.threads))
 
     def start_engines(self, cfg: PipelineConfig, given: NodeInputs) -> list:
         return rollout_engines.start(cfg, given, self.placement.slots[Role.ENGINE])
 
     def call(self, actor, method: str, *args):
-        return getattr(actor, method).remote(*args)
+        return ray_shutdown.call(lambda: getattr(actor, method).remote(*args))
 
     def get(self, refs, timeout: float | None = None):
         """Ray's GetTimeoutError is a TimeoutError, as InProcess raises."""
@@ -57,11 +57,11 @@ class RayActors:
         return waves(self.placement.pools, groups, self.placement.hosts)
 
     def kill(self, actor) -> None:
-        ray.kill(actor)
+        ray_shutdown.cleanup(lambda: ray.kill(actor))
 
     def close(self, trainers: list, everyone: list) -> None:
         try:
-            ray.get([w.close.remote() for w in trainers], timeout=30)
+            ray.get(ray_shutdown.call(lambda: [w.close.remote() for w in trainers]), timeout=30)
         except (ray.exceptions.RayError, TimeoutError) as exc:  # the actors are killed next either way
             print(f"[rl] closing process groups: {type(exc).__name__}", flush=True)
         for actor in everyone:

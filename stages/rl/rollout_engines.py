@@ -18,6 +18,7 @@ import ray
 from configs.errors import ConfigError
 from configs.schema import CPU_KV_CACHE_MIB, PipelineConfig
 from stages.contract import NodeInputs
+from stages.common import ray_shutdown
 from stages.common.ray_workers import actor_class
 from stages.rl.placement import Slot
 from stages.rl.vllm_engine import VLLMRolloutEngine, runtime_env
@@ -92,12 +93,13 @@ def vllm_options(cfg: PipelineConfig, cluster_gpus: float) -> dict:
 def start(cfg: PipelineConfig, given: NodeInputs, slots: list[Slot]) -> list:
     """One engine actor per slot (not yet waited for: call `ready`); each reads the policy on its own node."""
     if cfg.rl.rollout.engine == "hf":
-        return [actor_class(HFRolloutEngine).options(**s.options()).remote(cfg, given, s.threads) for s in slots]
+        return ray_shutdown.call(lambda: [actor_class(HFRolloutEngine).options(**s.options()).remote(cfg, given, s.threads)
+                                          for s in slots])
     from transformers import AutoConfig
 
     options = vllm_options(cfg, ray.cluster_resources().get("GPU", 0))
     window = AutoConfig.from_pretrained(given.paths["sft_model"]).max_position_embeddings  # the driver's copy
     options["max_model_len"] = min(options["max_model_len"], window)
     python = vllm_python(cfg)
-    return [VLLMRolloutEngine.options(**s.options() | {"runtime_env": runtime_env(python, s.threads)})
-            .remote(given, options, s.threads) for s in slots]
+    return ray_shutdown.call(lambda: [VLLMRolloutEngine.options(**s.options() | {"runtime_env": runtime_env(python, s.threads)})
+                                      .remote(given, options, s.threads) for s in slots])

@@ -333,7 +333,7 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
         actors.on_all(actors.policy, "export", str(out))
     finally:
         # stopped (Ctrl-C): the flow is shutting Ray down, which ends the actors and their placement; no need to
-        # wait for them to close (a stop mid-close is covered too: stages.common.ray_shutdown)
+        # wait for them to close (a stop that comes mid-close: the Ray calls are gated, stages.common.ray_shutdown)
         if not ctx.should_stop():
             if actors is not None:
                 actors.close()

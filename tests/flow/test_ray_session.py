@@ -85,6 +85,21 @@ def test_a_stop_ends_the_stage_threads_and_leaves_this_process_and_its_next_clus
     ctx = StageContext(stage="probe", config=cfg, output_dir=tmp_path / "out", work_dir=tmp_path / "work")
     session = RaySession(cfg.infra)
     session.ensure()
+    try:
+        stop_mid_stage(session, ctx, cfg)
+    finally:
+        session.shutdown()  # (already down when the test passes)
+
+    again = RaySession(cfg.infra)
+    again.ensure()
+    try:
+        done = run_stage(f"{__name__}:quick", ctx, {}, cfg.infra, distributed=False, pool=again.pool)
+        assert done.metrics == {"ok": 1.0}
+    finally:
+        again.shutdown()
+
+
+def stop_mid_stage(session: RaySession, ctx: StageContext, cfg) -> None:
     ended: dict[str, BaseException] = {}
 
     def stage(name: str) -> None:
@@ -100,7 +115,7 @@ def test_a_stop_ends_the_stage_threads_and_leaves_this_process_and_its_next_clus
         time.sleep(0.1)  # the running stage holds both CPUs
     waiting = threading.Thread(target=stage, args=("waiting",))
     waiting.start()
-    time.sleep(1.5)  # in the pool's wait for the CPUs
+    time.sleep(1.5)  # in the pool's wait for the CPUs (wherever it is, its next call into Ray is gated)
     stopped = time.monotonic()
     session.stop()
     for t in (running, waiting):
@@ -108,15 +123,10 @@ def test_a_stop_ends_the_stage_threads_and_leaves_this_process_and_its_next_clus
     assert not running.is_alive() and not waiting.is_alive()
     assert time.monotonic() - stopped < 15
     assert isinstance(ended["waiting"], KeyboardInterrupt), ended
-    assert "running" in ended and not ray.is_initialized()
-
-    again = RaySession(cfg.infra)
-    again.ensure()
-    try:
-        done = run_stage(f"{__name__}:quick", ctx, {}, cfg.infra, distributed=False, pool=again.pool)
-        assert done.metrics == {"ok": 1.0}
-    finally:
-        again.shutdown()
+    # the running stage's pending ray.get ended with the cluster: Ray raises its error there, or SystemExit
+    # when its core worker is already gone (in this thread only: the process goes on)
+    assert isinstance(ended["running"], ray.exceptions.RayError | SystemExit), ended
+    assert not ray.is_initialized()
 
 
 def quick(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
