@@ -58,26 +58,6 @@ def trial_config(spec: dict):
     return load_config(spec["data"]["config"], spec["overrides"])
 
 
-def ours(cfg, data: dict[str, Path], work: Path) -> dict:
-    from benchmarks.grpo_compare import PARTS
-    from stages.contract import StageContext
-    from stages.rl.stage import run_in_process
-
-    steps: list[dict] = []
-
-    def log(metrics: dict, step: int) -> None:
-        if "rollout/samples_per_s" in metrics:  # a rollout step's timers (not the evals before and after)
-            steps.append(metrics)
-
-    ctx = StageContext(stage="rl", config=cfg, output_dir=work / "output", work_dir=work / "work", log_metrics=log)
-    ctx.output_dir.mkdir(parents=True)
-    run_in_process(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
-    per_step = cfg.rl.rollout.batch_size * cfg.rl.rollout.n_samples_per_prompt
-    parts = {f"{p}_s": sum(m.get(f"time/{p}", 0.0) for m in steps) for p in PARTS}
-    return {"samples": per_step * len(steps), "response_tokens": sum(m["train/response_length"] * per_step for m in steps),
-            "seconds": sum(parts.values()), **parts}
-
-
 def trial_main(spec: dict) -> None:
     import torch
 
@@ -90,7 +70,10 @@ def trial_main(spec: dict) -> None:
     cfg = trial_config(spec)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    measured = (grpo_compare.trl if spec["system"] == "trl" else ours)(cfg, data, work)
+    if spec["system"] == "trl":
+        measured = grpo_compare.trl(cfg, data, work)
+    else:  # no Ray on a bare GPU machine: the stage's workers in this process
+        measured = grpo_compare.ours(cfg, data, work, in_process=True)
     result = {"system": spec["system"], **measured, "samples_per_s": measured["samples"] / measured["seconds"],
               "tokens_per_s": measured["response_tokens"] / measured["seconds"],
               "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None}
@@ -144,7 +127,8 @@ def run(args) -> dict:
     cfg = load_config(str(config), overrides)
     return {"benchmark": "gpu_grpo", "date": time.strftime("%Y-%m-%d"), "machine": machine(), "device": device_name(),
             "params": count_params(prepared["base_model"]), "model": "tiny" if args.tiny else "qwen2-0.5b shape",
-            "steps": args.steps, "repeats": args.repeats, "trl_version": importlib.metadata.version("trl") if "trl" in args.systems else None,
+            "steps": args.steps, "repeats": args.repeats,
+            "trl_version": importlib.metadata.version("trl") if "trl" in args.systems else None,
             "shape": {"prompts": cfg.rl.rollout.batch_size, "group": cfg.rl.rollout.n_samples_per_prompt,
                       "new_tokens": cfg.rl.rollout.generate_max_len, "train_batch": cfg.rl.train_batch_size,
                       "micro_batch": cfg.rl.micro_train_batch_size, "precision": cfg.infra.precision},

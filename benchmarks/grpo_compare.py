@@ -178,15 +178,22 @@ def bench_config(steps: int, overrides: list[str]):
                               *overrides])
 
 
-def ours(cfg, data: dict[str, Path], work: Path) -> dict:
+def ours(cfg, data: dict[str, Path], work: Path, in_process: bool = False) -> dict:
+    """Our RL stage's trial: on a local Ray cluster as the flow runs it, or (`in_process`: no Ray, as on a
+    bare GPU machine) with its workers in this process."""
     from benchmarks.in_process import make_ctx
-    from stages.common.ray_workers import local_cluster
     from stages.rl import stage as rl_stage
 
     steps: list[dict] = []
     ctx = make_ctx("rl", cfg, work, lambda metrics, step: steps.append(metrics) if "rollout/samples_per_s" in metrics else None)
-    with local_cluster(cfg.infra.num_cpus, log_to_driver=False):  # as the flow starts one
-        rl_stage.run(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
+    inputs = {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]}
+    if in_process:
+        rl_stage.run_in_process(ctx, inputs)
+    else:
+        from stages.common.ray_workers import local_cluster
+
+        with local_cluster(cfg.infra.num_cpus, log_to_driver=False):  # as the flow starts one
+            rl_stage.run(ctx, inputs)
     per_step = cfg.rl.rollout.batch_size * cfg.rl.rollout.n_samples_per_prompt
     parts = {f"{p}_s": sum(m.get(f"time/{p}", 0.0) for m in steps) for p in PARTS}
     return {"samples": per_step * len(steps), "response_tokens": sum(m["train/response_length"] * per_step for m in steps),
@@ -219,7 +226,8 @@ def trl_trainer(cfg, data: dict[str, Path], work: Path):
     # built, ignores these): on a GPU, in the precision the policy trains in
     half = common["bf16"] and "bfloat16" or common["fp16"] and "float16"
     args = GRPOConfig(
-        **common, model_init_kwargs={"dtype": half} if half else None, steps_per_generation=per_rollout // rl.micro_train_batch_size, num_generations=rl.rollout.n_samples_per_prompt,
+        **common, model_init_kwargs={"dtype": half} if half else None,
+        steps_per_generation=per_rollout // rl.micro_train_batch_size, num_generations=rl.rollout.n_samples_per_prompt,
         max_completion_length=rl.rollout.generate_max_len, temperature=rl.rollout.temperature, top_p=1.0, top_k=0,
         beta=rl.algorithm.init_kl_coef, num_iterations=rl.max_epochs, epsilon=rl.algorithm.eps_clip_low, epsilon_high=rl.algorithm.eps_clip_high,
         # bnpo: the token mean of each micro-batch (ours: of each optimizer step); the same work either way

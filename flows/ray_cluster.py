@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from configs.errors import PipelineError, first_line
 from configs.schema import InfraConfig, PipelineConfig
 from stages import dag
+from stages.common import ray_shutdown
 from stages.contract import StageContext, StageResult, run_timed
 from stages.dag import StageSpec
 
@@ -111,8 +112,6 @@ class RaySession:
         this shape too, for the first stage to find idle)."""
         import ray
 
-        from stages.common import ray_shutdown
-
         with self._lock:
             if self.stopping.is_set():
                 raise KeyboardInterrupt("the run is being stopped")
@@ -184,8 +183,6 @@ class RaySession:
         """Ctrl-C: end every stage's work on the cluster now. A driver stage sees `stopping` between its
         steps; disconnecting from Ray kills the actors this process owns (on a local cluster, the cluster
         itself), so the stage threads' pending Ray calls fail at once instead of running to the end."""
-        from stages.common import ray_shutdown
-
         self.stopping.set()
         if self._owned:  # Ray goes down below: a stage thread's call into it from now on would end this process
             ray_shutdown.close()

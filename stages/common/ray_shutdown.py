@@ -36,10 +36,6 @@ def reopen() -> None:
         _closed = False
 
 
-def closed() -> bool:
-    return _closed
-
-
 def call(fn: Callable[[], T]) -> T:
     """`fn()` (a short call into Ray that starts or looks up work); KeyboardInterrupt once Ray is shutting down."""
     with _lock:

@@ -101,5 +101,6 @@ def start(cfg: PipelineConfig, given: NodeInputs, slots: list[Slot]) -> list:
     window = AutoConfig.from_pretrained(given.paths["sft_model"]).max_position_embeddings  # the driver's copy
     options["max_model_len"] = min(options["max_model_len"], window)
     python = vllm_python(cfg)
-    return ray_shutdown.call(lambda: [VLLMRolloutEngine.options(**s.options() | {"runtime_env": runtime_env(python, s.threads)})
-                                      .remote(given, options, s.threads) for s in slots])
+    return ray_shutdown.call(lambda: [
+        VLLMRolloutEngine.options(**s.options() | {"runtime_env": runtime_env(python, s.threads)})
+        .remote(given, options, s.threads) for s in slots])
