@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -30,6 +31,15 @@ ML_VIEW = "workflowType=machine_learning"  # MLflow 3's UI opens on its GenAI vi
 CHROMIUM = "/usr/bin/chromium"
 SETTLE_MS = 1000
 READY_MS = 60_000  # the first view loads the UI's scripts
+
+
+def install_chromium() -> subprocess.Popen | None:
+    """Debian's Chromium where it is missing (a new machine has none): the started `apt-get`, to wait for
+    before the browser is needed, or None when it is there."""
+    if Path(CHROMIUM).is_file():
+        return None
+    command = "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium"
+    return subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def api(base: str, path: str, body: dict | None = None) -> dict:

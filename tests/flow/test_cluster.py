@@ -26,6 +26,7 @@ from flows import cluster, processes
 from flows.ray_cluster import token_env
 from flows.serve import answers
 from stages import dag
+from tests.browser import mlflow_ui
 from tests.flow.conftest import CLI, cli_env
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
@@ -146,6 +147,7 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         return subprocess.run([*CLI, "cluster", *args, "--dir", str(root)], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=300)
 
+    browser = mlflow_ui.install_chromium()  # alongside the cluster's start and flow runs
     timings = {}
     started = time.monotonic()
     up = rlhf("up", "--worker-cpus", "2")
@@ -217,6 +219,9 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
 
         # the server's own UI in headless Chromium: the views a user compares these runs in
         started = time.monotonic()
+        if browser is not None:
+            installed = browser.communicate(timeout=600)[0]
+            assert browser.returncode == 0, f"apt-get install chromium failed: {installed[-2000:]}"
         ui = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "browser" / "mlflow_ui.py"), u["mlflow"],
                              str(tmp_path / "ui")], capture_output=True, text=True, timeout=600)
         timings["browser"] = time.monotonic() - started
