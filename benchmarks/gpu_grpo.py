@@ -2,12 +2,13 @@
 
 Both start from the random-init checkpoint of Qwen2-0.5B's shape that benchmarks/gpu_stages.py builds, with
 the word game's local prompts and `reward_func` ([own task](../docs/own-task.md)), and run the same rollout
-shape (prompts x samples of a fixed number of new tokens, temperature 1) with HF `generate` in bf16, then the
+shape (prompts x samples of a fixed number of new tokens, temperature 1) in bf16 (ours with `generation.decode`,
+TRL with HF `generate`: the same draws), then the
 same optimizer steps: group-normalised advantages, the k3 KL loss against the start model at the tiny
 preset's coefficient, its clip range, a constant learning rate. Ours is the RL stage's own loop with its
 workers in this process (`stages.rl.stage.run_in_process`: a bare GPU machine has no Ray), the policy under
-DeepSpeed ZeRO-2 sampling with the weights it trains (`rl.rollout.engine=hybrid`), as the
-qwen2.5-0.5b-gsm8k preset runs it. TRL trains the model in bf16 as it loads a bf16 hub checkpoint. A random
+DeepSpeed ZeRO-2, and in a third row ZeRO-0 as the qwen2.5-0.5b-gsm8k preset runs it, sampling with the
+weights it trains (`rl.rollout.engine=hybrid`). TRL trains the model in bf16 as it loads a bf16 hub checkpoint. A random
 init samples to the length limit in both systems, the same work, so this measures throughput, not
 learning. Time is the rollout loop only (see benchmarks/grpo_compare.py); each trial is a fresh process,
 the systems alternate, the table gives medians.
@@ -30,9 +31,9 @@ import time
 from pathlib import Path
 
 SYSTEMS = ("ours", "trl", "ours_zero0")
-LABELS = {"ours": "ours: `stages.rl` (in-process workers, DeepSpeed ZeRO-2 policy sampling itself), as the preset runs",
+LABELS = {"ours": "ours: `stages.rl` (in-process workers, DeepSpeed ZeRO-2 policy sampling itself)",
           "trl": "TRL {version} `GRPOTrainer` (HF generate)",
-          "ours_zero0": "ours, DeepSpeed ZeRO-0 (nothing partitioned on one GPU)"}
+          "ours_zero0": "ours, DeepSpeed ZeRO-0 (nothing partitioned on one GPU), as the one-GPU preset runs"}
 SYSTEM_OVERRIDES = {"ours_zero0": ["infra.zero_stage=0"]}
 RATIO_LABELS = {"ours": "ours / TRL", "ours_zero0": "ours at ZeRO-0 / TRL"}
 NEVER = 10**9
