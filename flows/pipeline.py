@@ -3,6 +3,7 @@ as soon as its upstream stages are done, inside one MLflow parent run and one Ra
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -120,34 +121,48 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
             if isinstance(exc, KeyboardInterrupt):
                 raise KeyboardInterrupt(interrupted_message(futures)) from None
             raise
-        finally:
+        except BaseException:
             ray_session.shutdown()
-
-        outcomes: dict[str, StageOutcome] = {}
-        for name, future in futures.items():
-            state = future.state
-            if state.is_completed() or state.is_failed():
-                data = state.result(raise_on_failure=False)
-                if isinstance(data, StageOutcome):
-                    outcomes[name] = data
-        for outcome in outcomes.values():
-            client.set_tag(parent_id, f"stage.{outcome.stage}", f"{outcome.status} {outcome.run_id or ''}".strip())
-        evaluated = outcomes.get("eval")
-        if evaluated is not None and evaluated.status == "ran":
-            verdicts = eval_report.publish(client, evaluated.run_id, evaluated.inputs, evaluated.metrics, cfg.eval.metric)
-            for name, (version, verdict) in verdicts.items():
-                where = f" (models:/{name}@{registry.CHAMPION})" if verdict.startswith(registry.CHAMPION) else ""
-                print(f"[eval] {name} version {version}: {verdict}{where}", flush=True)
-        rows = summary_rows(outcomes)
-        client.log_text(parent_id, markdown(rows), "summary.md")
-        record_outcomes(client, experiment_id, parent_id, label, outcomes, rows, time.monotonic() - started)
-        failed = [o for o in outcomes.values() if o.status == "failed"]
-        client.set_terminated(parent_id, RunStatus.to_string(RunStatus.FAILED if failed else RunStatus.FINISHED))
+            raise
+        # the cluster winds down (its workers' last log lines, then Ray's shutdown) while the results are published
+        closing = threading.Thread(target=ray_session.shutdown, name="ray-shutdown")
+        closing.start()
+        try:
+            rows, evaluated, failed = publish(client, experiment_id, parent_id, label, futures, cfg, started)
+        finally:
+            closing.join()
         ui = setup.ui_page(run_views.ui_page(experiment_id))
         print_summary(rows, parent_id, ui, time.monotonic() - started, evaluated, cfg.eval.metric)
         if failed:
             raise stage_failure(failed[0])
         return rows
+
+
+def publish(client: MlflowClient, experiment_id: str, parent_id: str, label: tuple[str, str], futures: dict,
+            cfg: PipelineConfig, started: float) -> tuple[list[dict[str, str]], StageOutcome | None, list[StageOutcome]]:
+    """The finished stages' outcomes onto the pipeline run (tags, eval's verdicts, summary, headline metrics)
+    and its end status: (summary rows, eval's outcome, the failed stages)."""
+    outcomes: dict[str, StageOutcome] = {}
+    for name, future in futures.items():
+        state = future.state
+        if state.is_completed() or state.is_failed():
+            data = state.result(raise_on_failure=False)
+            if isinstance(data, StageOutcome):
+                outcomes[name] = data
+    for outcome in outcomes.values():
+        client.set_tag(parent_id, f"stage.{outcome.stage}", f"{outcome.status} {outcome.run_id or ''}".strip())
+    evaluated = outcomes.get("eval")
+    if evaluated is not None and evaluated.status == "ran":
+        verdicts = eval_report.publish(client, evaluated.run_id, evaluated.inputs, evaluated.metrics, cfg.eval.metric)
+        for name, (version, verdict) in verdicts.items():
+            where = f" (models:/{name}@{registry.CHAMPION})" if verdict.startswith(registry.CHAMPION) else ""
+            print(f"[eval] {name} version {version}: {verdict}{where}", flush=True)
+    rows = summary_rows(outcomes)
+    client.log_text(parent_id, markdown(rows), "summary.md")
+    record_outcomes(client, experiment_id, parent_id, label, outcomes, rows, time.monotonic() - started)
+    failed = [o for o in outcomes.values() if o.status == "failed"]
+    client.set_terminated(parent_id, RunStatus.to_string(RunStatus.FAILED if failed else RunStatus.FINISHED))
+    return rows, evaluated, failed
 
 
 def record_outcomes(client: MlflowClient, experiment_id: str, parent_id: str, label: tuple[str, str],
