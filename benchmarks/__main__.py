@@ -37,12 +37,12 @@ BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report], str]] = {
     "grpo": (grpo_compare.grpo, "GRPO samples/s and time split: our RL stage vs TRL's GRPOTrainer (needs the bench extra)"),
     "grpo-50m": (grpo_compare.grpo_50m, "GRPO at the compute-bound size (the ~50M Llama, random init) vs TRL, with "
                                         "training MFU (needs the bench extra)"),
-    "grpo-ttq": (time_to_quality.time_to_quality, "seconds of GRPO training to a sampled held-out accuracy: our RL "
+    "grpo-ttq": (time_to_quality.time_to_quality, "seconds of GRPO training to a gain in sampled held-out accuracy: our RL "
                                                   "stage vs TRL's GRPOTrainer over seeds (needs the bench extra)"),
     "rl": (rl_throughput.rl, "RL stage samples/s and time split by algorithm: GRPO, RLOO, REINFORCE++-baseline, PPO"),
     "agent": (agent.agent, "multi-turn GRPO on the shipped two-turn environment: held-out success before and after"),
     "async": (async_rl.async_rl, "async vs synchronous GRPO: samples/s and the held-out accuracy each ends on, over seeds"),
-    "rollout": (rollout_engines.rollout, "rollout engines: HF `generate` vs vLLM (CPU build) tokens/s by batch size"),
+    "rollout": (rollout_engines.rollout, "rollout engines: the HF engine vs vLLM (CPU build) tokens/s by batch size"),
     "threads": (threads.threads, "torch's threads from OMP_NUM_THREADS vs `torch.set_num_threads`: training step "
                                  "and generate time of the tiny model"),
 }

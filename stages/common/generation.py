@@ -1,10 +1,11 @@
 """Batched sampling from a causal LM with left-padded prompts.
 
 `decode` is the loop HF `generate` runs for sampling and greedy search (the prompt's pass, then one token
-at a time from a `DynamicCache`), with the same softmax and `torch.multinomial` draws in the same order,
-so it returns the tokens `generate` returns for the same seed. It leaves out `generate`'s per-step
-machinery (input preparation, output bookkeeping, stopping-criteria objects), which on a small model cost
-about as much as the model's own passes (docs/benchmarks.md#measurements-behind-the-code)."""
+at a time from a `DynamicCache`), with HF's own warpers and the same softmax and `torch.multinomial`
+draws in the same order, so it returns the tokens `generate` returns for the same seed (tested on the
+CPU). What it adds: a row that has ended is dropped from the batch and the KV cache (`COMPACT_AT`), where
+`generate` computes every row until the last one ends; and each token's log-prob comes out of the loop
+rather than from a list of every step's logits (docs/benchmarks.md#measurements-behind-the-code)."""
 
 from __future__ import annotations
 
