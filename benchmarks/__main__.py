@@ -42,7 +42,7 @@ BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report], str]] = {
     "rl": (rl_throughput.rl, "RL stage samples/s and time split by algorithm: GRPO, RLOO, REINFORCE++-baseline, PPO"),
     "agent": (agent.agent, "multi-turn GRPO on the shipped two-turn environment: held-out success before and after"),
     "async": (async_rl.async_rl, "async vs synchronous GRPO: samples/s and the held-out accuracy each ends on, over seeds"),
-    "rollout": (rollout_engines.rollout, "rollout engines: the HF engine vs vLLM (CPU build) tokens/s by batch size"),
+    "rollout": (rollout_engines.rollout, "rollout engines: HF `generate` vs vLLM (CPU build) tokens/s by batch size"),
     "threads": (threads.threads, "torch's threads from OMP_NUM_THREADS vs `torch.set_num_threads`: training step "
                                  "and generate time of the tiny model"),
 }

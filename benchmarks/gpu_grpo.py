@@ -2,8 +2,7 @@
 
 Both start from the random-init checkpoint of Qwen2-0.5B's shape that benchmarks/gpu_stages.py builds, with
 the word game's local prompts and `reward_func` ([own task](../docs/own-task.md)), and run the same rollout
-shape (prompts x samples of a fixed number of new tokens, temperature 1) in bf16 (ours with `generation.decode`,
-TRL with HF `generate`: the same draws), then the
+shape (prompts x samples of a fixed number of new tokens, temperature 1) with HF `generate` in bf16, then the
 same optimizer steps: group-normalised advantages, the k3 KL loss against the start model at the tiny
 preset's coefficient, its clip range, a constant learning rate. Ours is the RL stage's own loop with its
 workers in this process (`stages.rl.stage.run_in_process`: a bare GPU machine has no Ray), the policy under

@@ -1,12 +1,13 @@
-"""Rollout engines side by side: response tokens/s of the HF engine (`generation.decode`) and of vLLM
-(CPU build) at several batch sizes.
+"""Rollout engines side by side: response tokens/s of HF `generate` and of vLLM (CPU build) at
+several batch sizes.
 
     python -m benchmarks run rollout [--repeats N]
 
 Both are the RL stage's own engine actors (`HFRolloutEngine`, `VLLMRolloutEngine`) on a local Ray
 cluster, each with the machine's cores, holding the same policy (the tiny base model after a short
 SFT run, shared with the GRPO benchmark) and sampling the same prompts at temperature 1 for up to
-`rl.rollout.generate_max_len` tokens. The HF engine gets the whole batch in one call. vLLM runs from the environment that
+`rl.rollout.generate_max_len` tokens. The HF engine gets the whole batch in one `generate` call
+(`rl.rollout.micro_batch_size` = the batch size). vLLM runs from the environment that
 `flows.vllm_env.machine_cache_python` finds or makes (RLHF_VLLM_PYTHON, else ~/.cache/rlhf-pipeline).
 Engine start-up falls outside the timing; each batch size is timed `--repeats` times per engine,
 alternating, and the table gives medians.
@@ -75,7 +76,7 @@ def rollout(options: RunOptions) -> Report:
 
 
 def report(trials: dict[str, dict[int, list[dict]]], repeats: int, max_new_tokens: int, threads: int) -> Report:
-    columns = ["batch (prompts)", "HF engine tokens/s", "vLLM tokens/s", "vLLM / HF", "mean response tokens"]
+    columns = ["batch (prompts)", "HF `generate` tokens/s", "vLLM tokens/s", "vLLM / HF", "mean response tokens"]
     rows, medians = [], {}
     for batch in BATCH_SIZES:
         rate = {e: statistics.median(t["tokens_per_s"] for t in trials[e][batch]) for e in ENGINES}

@@ -425,8 +425,8 @@ class RolloutConfig(Section):
     """How RL samples: the rollout engines and the sampling itself."""
 
     engine: Literal["auto", "hf", "vllm", "hybrid"] = Field(
-        "auto", description="rollout engine: the HF model (HF generate's sampling) or vLLM, in Ray actors of their own; "
-                            "hybrid: each policy rank samples with its own training weights (no engine actors, no weight sync) "
+        "auto", description="rollout engine: HF generate or vLLM, in Ray actors of their own; hybrid: each policy rank "
+                            "samples with HF generate on its own training weights (no engine actors, no weight sync) "
                             "and holds the reference model (no reference actors); auto: hf where the cluster has "
                             "bundles for every actor group, else hybrid with colocate_all (hf with ZeRO-3)")
     weight_sync: Literal["broadcast", "object_store"] = Field(

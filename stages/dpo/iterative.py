@@ -104,7 +104,7 @@ class Rounds:
             sampled = generation.generate(
                 engine.module, self.tokenizer, prompts, batch_size=it.generate_batch_size, max_new_tokens=it.max_new_tokens,
                 do_sample=True, temperature=it.temperature, top_p=it.top_p,
-                lockstep=ctx.world_size > 1 and ctx.config.infra.zero_stage == 3,  # ZeRO-3: ranks forward together
+                synced_gpus=ctx.world_size > 1 and ctx.config.infra.zero_stage == 3,  # ZeRO-3: ranks forward in lockstep
             )
         texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in sampled]
         rewards = self.scorer.score(prompts, texts, [row.get("label") for row in rows for _ in range(k)]).rewards

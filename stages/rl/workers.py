@@ -15,7 +15,7 @@ import torch
 from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
 from stages.contract import NodeInputs
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, dist_env, lora, moe, packing, shared_prompt
-from stages.common.generation import decode, left_padded, sampling_config
+from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
 from stages.rl import agent, weight_sync
 from stages.rl.experience import Sample, micro_batches, prompt_lengths, trim
@@ -358,8 +358,7 @@ class RewardWorker(Worker):
 
 
 class HFRolloutEngine(Worker):
-    """Sampling with the policy as an HF model (`generation.decode`); returns the sampled ids and their
-    log-probs (token in, token out)."""
+    """Sampling with HF `generate`; returns the sampled ids and their log-probs (token in, token out)."""
 
     def __init__(self, cfg: PipelineConfig, given: NodeInputs, threads: int):
         super().__init__(threads)
@@ -396,17 +395,23 @@ class HFRolloutEngine(Worker):
 @torch.no_grad()
 def sample(model, tok, rl, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
            top_p: float = 1.0) -> list[Sample]:
-    """Samples at `temperature` (None: greedy), with each sampled token's log-prob;
-    `rl.rollout.generate_batch_size` prompts per batch (all of them when it is empty: one large batch
+    """Samples at `temperature` (None: greedy) with HF `generate`, with each sampled token's log-prob;
+    `rl.rollout.generate_batch_size` prompts per `generate` call (all of them when it is empty: one large call
     beats several small ones on a CPU)."""
     torch.manual_seed(seed)
-    config = sampling_config(tok, max_new_tokens, temperature, top_p)
+    config = sampling_config(tok, max_new_tokens, temperature, top_p, return_dict_in_generate=True, output_logits=True)
     per_call = rl.rollout.generate_batch_size or len(prompt_ids)
     samples: list[Sample] = []
     for start in range(0, len(prompt_ids), per_call):
         chunk = prompt_ids[start : start + per_call]
-        input_ids, attention_mask = left_padded(chunk, tok.pad_token_id)
-        new, log_probs = decode(model, input_ids.to(model.device), attention_mask.to(model.device), config, log_probs=True)
+        width = max(len(p) for p in chunk)
+        input_ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in chunk])
+        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
+                             generation_config=config)
+        new = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1)  # raw logits: [b, new, vocab]
+        log_probs = log_probs_from_logits(logits, new, temperature or 1.0)
         for i, p in enumerate(chunk):
             ids = new[i].tolist()
             n = ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids)
