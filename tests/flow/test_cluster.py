@@ -231,6 +231,8 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         survive_node_loss_and_server_restart(root, tmp_path, env, client)
         timings["faults"] = time.monotonic() - started
     finally:
+        if browser is not None and browser.poll() is None:
+            browser.communicate(timeout=600)  # an install stopped halfway would leave dpkg broken: let it end
         started = time.monotonic()
         down = rlhf("down")
         timings["down"] = time.monotonic() - started
