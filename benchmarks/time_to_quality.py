@@ -33,7 +33,7 @@ START_SFT_STEPS = 1200  # the tiny preset's SFT steps (at a constant learning ra
 # policy's depends on the CPU's rounding (0.25-0.27 on one machine, 0.31-0.33 on another), and a fixed 0.35
 # was 40 rollout steps away on the first and one eval away on the second
 TARGET_GAIN = 0.10
-DEFAULT_STEPS = 60  # rollout steps per trial: the budget within which a system may reach TARGET
+DEFAULT_STEPS = 60  # rollout steps per trial: the budget within which a system may gain TARGET_GAIN
 EVAL_EVERY = 5  # rollout steps between evals
 EVAL_PROMPTS = 200
 SYSTEMS = ("ours", "trl")
