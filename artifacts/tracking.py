@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from artifacts import disk_full, sqlite_store
+from artifacts import disk_full, sqlite_store, sqlite_template
 from configs.errors import PipelineError
 from configs.schema import TrackingConfig
 
@@ -103,15 +103,24 @@ def check_reachable(uri: str) -> None:
 DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 
 
+# A new SQLite store's template holds MLflow's schema and none of its rows that name a folder: MLflow
+# makes its default experiment again, with an artifact location in the new store's folder.
+STORE_TEMPLATE_CLEAR = ("DELETE FROM experiment_tags", "DELETE FROM experiments")
+
+
 def open_store(setup: TrackingSetup):
-    """A client on the store, its tables made. A new SQLite store that the disk had no room for is
-    removed again: half its tables would stop the next run's MLflow."""
+    """A client on the store, its tables made (a new SQLite store as a copy of an empty migrated one:
+    artifacts/sqlite_template.py). A new SQLite store that the disk had no room for is removed again:
+    half its tables would stop the next run's MLflow."""
     from mlflow import MlflowClient
 
     check_reachable(setup.uri)
     path = setup.sqlite_file
     new = path is not None and not path.exists()
+    template = sqlite_template.template_file("mlflow")
     try:
+        if new:
+            sqlite_template.seed(path, template)
         client = MlflowClient(setup.uri)
         client.search_experiments(max_results=1)
     except Exception as exc:
@@ -121,6 +130,8 @@ def open_store(setup: TrackingSetup):
         if new:
             path.unlink(missing_ok=True)
         raise error from exc
+    if new:
+        sqlite_template.keep(path, template, clear=STORE_TEMPLATE_CLEAR)
     return client
 
 

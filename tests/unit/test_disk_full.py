@@ -79,11 +79,26 @@ def test_the_store_that_cannot_grow_is_named(client, tmp_path):
 
 def test_a_new_store_without_room_is_not_left_half_made(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no template: MLflow migrates a new file
     setup = tracking.resolve(load_config(None, [f"tracking.state_dir={tmp_path}"]).tracking)
     with sqlite_cannot_grow(), pytest.raises(PipelineError) as failed:
         tracking.open_store(setup)
     assert str(failed.value) == f"no space left on device writing {setup.sqlite_file}{WHAT_TO_DO}"
     assert not setup.sqlite_file.exists()  # the next run makes a whole one, not MLflow's "out-of-date schema"
+
+
+def test_a_new_store_copied_from_its_template_without_room_is_not_left_half_made(tmp_path, small_disk, monkeypatch):
+    """The template (an empty migrated store, larger than the disk's 128 KiB) cannot be copied whole."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    roomy = tracking.resolve(load_config(None, [f"tracking.state_dir={tmp_path / 'roomy'}"]).tracking)
+    tracking.open_store(roomy)  # leaves the template
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")  # set by `resolve` for the process
+    setup = tracking.resolve(load_config(None, [f"tracking.state_dir={small_disk}"]).tracking)
+    with pytest.raises(PipelineError) as failed:
+        tracking.open_store(setup)
+    assert str(failed.value).startswith("no space left on device writing ") and str(failed.value).endswith(WHAT_TO_DO)
+    assert not setup.sqlite_file.exists() and not list(small_disk.glob(".mlflow.db.*"))
 
 
 def test_a_stage_out_of_space_fails_its_run_with_one_line(client, tmp_path, small_disk):
