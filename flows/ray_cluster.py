@@ -26,7 +26,13 @@ from stages.dag import StageSpec
 if TYPE_CHECKING:
     from stages.common.ray_workers import Shape
 
-LOG_FLUSH_S = 1.0
+LOG_FLUSH_S = 1.0  # how long after a stage's Ray work ends its last worker lines may still be on their way
+
+
+def log_flush_left(work_ended: float, now: float) -> float:
+    """What is left of LOG_FLUSH_S at `now` for the lines of Ray work that ended at `work_ended` (the
+    flow publishes the last stage's results meanwhile)."""
+    return min(LOG_FLUSH_S, max(0.0, LOG_FLUSH_S - (now - work_ended)))
 
 
 def token_env() -> dict[str, str]:
@@ -106,6 +112,7 @@ class RaySession:
         self.stopping = threading.Event()  # set by `stop` (Ctrl-C): no stage starts or goes on with work here
         self.preload: dict[str, set[str]] = {}  # stage -> modules of the driver stages after it (`preload_drivers`)
         self._preload_lock = threading.Lock()  # stages start from several task threads at once
+        self.work_ended = float("-inf")  # when the last stage's Ray work returned (time.monotonic)
 
     def ensure(self, prestart: Shape | None = None) -> None:
         """Join or start the cluster, once (`prestart`: on a local cluster, start a stage worker set of
@@ -154,12 +161,15 @@ class RaySession:
         self.ensure()
         if files is None:
             self.start_preloads(spec.name)
-        if spec.driver:  # it starts actors of its own: no idle stage worker may hold their CPUs
-            with self.pool.outside_work() if self.pool else contextlib.nullcontext():
-                if files is not None:
-                    return run_driver_stage(spec.entrypoint, ctx, self.infra, files)
-                return run_timed(spec.load(), dataclasses.replace(ctx, should_stop=self.stopping.is_set), inputs)
-        return run_stage(spec.entrypoint, ctx, inputs, self.infra, spec.distributed, self.pool, files)
+        try:
+            if spec.driver:  # it starts actors of its own: no idle stage worker may hold their CPUs
+                with self.pool.outside_work() if self.pool else contextlib.nullcontext():
+                    if files is not None:
+                        return run_driver_stage(spec.entrypoint, ctx, self.infra, files)
+                    return run_timed(spec.load(), dataclasses.replace(ctx, should_stop=self.stopping.is_set), inputs)
+            return run_stage(spec.entrypoint, ctx, inputs, self.infra, spec.distributed, self.pool, files)
+        finally:
+            self.work_ended = time.monotonic()
 
     def preload_drivers(self, cfg: PipelineConfig, scheduled: set[str]) -> None:
         """A driver stage (RL) runs in this process, and importing its module (torch, transformers' auto
@@ -193,7 +203,7 @@ class RaySession:
 
         with self._lock:
             if self._owned:
-                if flush_logs:
-                    time.sleep(LOG_FLUSH_S)  # let Ray's log monitor forward the last worker lines
+                if flush_logs:  # let Ray's log monitor forward the last worker lines
+                    time.sleep(log_flush_left(self.work_ended, time.monotonic()))
                 ray.shutdown()  # with the pool's idle workers
             self._owned, self.where, self.pool = False, None, None
