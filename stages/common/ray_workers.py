@@ -183,35 +183,44 @@ def check_resources(stage: str, shape: Shape, wait_s: float = 0.0) -> None:
 
 @dataclasses.dataclass
 class WorkerSet:
-    """A stage's ranks and the placement group that holds their resources."""
+    """A stage's ranks and the placement group that reserves their resources (None while the set gives
+    it back). `bound`: the ranks run inside the placement group with its resources as their own (they
+    go with it: GPU ranks get their devices from it). Unbound ranks, on a pool's single-node cluster
+    with no GPUs, hold no resources themselves (their threads are set at start), so an idle set may give
+    its reservation back to other work and keep its processes."""
 
     shape: Shape
     workers: list
-    pg: object
+    pg: object | None
+    bound: bool = True
 
     @classmethod
-    def start(cls, shape: Shape, stage: str = "", wait_s: float = 0.0) -> WorkerSet:
-        """Reserve the shape's bundles and start its workers. The reservation waits while other work holds
-        the resources; when the cluster no longer has them at all (its nodes lost), it waits `wait_s` for
-        nodes to join, then fails with `check_resources`' line."""
-        n, cpus, gpus, resources = shape
-        pg = ray_shutdown.call(lambda: placement_group([bundle(cpus, gpus, dict(resources))] * n, strategy="PACK"))
+    def start(cls, shape: Shape, stage: str = "", wait_s: float = 0.0, bound: bool = True) -> WorkerSet:
+        """Reserve the shape's bundles and start its workers (see `reserve`)."""
+        n, cpus, gpus, _ = shape
+        bound = bound or gpus > 0
+        pg = reserve(shape, stage, wait_s)
         try:
-            ready = ray_shutdown.call(pg.ready)
-            while not ray.wait([ready], timeout=PLACEMENT_POLL_S)[0]:
-                check_resources(stage, shape, wait_s)
-            workers = ray_shutdown.call(lambda: [
-                StageWorker.options(
-                    num_cpus=cpus,
-                    num_gpus=gpus,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-                ).remote(i, n, cpus)
-                for i in range(n)
-            ])
+            def options(i: int) -> dict:
+                if not bound:
+                    return {"num_cpus": 0, **thread_env(max(1, int(cpus)))}
+                return {"num_cpus": cpus, "num_gpus": gpus,
+                        "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)}
+
+            workers = ray_shutdown.call(lambda: [StageWorker.options(**options(i)).remote(i, n, cpus) for i in range(n)])
         except BaseException:
             ray_shutdown.cleanup(lambda: remove_placement_group(pg))
             raise
-        return cls(shape, workers, pg)
+        return cls(shape, workers, pg, bound)
+
+    def reserve(self, stage: str = "", wait_s: float = 0.0) -> None:
+        if self.pg is None:
+            self.pg = reserve(self.shape, stage, wait_s)
+
+    def unreserve(self) -> None:
+        pg, self.pg = self.pg, None
+        if pg is not None:
+            ray_shutdown.cleanup(lambda: remove_placement_group(pg))
 
     def kill(self) -> None:
         ray_shutdown.cleanup(self._kill)
@@ -219,7 +228,24 @@ class WorkerSet:
     def _kill(self) -> None:
         for w in self.workers:
             ray.kill(w)
-        remove_placement_group(self.pg)
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+
+
+def reserve(shape: Shape, stage: str = "", wait_s: float = 0.0):
+    """A placement group with the shape's bundles, once ready. It waits while other work holds the
+    resources; when the cluster no longer has them at all (its nodes lost), it waits `wait_s` for nodes
+    to join, then fails with `check_resources`' line."""
+    n, cpus, gpus, resources = shape
+    pg = ray_shutdown.call(lambda: placement_group([bundle(cpus, gpus, dict(resources))] * n, strategy="PACK"))
+    try:
+        ready = ray_shutdown.call(pg.ready)
+        while not ray.wait([ready], timeout=PLACEMENT_POLL_S)[0]:
+            check_resources(stage, shape, wait_s)
+    except BaseException:
+        ray_shutdown.cleanup(lambda: remove_placement_group(pg))
+        raise
+    return pg
 
 
 class WorkerPool:
@@ -228,8 +254,10 @@ class WorkerPool:
     one spends seconds importing torch, transformers and DeepSpeed). A stage that waits for the CPUs
     another stage's workers hold takes those workers when that stage is done.
 
-    An idle set holds its resources, so it is killed when a stage of another shape needs them, while
-    work outside the pool runs (the RL stage's own actors), after a stage failed in it, and at the end."""
+    An idle set keeps its reservation for the next stage, and is killed when a stage of another shape
+    needs the resources, after a stage failed in it, and at the end. While work outside the pool runs
+    (the RL stage's own actors), an idle set gives its reservation back: its CPU-only ranks live on,
+    holding nothing, for the stage after that work; ranks with GPUs go (`WorkerSet.bound`)."""
 
     WAIT_S = 1.0  # how often a waiting stage looks again at what the cluster has free
 
@@ -249,17 +277,24 @@ class WorkerPool:
                 if reusable is not None:
                     self._idle.remove(reusable)
                     self._busy += 1
-                    return reusable
+                    break
                 if self._busy == 0 or self._idle or free_for(shape):
                     break
                 self._cond.wait(self.WAIT_S)  # a running stage's set may come back (or its resources free)
-            doomed, self._idle = self._idle, []
-            self._busy += 1
+            doomed = []
+            if reusable is None:
+                doomed, self._idle = self._idle, []
+                self._busy += 1
         try:
+            if reusable is not None:
+                reusable.reserve(stage, wait_s)  # waits while outside work holds the resources
+                return reusable
             for s in doomed:
                 s.kill()
-            return WorkerSet.start(shape, stage, wait_s)
+            return WorkerSet.start(shape, stage, wait_s, bound=not self.keep_idle)
         except BaseException:
+            if reusable is not None:
+                reusable.kill()
             self.release(None, healthy=False)
             raise
 
@@ -267,7 +302,7 @@ class WorkerPool:
         """Start a set of `shape` now, idle, for the first stage that asks for it (its processes import
         their libraries meanwhile). Nothing is started when the cluster lacks the resources."""
         if free_for(shape):
-            started = WorkerSet.start(shape)
+            started = WorkerSet.start(shape, bound=not self.keep_idle)
             with self._cond:
                 self._idle.append(started)
                 self._cond.notify_all()
@@ -275,8 +310,10 @@ class WorkerPool:
     def release(self, workers: WorkerSet | None, healthy: bool) -> None:
         with self._cond:
             self._busy -= 1
-            keep = workers is not None and healthy and self.keep_idle and self._outside == 0
+            keep = workers is not None and healthy and self.keep_idle and (self._outside == 0 or not workers.bound)
             if keep:
+                if self._outside:
+                    workers.unreserve()
                 self._idle.append(workers)
             self._cond.notify_all()
         if workers is not None and not keep:
@@ -286,8 +323,13 @@ class WorkerPool:
     def outside_work(self):
         """While the block runs, nothing idles on the cluster's resources (the block's actors need them)."""
         with self._cond:
-            self._outside += 1  # from here on, a released set is killed, not kept
-        self.clear()
+            self._outside += 1  # from here on, a released set gives its reservation back
+            doomed = [s for s in self._idle if s.bound]
+            self._idle = [s for s in self._idle if not s.bound]
+            for s in self._idle:
+                s.unreserve()
+        for s in doomed:
+            s.kill()
         try:
             yield
         finally:

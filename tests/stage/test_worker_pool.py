@@ -1,8 +1,8 @@
 """Stage workers kept between the stages of a flow run (`ray_workers.WorkerPool`) on a real local Ray
 cluster: the next stage of the same shape runs in the same process, with a fresh torch.distributed
 group and a DeepSpeed engine that trains as in a fresh process; a failed stage's workers are not
-reused; nothing idles while outside work (the RL stage's actors) needs the CPUs; a stage waiting
-for the CPUs a running stage holds takes its workers when it is done."""
+reused; an idle worker holds no CPUs while outside work (the RL stage's actors) needs them, and runs
+the stage after it; a stage waiting for the CPUs a running stage holds takes its workers when it is done."""
 
 from __future__ import annotations
 
@@ -83,14 +83,19 @@ def test_the_next_stage_runs_in_the_same_worker_with_a_fresh_process_group_unles
     assert free_cpus() == 2
 
 
-def test_nothing_idles_while_outside_work_needs_the_cpus(ray_cluster, ctx):
+def test_an_idle_worker_holds_no_cpus_while_outside_work_needs_them_and_serves_the_stage_after(ray_cluster, ctx):
     pool = WorkerPool()
-    run(pool, ctx, "train_one_step")
-    assert ray.available_resources().get("CPU", 0) == 0  # the idle worker holds them
+    first = run(pool, ctx, "train_one_step")
+    assert ray.available_resources().get("CPU", 0) == 0  # the idle worker's reservation holds them
     with pool.outside_work():
+        assert free_cpus() == 2  # given back: the outside work's actors can have them
+        beside = run(pool, ctx, "train_one_step")  # a stage beside it reserves them again for its run
         assert free_cpus() == 2
-        run(pool, ctx, "train_one_step")  # a stage beside it starts a fresh worker and frees it
-        assert free_cpus() == 2
+    after = run(pool, ctx, "train_one_step")
+    assert first["pid"] == beside["pid"] == after["pid"]  # one process throughout, no fresh imports
+    assert after["loss"] == first["loss"] and ray.available_resources().get("CPU", 0) == 0
+    pool.clear()
+    assert free_cpus() == 2
 
 
 def test_a_stage_waiting_for_the_cpus_takes_the_running_stages_workers(ray_cluster, ctx):
