@@ -262,6 +262,8 @@ class WorkerPool:
     WAIT_S = 1.0  # how often a waiting stage looks again at what the cluster has free
 
     def __init__(self, keep_idle: bool = True):
+        # keep_idle: the pool of a run's own local cluster (one node), whose CPU-only sets start unbound;
+        # without it every set goes when its stage ends
         self.keep_idle = keep_idle
         self._cond = threading.Condition()
         self._idle: list[WorkerSet] = []
