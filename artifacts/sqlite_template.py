@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import os
+import secrets
 import shutil
 import sqlite3
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,46 +37,68 @@ def migrated(path: Path) -> bool:
 
 def seed(database: Path | None, template: Path) -> bool:
     """Start a new `database` as a copy of `template`; False (nothing done) when the database exists or
-    there is no sound template."""
-    if database is None or database.exists() or not template.is_file():
-        return False
-    if not migrated(template):
-        template.unlink(missing_ok=True)  # unreadable: the next database built makes it again
+    there is no sound template. An error writing the copy (a full disk) is raised: the database's own
+    owner reports it."""
+    try:
+        if database is None or database.exists() or not template.is_file():
+            return False
+        if not migrated(template):
+            template.unlink(missing_ok=True)  # unreadable: the next database built makes it again
+            return False
+    except OSError:  # a cache this user cannot read: no template
         return False
     database.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=database.parent, prefix=f".{database.name}.")
-    os.close(fd)
+    tmp = new_file(database)
     try:
         shutil.copyfile(template, tmp)
-        os.link(tmp, database)  # whole or not at all, and never over a database another process made meanwhile
+        try:
+            os.link(tmp, database)  # whole or not at all, and never over a database another process made meanwhile
+        except FileExistsError:
+            return False
+        except OSError:  # a filesystem without hard links
+            if database.exists():
+                return False
+            os.replace(tmp, database)
         return True
-    except FileExistsError:
-        return False
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
 
 
 def keep(database: Path | None, template: Path, clear: Sequence[str] = ()) -> bool:
     """Copy the new `database` to `template` (SQLite's online backup: a consistent copy while its owner
     writes), unless there is one already. `clear`: statements run on the copy first, removing what
-    belongs to the database's own folder."""
+    belongs to the database's own folder. Only a speed-up: any failure leaves no template, and is
+    not raised."""
     if database is None or template.exists() or not database.exists():
         return False
-    template.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=template.parent, prefix=f".{template.name}.")
-    os.close(fd)
+    tmp = None
     try:
+        template.parent.mkdir(parents=True, exist_ok=True)
+        tmp = new_file(template)
         with contextlib.closing(sqlite3.connect(database)) as source, contextlib.closing(sqlite3.connect(tmp)) as copy:
             source.backup(copy)
             for statement in clear:
                 copy.execute(statement)
             copy.commit()
             copy.execute("PRAGMA journal_mode=DELETE")  # one self-contained file (a server's is WAL)
-        if not migrated(Path(tmp)):
+        if not migrated(tmp):
             return False
         os.replace(tmp, template)  # a concurrent run's copy is as good: the last one stays
         return True
-    except sqlite3.Error:
+    except (OSError, sqlite3.Error):
         return False
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+
+
+def new_file(beside: Path) -> Path:
+    """An empty file of a new name in `beside`'s folder, made with the permissions the umask gives a new
+    file (as the database's owner would make it; `tempfile` makes them private)."""
+    while True:
+        path = beside.with_name(f".{beside.name}.{secrets.token_hex(4)}")
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return path
+        except FileExistsError:
+            continue

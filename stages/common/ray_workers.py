@@ -185,9 +185,9 @@ def check_resources(stage: str, shape: Shape, wait_s: float = 0.0) -> None:
 class WorkerSet:
     """A stage's ranks and the placement group that reserves their resources (None while the set gives
     it back). `bound`: the ranks run inside the placement group with its resources as their own (they
-    go with it: GPU ranks get their devices from it). Unbound ranks, on a pool's single-node cluster
-    with no GPUs, hold no resources themselves (their threads are set at start), so an idle set may give
-    its reservation back to other work and keep its processes."""
+    go with it: GPU ranks get their devices from it). Unbound ranks, on a pool's single-node cluster,
+    of a shape that asks for no GPUs, hold no resources themselves (their threads are set at start), so
+    an idle set may give its reservation back to other work and keep its processes."""
 
     shape: Shape
     workers: list

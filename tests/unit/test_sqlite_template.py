@@ -5,6 +5,7 @@ open stands for the running server's, and MLflow's tracking store (`tracking.ope
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sqlite3
 import subprocess
@@ -82,6 +83,29 @@ def test_a_database_made_while_the_template_is_copied_is_kept(tmp_path, monkeypa
     monkeypatch.setattr(sqlite_template.shutil, "copyfile", racing)
     assert not sqlite_template.seed(database, template)
     assert database.read_bytes() == b"the other run's database" and not list(database.parent.glob(".prefect.db.*"))
+
+
+def test_a_filesystem_without_hard_links_still_gets_the_copy_with_the_umasks_permissions(tmp_path, monkeypatch):
+    template, database = tmp_path / "prefect-3.db", tmp_path / "home" / "prefect.db"
+    server_database(template).close()
+
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(sqlite_template.os, "link", no_links)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert sqlite_template.seed(database, template)
+    assert rows(database, "block_type") == rows(template, "block_type")
+    assert database.stat().st_mode & 0o777 == 0o666 & ~umask  # as its owner would make it, not private
+    assert not list(database.parent.glob(".prefect.db.*"))
+
+
+def test_a_cache_that_cannot_be_written_leaves_no_template_and_no_error(tmp_path):
+    database = tmp_path / "prefect.db"
+    server_database(database).close()
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
+    assert not sqlite_template.keep(database, tmp_path / "cache" / "rlhf-pipeline" / "prefect-3.db")
 
 
 def test_a_new_mlflow_store_starts_from_the_first_ones_template_with_its_own_default_experiment(tmp_path, monkeypatch):
