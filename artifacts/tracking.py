@@ -117,7 +117,7 @@ def open_store(setup: TrackingSetup):
     check_reachable(setup.uri)
     path = setup.sqlite_file
     new = path is not None and not path.exists()
-    template = sqlite_template.template_file("mlflow")
+    template = sqlite_template.template_file("mlflow") if new else None
     try:
         if new:
             sqlite_template.seed(path, template)

@@ -276,17 +276,15 @@ class WorkerPool:
         with self._cond:
             while True:
                 reusable = next((s for s in self._idle if s.shape == shape), None)
-                if reusable is not None:
-                    self._idle.remove(reusable)
-                    self._busy += 1
-                    break
-                if self._busy == 0 or self._idle or free_for(shape):
+                if reusable is not None or self._busy == 0 or self._idle or free_for(shape):
                     break
                 self._cond.wait(self.WAIT_S)  # a running stage's set may come back (or its resources free)
-            doomed = []
-            if reusable is None:
+            if reusable is not None:
+                self._idle.remove(reusable)
+                doomed = []
+            else:
                 doomed, self._idle = self._idle, []
-                self._busy += 1
+            self._busy += 1
         try:
             if reusable is not None:
                 reusable.reserve(stage, wait_s)  # waits while outside work holds the resources
