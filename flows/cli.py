@@ -26,7 +26,7 @@ from pathlib import Path
 
 from configs.errors import PipelineError
 
-QUIET_DEFAULTS = {
+ENV_DEFAULTS = {  # each one the user may set otherwise
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
@@ -37,6 +37,9 @@ QUIET_DEFAULTS = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
     # a Ray call after the run's cluster was shut down (Ctrl-C) fails rather than starting a new cluster
     "RAY_ENABLE_AUTO_CONNECT": "0",
+    # Ray's C++ failure handler answers a SIGTERM with a stack dump, and an abort 3 s later, which would cut
+    # the run's orderly stop short (flows/run_end.py); its local cluster's processes inherit the setting
+    "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1",
 }
 
 
@@ -63,6 +66,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from stages.rl.rollout_engines import check_installed
 
         check_installed(cfg)
+    from prefect.exceptions import ExternalSignal
+
     from artifacts import disk_full, tracking
     from flows import ray_cluster, run_end
 
@@ -92,7 +97,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 ray_cluster.drop_early()
             finished = True
         except KeyboardInterrupt as exc:  # the flow's names the stage it stopped; one raised elsewhere, nothing
-            raise KeyboardInterrupt(str(exc) or "stopped; rerun to resume") from None
+            raise KeyboardInterrupt(run_end.stop_message(exc)) from None
+        except ExternalSignal as exc:  # a SIGTERM during the flow, which stopped its stages as for a Ctrl-C
+            raise run_end.Terminated(run_end.stop_message(exc)) from None
         finally:
             run_end.end_prefect(temporary_server=prefect_server is not None)
             if fresh and not finished:
@@ -109,19 +116,15 @@ def start_prefect_server() -> threading.Thread | None:
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return None
-    from prefect.server.api.server import SubprocessASGIServer
-
     from flows import prefect_db
+    from flows.prefect_server import SessionServer
 
     keep_template = prefect_db.seeded()
+    server = SessionServer()  # in a session of its own: a signal to this process group leaves it to us to stop
 
     def start() -> None:
-        # The server inherits this thread's signal mask: a Ctrl-C in the terminal, which reaches the whole
-        # process group, leaves it to this process to stop (it would quit at once, and the interrupted
-        # flow's last state changes and events would have nowhere to go)
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         with contextlib.suppress(Exception):  # the flow's own start tries again and reports the error
-            SubprocessASGIServer().start()
+            server.start()
             keep_template()
 
     thread = threading.Thread(target=start, name="prefect-server-start", daemon=True)
@@ -325,9 +328,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    for key, value in QUIET_DEFAULTS.items():
+    for key, value in ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     args = parse_args(argv)
+    from flows.run_end import Terminated
+
     try:
         return args.func(args)
     except PipelineError as exc:
@@ -336,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
         return 130
+    except Terminated as exc:
+        print(f"terminated: {exc}", file=sys.stderr)
+        return 128 + signal.SIGTERM
 
 
 def entry() -> None:

@@ -120,6 +120,7 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
             client.set_terminated(parent_id, RunStatus.to_string(RunStatus.KILLED))
             if isinstance(exc, KeyboardInterrupt):
                 raise KeyboardInterrupt(interrupted_message(futures)) from None
+            exc.args = (interrupted_message(futures),)  # Prefect's engine marks the flow run crashed, then re-raises it
             raise
         except BaseException:
             ray_session.shutdown()

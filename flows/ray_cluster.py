@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -68,11 +69,17 @@ def start_early(cfg: PipelineConfig) -> None:
 
     first = next((s for s in dag.STAGES if not dag.pinned_away(s, cfg)), None)
     session = RaySession(cfg.infra)
+    # ray.init in the main thread sets a SIGTERM handler of its own (sys.exit), which would skip the run's
+    # orderly stop (flows.run_end): the CLI's stays
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         # in the main thread: started from a thread that then ended, the cluster's GCS was gone
         session.ensure(None if first is None or first.driver else stage_shape(cfg.infra, first.distributed))
     except Exception as exc:  # noqa: BLE001 - the first stage's own start tries again and reports it as its error
         print(f"[ray] early start failed, the first stage will retry: {first_line(exc)}", flush=True)
+    finally:
+        if sigterm is not None:  # None: a handler set outside Python, which Ray's replaced for good
+            signal.signal(signal.SIGTERM, sigterm)
     _started_early = session
 
 

@@ -1,10 +1,12 @@
-"""How `rlhf run` ends, whatever ended it: Ctrl-C stops it within a bound, Prefect's temporary server
-and its event and log workers are stopped within a bound, a store the run made fresh is removed when
-it recorded no stage run, and a failure leaves one line on the terminal, not Prefect's traceback.
+"""How `rlhf run` ends, whatever ended it: Ctrl-C or SIGTERM stops it within a bound, Prefect's temporary
+server and its event and log workers are stopped within a bound, a store the run made fresh is removed
+when it recorded no stage run, and a failure leaves one line on the terminal, not Prefect's traceback.
 
 A Ctrl-C raises KeyboardInterrupt in the main thread, where the flow waits for its stage threads; the
-flow then stops their work (`flows.ray_cluster.RaySession.stop`). A second Ctrl-C, or a stop that
-takes longer than FORCE_EXIT_S, ends the process at once.
+flow then stops their work (`flows.ray_cluster.RaySession.stop`). A SIGTERM (what `timeout`, systemd's
+stop and SLURM's cancel send, often to the whole process group) does the same: during the flow Prefect's
+engine raises its TerminationSignal there, elsewhere `Terminated` is raised. A second Ctrl-C, or a stop
+that takes longer than FORCE_EXIT_S, ends the process at once.
 """
 
 from __future__ import annotations
@@ -18,45 +20,73 @@ import sys
 import threading
 from pathlib import Path
 
-FORCE_EXIT_S = 60.0  # after the first Ctrl-C, the longest the orderly stop may take
+FORCE_EXIT_S = 60.0  # after the first Ctrl-C or SIGTERM, the longest the orderly stop may take
 DRAIN_S = 10.0  # the longest Prefect's event and log workers get to deliver what they hold
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+STOP_ADVICE = "stopped; rerun to resume"
+
+
+class Terminated(Exception):
+    """`rlhf run` stopped by a SIGTERM: one line, exit status 143 (128 + SIGTERM)."""
 
 
 @contextlib.contextmanager
 def bounded_interrupt():
-    """While the block runs, the first SIGINT raises KeyboardInterrupt (as Python's own handler does)
-    and arms a timer; a second SIGINT, or the timer, ends the process with status 130."""
+    """While the block runs, the first SIGINT raises KeyboardInterrupt (as Python's own handler does) and
+    a SIGTERM raises Terminated, each arming a timer; a second SIGINT, or the timer, ends the process with
+    status 130. A SIGTERM while a stop is under way is ignored: its bound holds."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    from prefect.exceptions import ExternalSignal
+
     timer: threading.Timer | None = None
 
-    def on_sigint(signum, frame):
+    def arm(signum: int) -> None:
         nonlocal timer
-        if timer is not None:
-            force_exit("a second Ctrl-C")
-        timer = threading.Timer(FORCE_EXIT_S, force_exit, [f"still stopping after {FORCE_EXIT_S:.0f} s"])
+        timer = threading.Timer(FORCE_EXIT_S, force_exit, [f"still stopping after {FORCE_EXIT_S:g} s", signum])
         timer.daemon = True
         timer.start()
+
+    def on_sigint(signum, frame):
+        if timer is not None:
+            force_exit("a second Ctrl-C")
+        arm(signum)
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    def on_sigterm(signum, frame):
+        # Prefect's flow engine hands on the SIGTERM it stopped the flow for while its TerminationSignal
+        # goes up: that stop is under way
+        if timer is not None or isinstance(sys.exception(), ExternalSignal):
+            return
+        arm(signum)
+        raise Terminated(STOP_ADVICE)
+
+    previous = signal.signal(signal.SIGINT, on_sigint), signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
         if timer is not None:
             timer.cancel()
 
 
-def force_exit(why: str) -> None:
-    """End the process now. The local Ray cluster's daemons die with it (Ray ties them to this process)."""
+def stop_message(exc: BaseException) -> str:
+    """What the flow said of a stop (`stopped during stage rl; rerun to resume`), else STOP_ADVICE."""
+    said = exc.args[0] if exc.args else None
+    return said if isinstance(said, str) and said else STOP_ADVICE
+
+
+def force_exit(why: str, signum: int = signal.SIGINT) -> None:
+    """End the process now, with the status of the signal that began the stop (130, or 143 for SIGTERM).
+    The local Ray cluster's daemons die with it (Ray ties them to this process)."""
     if "prefect.server.api.server" in sys.modules:  # else no temporary server was started
         with contextlib.suppress(Exception):
             stop_temporary_server()
-    print(f"interrupted: {why}; stopped without waiting for the stages; rerun to resume", file=sys.stderr, flush=True)
-    os._exit(130)
+    word = "terminated" if signum == signal.SIGTERM else "interrupted"
+    print(f"{word}: {why}; stopped without waiting for the stages; rerun to resume", file=sys.stderr, flush=True)
+    os._exit(128 + signum)
 
 
 def stop_temporary_server() -> None:

@@ -256,8 +256,9 @@ class WorkerPool:
 
     An idle set keeps its reservation for the next stage, and is killed when a stage of another shape
     needs the resources, after a stage failed in it, and at the end. While work outside the pool runs
-    (the RL stage's own actors), an idle set gives its reservation back: its CPU-only ranks live on,
-    holding nothing, for the stage after that work; ranks with GPUs go (`WorkerSet.bound`)."""
+    (the RL stage's own actors), or a stage waits for its own reservation, an idle set gives its
+    reservation back: its CPU-only ranks live on, holding nothing, for a later stage; ranks with GPUs go
+    (`WorkerSet.bound`). So no idle set holds what a waiting stage or the outside work waits for."""
 
     WAIT_S = 1.0  # how often a waiting stage looks again at what the cluster has free
 
@@ -269,6 +270,7 @@ class WorkerPool:
         self._idle: list[WorkerSet] = []
         self._busy = 0  # sets out with a running stage
         self._outside = 0  # running work that needs the cluster's resources outside the pool
+        self._reserving = 0  # stages waiting for their set's reservation
 
     def acquire(self, shape: Shape, stage: str = "", wait_s: float = 0.0) -> WorkerSet:
         """Workers of `shape` for `stage`: an idle set of that shape, else a new one once the cluster has
@@ -281,22 +283,26 @@ class WorkerPool:
                 self._cond.wait(self.WAIT_S)  # a running stage's set may come back (or its resources free)
             if reusable is not None:
                 self._idle.remove(reusable)
-                doomed = []
+                doomed = self._idle_hold_nothing()
             else:
                 doomed, self._idle = self._idle, []
             self._busy += 1
+            self._reserving += 1
         try:
-            if reusable is not None:
-                reusable.reserve(stage, wait_s)  # waits while outside work holds the resources
-                return reusable
             for s in doomed:
                 s.kill()
+            if reusable is not None:
+                reusable.reserve(stage, wait_s)  # waits while other work holds the resources
+                return reusable
             return WorkerSet.start(shape, stage, wait_s, bound=not self.keep_idle)
         except BaseException:
             if reusable is not None:
                 reusable.kill()
             self.release(None, healthy=False)
             raise
+        finally:
+            with self._cond:
+                self._reserving -= 1
 
     def prestart(self, shape: Shape) -> None:
         """Start a set of `shape` now, idle, for the first stage that asks for it (its processes import
@@ -310,24 +316,30 @@ class WorkerPool:
     def release(self, workers: WorkerSet | None, healthy: bool) -> None:
         with self._cond:
             self._busy -= 1
-            keep = workers is not None and healthy and self.keep_idle and (self._outside == 0 or not workers.bound)
+            needed = self._outside or self._reserving  # the resources, by other work or a waiting stage
+            keep = workers is not None and healthy and self.keep_idle and (not needed or not workers.bound)
             if keep:
-                if self._outside:
+                if needed:
                     workers.unreserve()
                 self._idle.append(workers)
             self._cond.notify_all()
         if workers is not None and not keep:
             workers.kill()
 
+    def _idle_hold_nothing(self) -> list[WorkerSet]:
+        """Under the lock: the idle sets give their reservations back; returns the bound ones, to be killed."""
+        doomed = [s for s in self._idle if s.bound]
+        self._idle = [s for s in self._idle if not s.bound]
+        for s in self._idle:
+            s.unreserve()
+        return doomed
+
     @contextlib.contextmanager
     def outside_work(self):
         """While the block runs, nothing idles on the cluster's resources (the block's actors need them)."""
         with self._cond:
             self._outside += 1  # from here on, a released set gives its reservation back
-            doomed = [s for s in self._idle if s.bound]
-            self._idle = [s for s in self._idle if not s.bound]
-            for s in self._idle:
-                s.unreserve()
+            doomed = self._idle_hold_nothing()
         for s in doomed:
             s.kill()
         try:

@@ -434,19 +434,32 @@ def test_two_pipeline_runs_at_once_on_one_store(ws, first_run):
     load_reward_model(path)
 
 
-def test_ctrl_c_during_rl_stops_it_within_seconds_registers_nothing_and_keeps_its_checkpoints(ws, first_run, tmp_path):
-    """A Ctrl-C in the terminal (SIGINT to the whole process group) mid-RL: RL runs in the flow process's
-    task thread, where no KeyboardInterrupt lands; the flow stops it and its actors, marks its MLflow run
-    KILLED, registers nothing, and the process ends with 130 and one line saying how to go on. Its
+# (signal, exit status, the last line's first word, whether the run starts Prefect's temporary server, RL
+# steps: each stop its own RL fingerprint and work dir): a Ctrl-C in the terminal, and the SIGTERM that
+# `timeout`, systemd's stop and SLURM's cancel send to the whole process group, where the run's own
+# temporary server must outlive it to record the stop
+STOPS = {"ctrl-c": (signal.SIGINT, 130, "interrupted", False, 4),
+         "sigterm-to-the-group": (signal.SIGTERM, 143, "terminated", True, 5)}
+
+
+@pytest.mark.parametrize("stop", STOPS)
+def test_a_stop_during_rl_ends_it_within_seconds_registers_nothing_and_keeps_its_checkpoints(ws, first_run, tmp_path, stop):
+    """A Ctrl-C (SIGINT to the whole process group) or a SIGTERM to the group mid-RL: RL runs in the flow
+    process's task thread, where no signal lands; the flow stops it and its actors, marks its MLflow run
+    KILLED, registers nothing, and the process ends with 130 (143) and one line saying how to go on. Its
     checkpoints stay in the work dir of its fingerprint, where a rerun resumes (as SFT's above; RL's
     resume itself: tests/stage/test_rl_stage.py)."""
-    args = ["--only", "rl", "rl.max_steps=4", "rl.save_every=1", "rl.eval_every=4", "rl.rollout.batch_size=8",
+    sig, status, word, own_server, steps = STOPS[stop]
+    args = ["--only", "rl", f"rl.max_steps={steps}", "rl.save_every=1", "rl.eval_every=4", "rl.rollout.batch_size=8",
             "rl.rollout.n_samples_per_prompt=4", "rl.train_batch_size=32", "eval.max_samples=16", "eval.samples_per_prompt=0"]
     versions = len(mlflow_client(ws).search_model_versions("name = 'rlhf-rl'"))
     before = set((ws / ".rlhf" / "work").glob("rl-*"))
+    env = cli_env(ws)
+    if own_server:
+        env.pop("PREFECT_API_URL")
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"
     with open(out, "w") as stdout, open(err, "w") as stderr:
-        proc = subprocess.Popen([*CLI, "run", *args], cwd=ws, env=cli_env(ws), stdout=stdout, stderr=stderr,
+        proc = subprocess.Popen([*CLI, "run", *args], cwd=ws, env=env, stdout=stdout, stderr=stderr,
                                 start_new_session=True)
     deadline = time.monotonic() + 300
     saved = []
@@ -455,17 +468,17 @@ def test_ctrl_c_during_rl_stops_it_within_seconds_registers_nothing_and_keeps_it
         saved = [d for d in (ws / ".rlhf" / "work").glob("rl-*") if d not in before and (d / "checkpoints" / "policy" / "latest").exists()]
         time.sleep(0.2)
     assert saved, "RL never wrote a checkpoint"
-    cluster = cluster_processes(proc.pid)
+    cluster = cluster_processes(proc.pid)  # with its own server: that too
     interrupted = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, sig)
     proc.wait(timeout=120)
     took = time.monotonic() - interrupted
     output = out.read_text() + err.read_text()
-    assert proc.returncode == 130, output[-3000:]
-    assert err.read_text().splitlines()[-1] == "interrupted: stopped during stage rl; rerun to resume"
+    assert proc.returncode == status, output[-3000:]
+    assert err.read_text().splitlines()[-1] == f"{word}: stopped during stage rl; rerun to resume"
     assert "Traceback" not in output and "[rl] interrupted" in output
-    assert took < 30, f"{took:.1f} s from Ctrl-C to exit"
-    (run,) = [r for r in stage_runs(ws, "rl") if r.data.params.get("rl.max_steps") == "4"]
+    assert took < 30, f"{took:.1f} s from the signal to exit"
+    (run,) = [r for r in stage_runs(ws, "rl") if r.data.params.get("rl.max_steps") == str(steps)]
     assert run.info.status == "KILLED" and run.data.tags[store.TAG_STATUS] == "interrupted"
     assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-rl'")) == versions
     assert (saved[0] / "checkpoints" / "policy" / "latest").exists()

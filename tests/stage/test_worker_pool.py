@@ -2,7 +2,8 @@
 cluster: the next stage of the same shape runs in the same process, with a fresh torch.distributed
 group and a DeepSpeed engine that trains as in a fresh process; a failed stage's workers are not
 reused; an idle worker holds no CPUs while outside work (the RL stage's actors) needs them, and runs
-the stage after it; a stage waiting for the CPUs a running stage holds takes its workers when it is done."""
+the stage after it; a stage waiting for the CPUs a running stage holds takes its workers when it is done,
+and one of another shape gets the CPUs an idle set held."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from ray.util.placement_group import placement_group, remove_placement_group
 
 from configs.schema import InfraConfig, TrainingConfig
 from stages.common import deepspeed_engine
@@ -109,3 +111,32 @@ def test_a_stage_waiting_for_the_cpus_takes_the_running_stages_workers(ray_clust
     first.join()
     assert results["second"]["pid"] == results["first"]["pid"]
     pool.clear()
+
+
+def test_a_stage_waiting_for_its_reservation_gets_the_cpus_a_set_of_another_shape_leaves_idle(ray_cluster, ctx):
+    """Two shapes on 2 CPUs: a 2-CPU stage starts reserving while outside work holds 1 CPU; a 1-CPU stage
+    runs beside it on the other, and the outside work ends before it does. The 1-CPU set going idle must
+    not keep its CPU: the waiting stage would wait for it for ever."""
+    pool, one_cpu = WorkerPool(), InfraConfig(num_workers=1, cpus_per_worker=1)
+    results = {}
+    outside = placement_group([{"CPU": 1}])  # stands in for the RL stage's actors
+    ray.get(outside.ready())
+    with pool.outside_work():
+        wide = threading.Thread(target=lambda: results.update(wide=run(pool, ctx, "train_one_step")), daemon=True)
+        wide.start()
+        time.sleep(1.0)  # its reservation waits for the outside work's CPU
+        narrow = threading.Thread(daemon=True, target=lambda: results.update(
+            narrow=run_stage(f"{HERE}:hold", ctx, {}, one_cpu, distributed=True, pool=pool).metrics))
+        narrow.start()
+        while ray.available_resources().get("CPU", 0) > 0:  # until the 1-CPU stage holds the other CPU
+            time.sleep(0.05)
+    remove_placement_group(outside)  # the outside work ends while the 1-CPU stage still runs
+    narrow.join(timeout=60)
+    wide.join(timeout=60)
+    try:
+        assert not wide.is_alive(), "the 2-CPU stage still waits for the CPU the idle 1-CPU set holds"
+        assert results["wide"]["after"] < results["wide"]["loss"] and "pid" in results["narrow"]
+    finally:
+        pool.clear()
+        wide.join(timeout=30)
+    assert free_cpus() == 2

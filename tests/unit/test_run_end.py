@@ -1,6 +1,6 @@
 """How `rlhf run` ends: the terminal keeps Prefect's run logs but not their tracebacks, a state folder
 the run made is removed only when no stage run was recorded in it, and a second Ctrl-C (or a stop that
-takes too long) ends the process at once."""
+takes too long) ends the process at once; a SIGTERM stops it as a Ctrl-C does."""
 
 from __future__ import annotations
 
@@ -104,4 +104,25 @@ def test_a_stop_that_outlasts_its_bound_ends_the_process():
     )
     assert done.returncode == 130, done.stderr
     assert done.stderr.splitlines() == [
-        "interrupted: still stopping after 0 s; stopped without waiting for the stages; rerun to resume"]
+        "interrupted: still stopping after 0.5 s; stopped without waiting for the stages; rerun to resume"]
+
+
+def test_a_sigterm_raises_terminated_a_repeat_leaves_the_stop_going_and_its_bound_holds():
+    """What `timeout`, systemd's stop or SLURM's cancel send, maybe more than once."""
+    done = ctrl_c(
+        "run_end.FORCE_EXIT_S = 1.5\n"
+        "with run_end.bounded_interrupt():\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(60)\n"
+        "    except run_end.Terminated as exc:\n"
+        "        print(exc, flush=True)\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(0.5)\n"
+        "        print('still stopping', flush=True)\n"
+        "        time.sleep(60)  # a stage that does not stop\n"
+    )
+    assert done.returncode == 143, done.stderr
+    assert done.stdout == "stopped; rerun to resume\nstill stopping\n"
+    assert done.stderr.splitlines() == [
+        "terminated: still stopping after 1.5 s; stopped without waiting for the stages; rerun to resume"]

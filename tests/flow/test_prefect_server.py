@@ -1,0 +1,49 @@
+"""Prefect's temporary server as `rlhf run` starts it (flows/prefect_server.py): a signal to the run's process
+group does not reach it, and it does not outlive the run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# a stand-in for the CLI: starts the server, then ignores SIGTERM as `rlhf run` stops in order for it
+STARTER = """
+import signal, time
+from flows.prefect_server import SessionServer
+server = SessionServer()
+server.start()
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print(server.server_process.pid, server.api_url, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_server_outlives_a_sigterm_to_the_runs_group_and_stops_when_the_run_is_killed(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(tmp_path), PYTHONPATH=str(ROOT), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    starter = subprocess.Popen([sys.executable, "-c", STARTER], env=env, stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        pid, api = starter.stdout.readline().split()
+        server = psutil.Process(int(pid))
+        assert os.getsid(server.pid) != os.getsid(starter.pid)
+
+        os.killpg(starter.pid, signal.SIGTERM)  # what `timeout` or systemd's stop sends
+        time.sleep(1.0)
+        assert httpx.get(f"{api}/health", timeout=10).status_code == 200  # still serving the stopping run
+
+        os.killpg(starter.pid, signal.SIGKILL)  # the run killed: nothing stops the server but itself
+        starter.wait(timeout=10)
+        server.wait(timeout=10)  # gone, not left running for ever
+    finally:
+        starter.kill()
+        starter.wait()
