@@ -37,9 +37,13 @@ def start_local_cluster(num_cpus: int, log_to_driver: bool = True) -> None:
     Ray also starts each worker in a process group of its own (to kill what a worker spawns when it
     exits); a SIGKILL of the driver's group then kills the GCS and raylet, children of the driver, but not
     the workers, which live on until they notice the raylet is gone, if ever. Kept in the driver's group,
-    they die with it."""
+    they die with it.
+
+    Nothing reads Ray's task events here (no dashboard): they are off, and with them the driver's wait, at
+    Ray's shutdown, to flush them to a GCS that a stop's signal to the group has already ended (5 s)."""
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
-             _system_config={"worker_niceness": 0, "process_group_cleanup_enabled": False})
+             _system_config={"worker_niceness": 0, "process_group_cleanup_enabled": False,
+                             "task_events_report_interval_ms": 0})
     ray_shutdown.reopen()
 
 
