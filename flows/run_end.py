@@ -33,8 +33,8 @@ class Terminated(Exception):
 @contextlib.contextmanager
 def bounded_interrupt():
     """While the block runs, the first SIGINT raises KeyboardInterrupt (as Python's own handler does) and
-    a SIGTERM raises Terminated, each arming a timer; a second SIGINT, or the timer, ends the process with
-    status 130. A SIGTERM while a stop is under way is ignored: its bound holds."""
+    a SIGTERM raises Terminated, each arming a timer; a second SIGINT, or the timer, ends the process (status
+    130, or 143 after a SIGTERM). A SIGTERM while a stop is under way is ignored: its bound holds."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
