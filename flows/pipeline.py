@@ -3,6 +3,7 @@ as soon as its upstream stages are done, inside one MLflow parent run and one Ra
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import traceback
@@ -22,7 +23,7 @@ from artifacts import disk_full, registry, run_owner, store, tracking
 from configs import load_config
 from configs.errors import PipelineError, first_line
 from configs.schema import PipelineConfig
-from flows import eval_report, retries, run_views
+from flows import eval_report, retries, run_end, run_views
 from flows.ray_cluster import RaySession, session_for
 from flows.stage_task import StageOutcome, execute_stage
 from flows.summary import markdown, print_summary, summary_rows
@@ -111,6 +112,8 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
         except (KeyboardInterrupt, ExternalSignal) as exc:
             # Ctrl-C (or Prefect's SIGTERM) lands here, in the main thread, not in the task threads the
             # stages run in: stop their work, and give them STOP_WAIT_S to record their runs as interrupted
+            if isinstance(exc, ExternalSignal):
+                run_end.stop_began(getattr(exc, "signal", signal.SIGTERM))
             ray_session.stop()
             deadline = time.monotonic() + STOP_WAIT_S
             for future in futures.values():

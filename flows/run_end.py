@@ -30,46 +30,69 @@ class Terminated(Exception):
     """`rlhf run` stopped by a SIGTERM: one line, exit status 143 (128 + SIGTERM)."""
 
 
+class StopBound:
+    """The signal handlers of `bounded_interrupt`, and the bound on a stop under way (its timer, armed by
+    the first Ctrl-C or SIGTERM)."""
+
+    def __init__(self):
+        from prefect.exceptions import ExternalSignal
+
+        self.external = ExternalSignal
+        self.timer: threading.Timer | None = None
+
+    def arm(self, signum: int) -> None:
+        if self.timer is None:
+            self.timer = threading.Timer(FORCE_EXIT_S, force_exit, [f"still stopping after {FORCE_EXIT_S:g} s", signum])
+            self.timer.daemon = True
+            self.timer.start()
+
+    def on_sigint(self, signum, frame):
+        if self.timer is not None:
+            force_exit("a second Ctrl-C")
+        self.arm(signum)
+        raise KeyboardInterrupt
+
+    def on_sigterm(self, signum, frame):
+        # Prefect's flow engine hands on the SIGTERM it stopped the flow for while its TerminationSignal
+        # goes up: that stop is under way
+        if self.timer is not None or isinstance(sys.exception(), self.external):
+            return
+        self.arm(signum)
+        raise Terminated(STOP_ADVICE)
+
+
+_bound: StopBound | None = None  # while `bounded_interrupt` runs
+
+
 @contextlib.contextmanager
 def bounded_interrupt():
     """While the block runs, the first SIGINT raises KeyboardInterrupt (as Python's own handler does) and
     a SIGTERM raises Terminated, each arming a timer; a second SIGINT, or the timer, ends the process (status
     130, or 143 after a SIGTERM). A SIGTERM while a stop is under way is ignored: its bound holds."""
+    global _bound
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    from prefect.exceptions import ExternalSignal
-
-    timer: threading.Timer | None = None
-
-    def arm(signum: int) -> None:
-        nonlocal timer
-        timer = threading.Timer(FORCE_EXIT_S, force_exit, [f"still stopping after {FORCE_EXIT_S:g} s", signum])
-        timer.daemon = True
-        timer.start()
-
-    def on_sigint(signum, frame):
-        if timer is not None:
-            force_exit("a second Ctrl-C")
-        arm(signum)
-        raise KeyboardInterrupt
-
-    def on_sigterm(signum, frame):
-        # Prefect's flow engine hands on the SIGTERM it stopped the flow for while its TerminationSignal
-        # goes up: that stop is under way
-        if timer is not None or isinstance(sys.exception(), ExternalSignal):
-            return
-        arm(signum)
-        raise Terminated(STOP_ADVICE)
-
-    previous = signal.signal(signal.SIGINT, on_sigint), signal.signal(signal.SIGTERM, on_sigterm)
+    bound = StopBound()
+    previous = signal.signal(signal.SIGINT, bound.on_sigint), signal.signal(signal.SIGTERM, bound.on_sigterm)
+    _bound = bound
     try:
         yield
     finally:
+        _bound = None
         signal.signal(signal.SIGINT, previous[0])
         signal.signal(signal.SIGTERM, previous[1])
-        if timer is not None:
-            timer.cancel()
+        if bound.timer is not None:
+            bound.timer.cancel()
+
+
+def stop_began(signum: int) -> None:
+    """In the main thread, when a stop began in another's signal handler (during the flow, Prefect's engine
+    takes SIGTERM and raises its TerminationSignal): arm the bound, and take SIGTERM back, so that a
+    repeated one (systemd's, SLURM's) leaves the stop going."""
+    if _bound is not None:
+        _bound.arm(signum)
+        signal.signal(signal.SIGTERM, _bound.on_sigterm)
 
 
 def stop_message(exc: BaseException) -> str:

@@ -126,3 +126,29 @@ def test_a_sigterm_raises_terminated_a_repeat_leaves_the_stop_going_and_its_boun
     assert done.stdout == "stopped; rerun to resume\nstill stopping\n"
     assert done.stderr.splitlines() == [
         "terminated: still stopping after 1.5 s; stopped without waiting for the stages; rerun to resume"]
+
+
+def test_a_stop_begun_in_prefects_sigterm_handler_gets_the_bound_and_a_repeat_leaves_it_going():
+    """During the flow Prefect's engine holds SIGTERM and raises its TerminationSignal; the flow's stop then
+    takes SIGTERM back (`stop_began`), so a second one does not raise in the middle of the stop."""
+    done = ctrl_c(
+        "from prefect.exceptions import TerminationSignal\n"
+        "run_end.FORCE_EXIT_S = 1.5\n"
+        "def prefects(signum, frame):\n"
+        "    raise TerminationSignal(signum)\n"
+        "with run_end.bounded_interrupt():\n"
+        "    signal.signal(signal.SIGTERM, prefects)\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(60)\n"
+        "    except TerminationSignal:\n"
+        "        run_end.stop_began(signal.SIGTERM)\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(0.5)\n"
+        "        print('still stopping', flush=True)\n"
+        "        time.sleep(60)  # a stage that does not stop\n"
+    )
+    assert done.returncode == 143, done.stderr
+    assert done.stdout == "still stopping\n"
+    assert done.stderr.splitlines() == [
+        "terminated: still stopping after 1.5 s; stopped without waiting for the stages; rerun to resume"]
