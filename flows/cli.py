@@ -90,6 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 from flows.pipeline import rlhf_pipeline
 
                 run_end.hide_run_tracebacks()
+                run_end.quiet_ray_thread_warning()
                 if prefect_server is not None:
                     prefect_server.join()  # the flow uses it (or, had it failed, starts it again and reports why)
                 rlhf_pipeline(config=args.config or "tiny", overrides=args.overrides, force=force, only=only or None)

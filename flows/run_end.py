@@ -151,6 +151,20 @@ def hide_run_tracebacks() -> None:
             handler.addFilter(NoRunTracebacks())
 
 
+class NoRayThreadSigtermWarning(logging.Filter):
+    """Drops Ray's warning that `ray.init` outside the main thread sets no SIGTERM handler (a stage thread
+    starts the cluster of a run whose first stage is cached): SIGTERM is the run's own (`bounded_interrupt`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+def quiet_ray_thread_warning() -> None:
+    logger = logging.getLogger("ray._private.worker")
+    if not any(isinstance(f, NoRayThreadSigtermWarning) for f in logger.filters):
+        logger.addFilter(NoRayThreadSigtermWarning())
+
+
 def remove_if_unused(state_dir: Path, uri: str) -> bool:
     """Remove a state folder this run created when no stage run was recorded in it (nothing to reuse or
     resume); returns whether it did. Kept when it holds a stage's work dir or the store names a stage run,

@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # a stand-in for the CLI: starts the server, then ignores SIGTERM as `rlhf run` stops in order for it
 STARTER = """
 import signal, time
+from flows import prefect_db
 from flows.prefect_server import SessionServer
+prefect_db.seeded()  # as `rlhf run` starts it: its database a copy of an empty migrated one, when there is one
 server = SessionServer()
 server.start()
 signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -35,6 +35,22 @@ def test_the_terminal_drops_run_records_with_a_traceback_and_keeps_the_rest():
     assert keep(record("prefect.events.clients", traceback=True))  # not a run's: Prefect's own trouble shows
 
 
+def test_rays_warning_that_a_thread_started_it_without_a_sigterm_handler_is_dropped_and_its_others_kept():
+    from flows.run_end import quiet_ray_thread_warning
+
+    logger, seen = logging.getLogger("ray._private.worker"), []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+        quiet_ray_thread_warning()
+        logger.warning("SIGTERM handler is not set because current thread is not the main thread.")
+        logger.warning("Started a local Ray instance.")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["Started a local Ray instance."]
+
+
 def state_folder(tmp_path: Path, empty_store: Path, stage_ran: bool) -> tuple[Path, str]:
     """A state folder whose store holds a pipeline run and, if `stage_ran`, a run of one of its stages."""
     state = tmp_path / ".rlhf"
