@@ -123,6 +123,16 @@ def test_a_stop_that_outlasts_its_bound_ends_the_process():
         "interrupted: still stopping after 0.5 s; stopped without waiting for the stages; rerun to resume"]
 
 
+# inside a stop begun by a SIGTERM: a second one, then a stage that does not stop (the bound, 1.5 s, ends it)
+SIGTERM_AGAIN_THEN_HANG = (
+    "        os.kill(os.getpid(), signal.SIGTERM)\n"
+    "        time.sleep(0.5)\n"
+    "        print('still stopping', flush=True)\n"
+    "        time.sleep(60)\n"
+)
+SIGTERM_BOUND_HIT = "terminated: still stopping after 1.5 s; stopped without waiting for the stages; rerun to resume"
+
+
 def test_a_sigterm_raises_terminated_a_repeat_leaves_the_stop_going_and_its_bound_holds():
     """What `timeout`, systemd's stop or SLURM's cancel send, maybe more than once."""
     done = ctrl_c(
@@ -133,15 +143,11 @@ def test_a_sigterm_raises_terminated_a_repeat_leaves_the_stop_going_and_its_boun
         "        time.sleep(60)\n"
         "    except run_end.Terminated as exc:\n"
         "        print(exc, flush=True)\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
-        "        time.sleep(0.5)\n"
-        "        print('still stopping', flush=True)\n"
-        "        time.sleep(60)  # a stage that does not stop\n"
+        + SIGTERM_AGAIN_THEN_HANG
     )
     assert done.returncode == 143, done.stderr
     assert done.stdout == "stopped; rerun to resume\nstill stopping\n"
-    assert done.stderr.splitlines() == [
-        "terminated: still stopping after 1.5 s; stopped without waiting for the stages; rerun to resume"]
+    assert done.stderr.splitlines() == [SIGTERM_BOUND_HIT]
 
 
 def test_a_stop_begun_in_prefects_sigterm_handler_gets_the_bound_and_a_repeat_leaves_it_going():
@@ -159,12 +165,8 @@ def test_a_stop_begun_in_prefects_sigterm_handler_gets_the_bound_and_a_repeat_le
         "        time.sleep(60)\n"
         "    except TerminationSignal:\n"
         "        run_end.stop_began(signal.SIGTERM)\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
-        "        time.sleep(0.5)\n"
-        "        print('still stopping', flush=True)\n"
-        "        time.sleep(60)  # a stage that does not stop\n"
+        + SIGTERM_AGAIN_THEN_HANG
     )
     assert done.returncode == 143, done.stderr
     assert done.stdout == "still stopping\n"
-    assert done.stderr.splitlines() == [
-        "terminated: still stopping after 1.5 s; stopped without waiting for the stages; rerun to resume"]
+    assert done.stderr.splitlines() == [SIGTERM_BOUND_HIT]
