@@ -22,8 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import (agent, async_rl, grpo_compare, pipeline, rl_throughput, rollout_engines, threads, time_to_quality,
-                        trl_compare)
+from benchmarks import agent, async_rl, grpo_compare, pipeline, rl_throughput, rollout_engines, threads, time_to_quality, trl_compare
 from benchmarks.report import Report, RunOptions
 
 BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report], str]] = {

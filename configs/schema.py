@@ -702,14 +702,14 @@ class PipelineConfig(Section):
     eval: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")
-    def _csft_single_turn(self) -> "PipelineConfig":
+    def _csft_single_turn(self) -> PipelineConfig:
         if self.csft.enabled and self.data.sft is not None and self.data.sft.multiturn:
             raise ValueError("csft.enabled with data.sft.multiturn: conditional SFT puts one score in each prompt, "
                              "so it takes single-turn SFT rows; set data.sft.multiturn=false or csft.enabled=false")
         return self
 
     @model_validator(mode="after")
-    def _hybrid_engine_needs_whole_weights(self) -> "PipelineConfig":
+    def _hybrid_engine_needs_whole_weights(self) -> PipelineConfig:
         if self.rl.rollout.engine == "hybrid" and self.infra.zero_stage == 3:
             raise ValueError("rl.rollout.engine=hybrid samples with each policy rank's own weights, which ZeRO-3 partitions: "
                              "use infra.zero_stage 0, 1 or 2, or rl.rollout.engine=hf")

@@ -18,8 +18,8 @@ from prefect.exceptions import ExternalSignal
 from prefect.futures import wait
 from prefect.states import Cancelled, Completed, Failed
 
-from artifacts import fingerprint as fp
 from artifacts import disk_full, registry, run_owner, store, tracking
+from artifacts import fingerprint as fp
 from configs import load_config
 from configs.errors import PipelineError, first_line
 from configs.schema import PipelineConfig

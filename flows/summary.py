@@ -13,7 +13,6 @@ from flows.stage_task import StageOutcome
 from stages import dag
 from stages.eval_results import per_model
 
-
 COLUMNS = {"stage": "stage", "status": "status", "time": "wall time", "metric": "key metric", "run": "MLflow run",
            "inputs": "inputs from"}
 

@@ -18,7 +18,6 @@ from stages.common import checkpoint_paths, moe, packing, vocabulary
 from stages.dag import BY_NAME, LORA_SECTIONS, STAGES, lora_of, pinned_away
 from stages.rl.layout import check_async, check_fits, resolve_layout
 
-
 AUX_LOSS_SECTIONS = ("sft", "rm", "prm", "dpo", "rl.actor")  # config sections with an aux_loss_coef
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import ray
 
 from configs.schema import PipelineConfig
-from stages.contract import NodeInputs
 from stages.common import ray_shutdown
 from stages.common.ray_workers import actor_class, capacity
+from stages.contract import NodeInputs
 from stages.rl import rollout_engines
 from stages.rl.layout import Role, check_async, resolve_layout
 from stages.rl.placement import Placement, waves

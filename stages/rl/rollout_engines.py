@@ -17,9 +17,9 @@ import ray
 
 from configs.errors import ConfigError
 from configs.schema import CPU_KV_CACHE_MIB, PipelineConfig
-from stages.contract import NodeInputs
 from stages.common import ray_shutdown
 from stages.common.ray_workers import actor_class
+from stages.contract import NodeInputs
 from stages.rl.placement import Slot
 from stages.rl.vllm_engine import VLLMRolloutEngine, runtime_env
 from stages.rl.workers import HFRolloutEngine

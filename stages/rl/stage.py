@@ -37,9 +37,8 @@ from stages.data_prep import read_split
 from stages.eval_metrics import by_prompt, held_out_metrics
 from stages.rewards.base import RewardBatch, concat
 from stages.rl import weight_sync, workers
-from stages.rl.episodes import run_episodes, turns
-from stages.rl.generation import collect_generation, generate, launch_generation
 from stages.rl.advantages import compute_advantages, overlong_penalty, varied_groups
+from stages.rl.episodes import run_episodes, turns
 from stages.rl.experience import (
     Sample,
     place_on_actions,
@@ -47,6 +46,7 @@ from stages.rl.experience import (
     shard,
     step_end_tokens,
 )
+from stages.rl.generation import collect_generation, generate, launch_generation
 from stages.rl.layout import Role, hosts, roles
 from stages.rl.losses import (
     AdaptiveKLController,

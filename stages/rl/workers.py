@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
-from stages.contract import NodeInputs
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, dist_env, lora, moe, packing, shared_prompt
 from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
+from stages.contract import NodeInputs
 from stages.rl import agent, weight_sync
 from stages.rl.experience import Sample, micro_batches, prompt_lengths, trim
 from stages.rl.layout import Role, hosts

@@ -136,8 +136,8 @@ def test_hf_engine_in_calls_of_generate_batch_size_returns_every_prompt_in_order
     import ray
 
     from stages.common import checkpoint
-    from stages.data_prep import read_split
     from stages.common.ray_workers import actor_class
+    from stages.data_prep import read_split
     from stages.rl.workers import HFRolloutEngine
 
     tok = checkpoint.load_tokenizer(prepared["base_model"])
@@ -327,5 +327,5 @@ def test_a_reward_file_that_fails_to_load_in_the_worker_is_the_users_error(tmp_p
         ray.kill(worker)
     error = unwrap(err.value)
     assert isinstance(error, RewardError) and not retries.transient(err.value)
-    assert str(error) == (f"reward function file needs.py: import failed "
-                          f"(ModuleNotFoundError: No module named 'no_such_module_xyz')")
+    assert str(error) == ("reward function file needs.py: import failed "
+                          "(ModuleNotFoundError: No module named 'no_such_module_xyz')")

@@ -8,8 +8,7 @@ import pytest
 from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 
-from artifacts import registry
-from artifacts import store
+from artifacts import registry, store
 from artifacts.store import ArtifactRef
 from flows import eval_report
 from flows.stage_task import StageOutcome

@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request, Response
 
 import configs
 from configs.schema import RewardConfig
+from stages import reward_file
 from stages.common.dist_env import free_port
 from stages.common.tokenization import last_token_index
 from stages.rewards import (
@@ -25,7 +26,6 @@ from stages.rewards import (
     RewardSource,
     build_scorer,
 )
-from stages import reward_file
 from stages.rewards.factory import resolve_func_path
 from stages.rewards.process_reward import (
     aggregate,

@@ -9,7 +9,6 @@ from stages.common.deepspeed_engine import engine_config
 from stages.rl.layout import group_sizes, pools
 from stages.rl.placement import Slot, waves
 
-
 GROUPED = [n for n, e in ESTIMATORS.items() if e.grouped]
 UNGROUPED = [n for n, e in ESTIMATORS.items() if not e.grouped]
 
