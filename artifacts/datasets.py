@@ -84,9 +84,9 @@ def config_sources(data, seed: int, hash_cache: Path | None = None) -> list[Data
 
     if data.source == "synthetic":
         settings = json.dumps({"seed": seed, **data.synthetic.model_dump(mode="json")}, sort_keys=True)
-        source = CodeDatasetSource({"generator": "stages.synthetic_task"})
+        code = CodeDatasetSource({"generator": "stages.synthetic_task"})
         entity = Dataset(name="synthetic", digest=hashlib.sha256(settings.encode()).hexdigest()[:DIGEST_CHARS],
-                         source_type=source._get_source_type(), source=source.to_json())
+                         source_type=code._get_source_type(), source=code.to_json())
         return [DatasetInput(entity, [InputTag(MLFLOW_DATASET_CONTEXT, "synthetic")])]
     hashes = FileHashes(hash_cache)
     found = []

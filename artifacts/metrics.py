@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 
 class MlflowMetrics:
     def __init__(self, tracking_uri: str, run_id: str):
         self.tracking_uri, self.run_id = tracking_uri, run_id
-        self._client = None
+        self._client: MlflowClient | None = None  # made on first use: the callback is pickled without it
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
         from mlflow import MlflowClient

@@ -30,8 +30,8 @@ def owner_tags() -> dict[str, str]:
 def gone(owner: str) -> bool:
     """The owner ran on this host and is no longer alive (its pid is free, a zombie, or another process's)."""
     try:
-        host, pid, started = owner.rsplit(" ", 2)
-        pid, started = int(pid), float(started)
+        host, pid_text, started_text = owner.rsplit(" ", 2)
+        pid, started = int(pid_text), float(started_text)
     except ValueError:  # not our format
         return False
     if host != socket.gethostname():

@@ -116,11 +116,11 @@ def open_store(setup: TrackingSetup):
 
     check_reachable(setup.uri)
     path = setup.sqlite_file
-    new = path is not None and not path.exists()
-    template = sqlite_template.template_file("mlflow") if new else None
+    # a new SQLite store: (its file, the template it starts as a copy of)
+    new = (path, sqlite_template.template_file("mlflow")) if path is not None and not path.exists() else None
     try:
         if new:
-            sqlite_template.seed(path, template)
+            sqlite_template.seed(*new)
         client = MlflowClient(setup.uri)
         client.search_experiments(max_results=1)
     except Exception as exc:
@@ -128,10 +128,10 @@ def open_store(setup: TrackingSetup):
         if error is None:
             raise
         if new:
-            path.unlink(missing_ok=True)
+            new[0].unlink(missing_ok=True)
         raise error from exc
     if new:
-        sqlite_template.keep(path, template, clear=STORE_TEMPLATE_CLEAR)
+        sqlite_template.keep(*new, clear=STORE_TEMPLATE_CLEAR)
     return client
 
 

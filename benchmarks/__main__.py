@@ -25,7 +25,7 @@ from pathlib import Path
 from benchmarks import agent, async_rl, grpo_compare, pipeline, rl_throughput, rollout_engines, threads, time_to_quality, trl_compare
 from benchmarks.report import Report, RunOptions
 
-BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report], str]] = {
+BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report | dict[str, Report]], str]] = {
     "pipeline": (pipeline.pipeline, "the tiny pipeline through `rlhf run`: cold/warm wall time, orchestration share, "
                                     "peak memory per stage, and what its models learned"),
     "sft": (trl_compare.sft, "SFT tokens/s: our stage vs TRL's SFTTrainer (needs the bench extra)"),
@@ -51,7 +51,7 @@ VERSIONED = ("torch", "transformers", "deepspeed", "trl")
 def machine() -> dict:
     """Where the numbers were taken."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    versions = {}
+    versions: dict[str, str | None] = {}
     for package in VERSIONED:
         try:
             versions[package] = importlib.metadata.version(package)

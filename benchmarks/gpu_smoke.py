@@ -16,16 +16,29 @@ left out) against the GPU's dense bf16 peak.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
 from collections.abc import Callable
+from typing import TypedDict
 
 import torch
 
 # dense bf16 peak FLOP/s by GPU name fragment (vendor data sheets, without sparsity)
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
-SIZES = {
+
+
+class LlamaSize(TypedDict):
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+
+
+SIZES: dict[str, LlamaSize] = {
     "0.5b": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                  num_key_value_heads=16, vocab_size=32000),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -49,9 +62,11 @@ def build(kind: str, size: str, zero: int, precision: str, lr: float = 1e-5):
     from stages.common import checkpoint, deepspeed_engine
 
     torch.manual_seed(0)
-    config = LlamaConfig(**SIZES[size], num_labels=1, pad_token_id=0)
+    # PreTrainedConfig takes extra kwargs (num_labels) that its dataclass_transform signature leaves out
+    config = LlamaConfig(**SIZES[size], num_labels=1, pad_token_id=0)  # type: ignore[call-arg]
     cls = LlamaForSequenceClassification if kind == "rm" else LlamaForCausalLM
-    model = cls(config).to(checkpoint.DTYPES[precision])
+    # transformers types PreTrainedModel.to as @wraps(Module.to), an unbound method that wants the model twice
+    model = cls(config).to(checkpoint.DTYPES[precision])  # type: ignore[arg-type]
     model.gradient_checkpointing_enable()
     model.config.use_cache = False
     infra = InfraConfig(zero_stage=zero, precision=precision)
@@ -147,7 +162,8 @@ def measure(stage: str, zero: int, args) -> dict:
            # the RL step's generation makes no training FLOPs worth counting: MFU over its whole time
            "mfu": round(6 * n_params * rate / peak, 3) if peak else None}
     if args.profile:
-        row["profile"] = profile_step(lambda: step(engine, args.batch, args.seq_len, vocab), cuda)
+        # bound now: `engine` is deleted below, so a closure over it reads as undefined
+        row["profile"] = profile_step(functools.partial(step, engine, args.batch, args.seq_len, vocab), cuda)
     del engine
     from stages.common.deepspeed_engine import release_engines
 

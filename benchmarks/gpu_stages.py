@@ -106,7 +106,8 @@ def reload_check(name: str, path: Path, device: str) -> str:
                                                                    ["apple fig pear"], [None]).rewards
             return "ok" if torch.isfinite(score).all() else f"score {score.tolist()}"
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
-        out = model.to(device).generate(**enc, max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id)
+        # transformers types PreTrainedModel.to as @wraps(Module.to), an unbound method that wants the model twice
+        out = model.to(device).generate(**enc, max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id)  # type: ignore[arg-type]
         return "ok" if out.shape[1] > enc["input_ids"].shape[1] else "generated nothing"
     except Exception as exc:  # reported in the table: the point of the check
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -151,9 +152,12 @@ def run_chain(args, zero: int, config: Path, prepared: dict[str, Path], n_params
             continue
         inputs = {name: available[name] for name in (*wanted, *spec.optional_inputs) if name in available}
         logged: list[tuple[dict, int]] = []
+
+        def log_metrics(metrics: dict[str, float], step: int, logged: list[tuple[dict, int]] = logged) -> None:
+            logged.append((dict(metrics), step))
+
         ctx = StageContext(stage=spec.name, config=cfg, output_dir=root / f"z{zero}" / spec.name / "output",
-                           work_dir=root / f"z{zero}" / spec.name / "work",
-                           log_metrics=lambda metrics, step, logged=logged: logged.append((dict(metrics), step)))
+                           work_dir=root / f"z{zero}" / spec.name / "work", log_metrics=log_metrics)
         ctx.output_dir.mkdir(parents=True)
         fn = run_in_process if spec.name == "rl" else spec.load()
         print(f"== {spec.name} (ZeRO-{zero})", flush=True)

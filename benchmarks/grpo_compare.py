@@ -70,9 +70,9 @@ EVAL_SAMPLES = 16  # our stage's held-out evals (outside the timed loop) on few 
 # score 0, the same work for both systems) on prompts of 18-26 numbers (about 60-90 tokens), 4 prompts
 # x 4 samples of 64 tokens per rollout step, one optimizer step of 16 samples in micro-batches of 4.
 SIZE_ROLLOUT = {"tiny": [], "50m": ["rl.rollout.batch_size=4", "rl.rollout.n_samples_per_prompt=4",
-                                   "rl.rollout.generate_max_len=64", "rl.rollout.prompt_max_len=256", "rl.rollout.micro_batch_size=4", "rl.train_batch_size=16",
-                                   "rl.micro_train_batch_size=4", "eval.max_samples=2", "eval.samples_per_prompt=0",
-                                   "eval.max_new_tokens=8"]}
+                                   "rl.rollout.generate_max_len=64", "rl.rollout.prompt_max_len=256", "rl.rollout.micro_batch_size=4",
+                                   "rl.train_batch_size=16", "rl.micro_train_batch_size=4", "eval.max_samples=2",
+                                   "eval.samples_per_prompt=0", "eval.max_new_tokens=8"]}
 SIZE_STEPS = {"tiny": DEFAULT_STEPS, "50m": 3}
 
 

@@ -100,12 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     prompts = read_split(artifacts["eval_data"], "eval")[: cfg.eval.max_samples]
     sft_eval = read_split(artifacts["sft_data"], "eval")
     scorer = build_scorer(cfg.reward, {})
+    models: dict[str, dict[str, float]] = {}
     result = {"benchmark": "methods", "date": time.strftime("%Y-%m-%d"), "machine": machine(), "overrides": overrides,
-              "models": {}}
+              "models": models}
 
     def score(name: str, path: Path) -> None:
-        result["models"][name], _ = evaluate.evaluate_model(path, cfg, prompts, sft_eval, scorer)
-        print(f"[methods] eval {name}: {result['models'][name]}", flush=True)
+        models[name], _ = evaluate.evaluate_model(path, cfg, prompts, sft_eval, scorer)
+        print(f"[methods] eval {name}: {models[name]}", flush=True)
         out_file.parent.mkdir(parents=True, exist_ok=True)
         out_file.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -19,6 +19,7 @@ import argparse
 import random
 import statistics
 import time
+from typing import TypedDict
 
 from benchmarks.report import add_result_args, print_saved, save, with_note
 
@@ -26,7 +27,18 @@ PROFILES = {"narrow": (48, 64), "spread": (8, 120), "long": (64, 1024)}  # (shor
 STAGES = ("rm", "prm", "dpo", "kto", "rl_policy", "rl_critic")
 BATCH = 16  # sequences (pairs for rm and dpo) per micro-batch
 # Llama-style shapes: the tiny preset's (vocab of the word-level task), and one where compute dominates on a GPU
-SHAPES = {"tiny": {"vocab_size": 96},
+
+
+class LlamaShape(TypedDict, total=False):
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+
+
+SHAPES: dict[str, LlamaShape] = {"tiny": {"vocab_size": 96},
           "100m": {"vocab_size": 32000, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12,
                    "num_attention_heads": 12, "num_key_value_heads": 4}}
 DTYPES = ("fp32", "bf16")
@@ -102,14 +114,17 @@ def model_for(stage: str, shape: str = "tiny", attn: str = "sdpa", device: str =
     from configs.schema import TinyModelConfig
 
     tiny = TinyModelConfig()
-    sizes = {"hidden_size": tiny.hidden_size, "intermediate_size": tiny.intermediate_size,
+    sizes: LlamaShape = {"hidden_size": tiny.hidden_size, "intermediate_size": tiny.intermediate_size,
              "num_hidden_layers": tiny.num_hidden_layers, "num_attention_heads": tiny.num_attention_heads,
              "num_key_value_heads": tiny.num_key_value_heads} | SHAPES[shape]
-    config = LlamaConfig(**sizes, max_position_embeddings=2048, pad_token_id=0, num_labels=1, classifier_dropout=0.0)
+    # PreTrainedConfig takes extra kwargs (num_labels, classifier_dropout) that its dataclass_transform signature leaves out
+    config = LlamaConfig(**sizes, max_position_embeddings=2048, pad_token_id=0, num_labels=1,  # type: ignore[call-arg]
+                         classifier_dropout=0.0)
     config._attn_implementation = attn
     cls = {"rm": LlamaForSequenceClassification, "rl_critic": LlamaForTokenClassification}.get(stage, LlamaForCausalLM)
     torch.manual_seed(0)
-    return cls(config).to(device=device, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
+    # transformers types PreTrainedModel.to as @wraps(Module.to), an unbound method that wants the model twice
+    return cls(config).to(device=device, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])  # type: ignore[call-arg]
 
 
 def gaps(first: dict) -> dict:

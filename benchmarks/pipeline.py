@@ -132,9 +132,11 @@ def stage_runs(folder: Path, statuses: tuple[str, ...] = ("ran",)) -> dict:
 
     client = MlflowClient(f"sqlite:///{folder / '.rlhf' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rlhf-pipeline")
+    if exp is None:
+        raise LookupError(f"{folder}: no pipeline run in its MLflow store")
     (parent,) = pipeline_runs(client, exp.experiment_id, 1)
     return {stage: client.get_run(run_id) for stage, (status, run_id) in stage_outcomes(parent).items()
-            if status in statuses}
+            if status in statuses and run_id is not None}
 
 
 def stage_spans(folder: Path) -> list[StageSpan]:
@@ -160,7 +162,8 @@ def covered(spans: list[tuple[float, float]]) -> float:
 
 def report(runs: list[PipelineRun], repeats: int) -> Report:
     columns = ["run / stage", "wall s", "stage compute s", "orchestration s", "orchestration share", "peak PSS MiB"]
-    rows, data = [], {"runs": []}
+    rows: list[list[str]] = []
+    data: dict[str, list[dict]] = {"runs": []}
     for mode, label in (("cold", "cold: empty store, every stage runs"), ("warm", "warm: identical re-run, all cached")):
         of_mode = [r for r in runs if r.mode == mode]
         wall = statistics.median(r.wall_s for r in of_mode)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks import grpo_compare
@@ -16,7 +17,7 @@ from benchmarks.report import folder_for
 EVAL_SAMPLES = 100
 
 
-def preset_policy(workdir: Path, data: dict[str, Path], overrides: list[str] = ()) -> Path:
+def preset_policy(workdir: Path, data: dict[str, Path], overrides: Sequence[str] = ()) -> Path:
     """The tiny preset's SFT stage on its base model (as `rlhf run` trains it, with `overrides`), once per
     benchmark run and overrides."""
     from benchmarks import trl_compare

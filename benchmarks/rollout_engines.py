@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import cast
 
 from benchmarks import grpo_compare, trl_compare
 from benchmarks.report import Report, RunOptions
@@ -27,6 +28,7 @@ ENGINES = ("hf", "vllm")
 
 def rollout(options: RunOptions) -> Report:
     import ray
+    from ray.actor import ActorClass
 
     from configs import load_config
     from flows import vllm_env
@@ -45,17 +47,21 @@ def rollout(options: RunOptions) -> Report:
     biggest = max(BATCH_SIZES)
     cfg = load_config(None, [f"rl.rollout.micro_batch_size={biggest}", "rl.rollout.engine=vllm", f"rl.rollout.vllm_python={vllm_python}"])
     threads = cfg.infra.num_cpus
+    if threads is None:  # the tiny preset sets it: each engine's cores
+        raise ValueError("rollout: the config sets no infra.num_cpus to give the engines")
     tokenizer = checkpoint.load_tokenizer(policy)
     prompts = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
                for r in read_split(data["prompts"], "train")[:biggest]]
 
     given = NodeInputs({"sft_model": str(policy)})
+    # @ray.remote made it an actor class; mypy keeps a decorated class's own type
+    vllm_engine = cast("ActorClass[VLLMRolloutEngine]", VLLMRolloutEngine)
     with local_cluster(threads, log_to_driver=False):
         rollout_engines.check(cfg, cluster_gpus=0)
         print("[rollout] starting the engines ...", flush=True)
         engines = {
             "hf": actor_class(HFRolloutEngine).options(num_cpus=0, **thread_env(threads)).remote(cfg, given, threads),
-            "vllm": VLLMRolloutEngine.options(num_cpus=0, runtime_env=runtime_env(rollout_engines.vllm_python(cfg), threads))
+            "vllm": vllm_engine.options(num_cpus=0, runtime_env=runtime_env(rollout_engines.vllm_python(cfg), threads))
             .remote(given, rollout_engines.vllm_options(cfg, 0), threads),
         }
         ray.get([e.ready.remote() for e in engines.values()])

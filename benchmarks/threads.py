@@ -39,6 +39,8 @@ def threads(options: RunOptions) -> Report:
 
     cfg = load_config(None, [])
     steps, repeats, cores = options.steps or DEFAULT_STEPS, options.repeats_or(3), cfg.infra.num_cpus
+    if cores is None:  # the tiny preset sets it: the trials' thread count
+        raise ValueError("threads: the config sets no infra.num_cpus to give the trials' threads")
     model = trl_compare.tiny_data(options.workdir)["base_model"]
     trials: dict[str, list[dict]] = {setting: [] for setting in SETTINGS}
     for repeat in range(repeats):
@@ -104,8 +106,10 @@ def trial(spec: dict) -> dict:
     with torch.no_grad():
         for _ in range(2):
             start = time.perf_counter()
-            model.generate(prompts, max_new_tokens=rl.rollout.generate_max_len, min_new_tokens=rl.rollout.generate_max_len,
-                           do_sample=True, temperature=1.0, pad_token_id=tokenizer.pad_token_id)
+            # transformers' GenerativePreTrainedModel protocol asks for attributes its own models do not declare
+            model.generate(prompts, max_new_tokens=rl.rollout.generate_max_len,  # type: ignore[misc]
+                           min_new_tokens=rl.rollout.generate_max_len, do_sample=True, temperature=1.0,
+                           pad_token_id=tokenizer.pad_token_id)
             generate_s.append(time.perf_counter() - start)
     return {"train_ms": statistics.median(step_ms), "generate_s": min(generate_s), "torch_threads": torch.get_num_threads(),
             "batch": batch.shape[0], "width": batch.shape[1], "rollout": prompts.shape[0], "new_tokens": rl.rollout.generate_max_len}

@@ -3,17 +3,17 @@ TARGET_GAIN over the start policy's, our RL stage against TRL's GRPOTrainer.
 
     python -m benchmarks run grpo-ttq [--steps N] [--repeats N]
 
-Both systems run as in the `grpo` benchmark (benchmarks/grpo_compare.py: the same prompts,
-rule reward, rollout shape, optimizer steps, learning rate, clip range and KL loss; ours as the tiny
-preset runs), from the policy of the preset's SFT steps (START_SFT_STEPS). Every EVAL_EVERY rollout steps the policy is scored on the same EVAL_PROMPTS held-out
-prompts, `eval.samples_per_prompt` responses each at `eval.sample_temperature`, with the same sampling
-code (`stages.rl.workers.sample`), seeds and answer check: the RL stage's own periodic eval, and for TRL
-a callback calling the same code on its model. The clock counts the rollout loop only (for ours its
-per-step timers, for TRL the loop less the callback's evals), so the evals cost neither system time.
-A trial's time to quality is its clock at its first eval at or above its step-0 eval plus TARGET_GAIN
-(the same start for both systems at a seed); repeat r runs both
-systems at seed 42 + r (prompt order, sampling, TRL's shuffling). Each trial is a fresh process; the
-systems alternate; the table gives medians over the seeds and every trial's accuracy curve goes in the JSON.
+Both systems run as in the `grpo` benchmark (benchmarks/grpo_compare.py: the same prompts, rule reward,
+rollout shape, optimizer steps, learning rate, clip range and KL loss; ours as the tiny preset runs), from
+the policy of the preset's SFT steps (START_SFT_STEPS). Every EVAL_EVERY rollout steps the policy is scored
+on the same EVAL_PROMPTS held-out prompts, `eval.samples_per_prompt` responses each at
+`eval.sample_temperature`, with the same sampling code (`stages.rl.workers.sample`), seeds and answer check:
+the RL stage's own periodic eval, and for TRL a callback calling the same code on its model. The clock
+counts the rollout loop only (for ours its per-step timers, for TRL the loop less the callback's evals), so
+the evals cost neither system time. A trial's time to quality is its clock at its first eval at or above its
+step-0 eval plus TARGET_GAIN (the same start for both systems at a seed); repeat r runs both systems at seed
+42 + r (prompt order, sampling, TRL's shuffling). Each trial is a fresh process; the systems alternate; the
+table gives medians over the seeds and every trial's accuracy curve goes in the JSON.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 from benchmarks import grpo_compare, trl_compare
 from benchmarks.report import Report, RunOptions
@@ -70,7 +71,8 @@ def first_at_target(curve: list[tuple[int, float, float]]) -> tuple[int | None, 
 
 def median_or_none(values: list[float | None]) -> float | None:
     """The median, or None when a trial never reached the target (its time is unknown, only > budget)."""
-    return None if any(v is None for v in values) else statistics.median(values)
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if len(known) == len(values) else None
 
 
 def report(steps: int, repeats: int, trials: dict[str, list[dict]]) -> Report:
@@ -155,7 +157,8 @@ def trl(cfg, data: dict[str, Path], work: Path) -> list[tuple[int, float, float]
         samples = [s for batch, seed in eval_batches(asked, e.batch_size, cfg.seed)
                    for s in sample(model, tokenizer, rl, [p.ids for p in batch], seed, e.sample_temperature, e.max_new_tokens)]
         model.train()
-        answers = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+        # one sequence of ids decodes to one string (transformers types decode for batches too)
+        answers = [cast(str, tokenizer.decode(s.response_ids, skip_special_tokens=True)) for s in samples]
         return sum(is_correct(a, p.label, e.answer_pattern) for a, p in zip(answers, asked)) / len(asked)
 
     class Evals(TrainerCallback):

@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks import mfu
@@ -134,7 +135,7 @@ def trial_env(**extra: str) -> dict[str, str]:
 
 
 def run_trial(task: str, system: str, steps: int, data: dict[str, Path], work: Path,
-              module: str = "benchmarks.trl_compare", overrides: list[str] = ()) -> dict:
+              module: str = "benchmarks.trl_compare", overrides: Sequence[str] = ()) -> dict:
     """One training run of `system` in a fresh process (`python -m module SPEC`); its measurements.
     `overrides`: KEY=VALUE settings on top of the trial's own (where the module reads them)."""
     work.mkdir(parents=True)
@@ -195,7 +196,7 @@ def summarize(results: list[dict], peak: float | None = None) -> dict:
 # --- one trial, in its own process ---------------------------------------------------------------
 
 
-def bench_config(task: str, steps: int, extra: list[str] = ()):
+def bench_config(task: str, steps: int, extra: Sequence[str] = ()):
     """The tiny preset with a constant learning rate and nothing but training inside the loop; both
     systems read their settings from it. DPO: the plain sigmoid loss (no chosen-NLL term). `extra`:
     overrides on top."""
@@ -327,7 +328,8 @@ def load_model(cfg, data: dict[str, Path]):
 
     model = checkpoint.load_causal_lm(data["base_model"], cfg.model)
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.infra.precision)
-    return model.to(half) if half is not None and torch.cuda.is_available() else model
+    # transformers types PreTrainedModel.to as @wraps(Module.to), an unbound method that wants the model twice
+    return model.to(half) if half is not None and torch.cuda.is_available() else model  # type: ignore[arg-type]
 
 
 def load_tokenizer(data: dict[str, Path]):

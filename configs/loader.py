@@ -33,7 +33,8 @@ def preset_path(name_or_path: str | None) -> Path:
 def _set_dotted(tree: dict, dotted: str, value: Any, model: type[BaseModel], origin: str) -> None:
     """Set `a.b.c=value` in a nested dict, refusing keys the schema does not have."""
     keys = dotted.split(".")
-    node, schema = tree, model
+    node = tree
+    schema: type[BaseModel] | None = model  # None below a field that is not a section: keys unchecked there
     for i, key in enumerate(keys):
         fields = schema.model_fields if schema is not None else {}
         if schema is not None and key not in fields:

@@ -88,7 +88,8 @@ class DatasetConfig(Section):
     rejected_key: str = Field("rejected", description="preference: the other response's column")
     margin_key: str | None = Field(None, description="preference: a column of margins the RM loss subtracts; empty: 0")
     label_key: str = Field("label", description="prompts: the column passed to the reward as the label (e.g. the answer)")
-    label_pattern: str | None = Field(None, description=r"regex whose first group, last match, is the reference answer in the label column, e.g. '####\s*(-?[\d,.]+)' for GSM8K")
+    label_pattern: str | None = Field(None, description=r"regex whose first group, last match, is the reference answer in the label "
+                                                        r"column, e.g. '####\s*(-?[\d,.]+)' for GSM8K")
     apply_chat_template: bool = Field(True, description="render prompts with the tokenizer's chat template")
     input_template: str | None = Field(None, description='e.g. "User: {}\\nAssistant: " when not using the chat template')
     multiturn: bool = Field(False, description="input_key holds a whole conversation; every assistant turn is trained")
@@ -389,7 +390,8 @@ class RewardConfig(Section):
     rm_paths: list[str] = Field(default_factory=list, description="RM checkpoints, combined by mean; empty: the pipeline's own")
     prm_path: str | None = Field(None, description="PRM checkpoint; empty: the pipeline's own")
     prm_aggregate: Literal["min", "mean", "last"] = Field("min", description="how a PRM's step scores make a response's reward")
-    func_path: str = Field("rewards/arithmetic.py", description="a file defining reward_func(queries, prompts, labels); relative paths are tried from the working directory, then from configs/")
+    func_path: str = Field("rewards/arithmetic.py", description="a file defining reward_func(queries, prompts, labels); relative paths "
+                                                               "are tried from the working directory, then from configs/")
     url: str | None = Field(None, description="remote reward server, e.g. http://127.0.0.1:5001/get_reward")
     timeout_s: float = Field(10.0, gt=0, description="func: longest an RL reward worker's reward_func call may take (one "
                                                      "batch); remote: longest each request may take")
@@ -437,13 +439,15 @@ class RolloutConfig(Section):
     num_engines: int = Field(1, gt=0, description="rollout engine actors (engine hf or vllm); each samples an equal share")
     vllm_python: str | None = Field(None, description="Python of the env holding vLLM (`rlhf vllm-env`); empty: the pipeline's own")
     vllm_gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory a vLLM engine may take")
-    vllm_kv_cache_mib: int | None = Field(None, gt=0, description=f"vLLM KV cache size; empty: set by vllm_gpu_memory_utilization on a GPU, {CPU_KV_CACHE_MIB} MiB on CPU")
+    vllm_kv_cache_mib: int | None = Field(None, gt=0, description="vLLM KV cache size; empty: set by vllm_gpu_memory_utilization on a GPU, "
+                                                                  f"{CPU_KV_CACHE_MIB} MiB on CPU")
     enable_prefix_caching: bool = Field(False, description="vLLM reuses the KV cache of shared prompt prefixes")
     batch_size: int = Field(32, gt=0, description="prompts per rollout step (OpenRLHF's rollout_batch_size)")
     n_samples_per_prompt: int = Field(4, gt=0, description="responses sampled per prompt (a group)")
     micro_batch_size: int = Field(32, gt=0, description="sequences per forward pass while making experience "
                                                         "(OpenRLHF's micro_rollout_batch_size)")
-    generate_batch_size: int | None = Field(None, gt=0, description="HF engine: prompts per generate call; empty: an engine's whole share in one call")
+    generate_batch_size: int | None = Field(None, gt=0, description="HF engine: prompts per generate call; empty: an engine's whole "
+                                                                    "share in one call")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (the log-probs trained on are at it too)")
     top_p: float = Field(1.0, gt=0, le=1.0, description="nucleus sampling: the smallest set of tokens holding this much probability")
     prompt_max_len: int = Field(64, gt=0, description="longest prompt in tokens; a longer one is an error")
@@ -548,7 +552,8 @@ class AgentConfig(Section):
 
 
 # the RL keys of the flat layout before the sections, and where each went: an old key is refused by name
-RL_SECTIONS = {"rollout": RolloutConfig, "algorithm": AlgorithmConfig, "placement": PlacementConfig, "agent": AgentConfig}
+RL_SECTIONS: dict[str, type[Section]] = {"rollout": RolloutConfig, "algorithm": AlgorithmConfig, "placement": PlacementConfig,
+                                          "agent": AgentConfig}
 RL_RENAMED = {"rollout_batch_size": "rollout.batch_size", "micro_rollout_batch_size": "rollout.micro_batch_size",
               "agent_path": "agent.path", "agent_max_turns": "agent.max_turns", "agent_timeout_s": "agent.timeout_s"}
 RL_MOVED = {name: f"{section}.{name}" for section, model in RL_SECTIONS.items() for name in model.model_fields

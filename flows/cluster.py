@@ -19,6 +19,7 @@ import glob
 import hashlib
 import importlib
 import json
+import logging
 import os
 import pwd
 import shutil
@@ -313,7 +314,7 @@ def ray_nodes_up(ports: dict[str, int], want: int) -> bool:
     import ray
 
     try:
-        ray.init(address=urls(ports)["ray"], log_to_driver=False, logging_level="ERROR")
+        ray.init(address=urls(ports)["ray"], log_to_driver=False, logging_level=logging.ERROR)
         try:
             return sum(n["Alive"] for n in ray.nodes()) >= want
         finally:

@@ -15,6 +15,7 @@ import pwd
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 POLL_S = 0.2
@@ -89,7 +90,7 @@ def proc_of(popen: subprocess.Popen) -> Proc:
     return Proc(popen.pid, table()[popen.pid].started)
 
 
-def stop(leaders: list[tuple[Proc, int, bool]], grace_s: float, kill_wait_s: float = 10.0) -> set[int]:
+def stop(leaders: Sequence[tuple[Proc, int, bool]], grace_s: float, kill_wait_s: float = 10.0) -> set[int]:
     """For each (leader, signal, to_all): send the signal to the leader, which stops what it started (or,
     `to_all`, to every process it started), wait up to `grace_s` for all of those to end, then SIGKILL
     what is left. Returns the pids still alive after that (none, normally)."""

@@ -25,7 +25,7 @@ from stages.contract import StageContext, StageResult, run_timed
 from stages.dag import StageSpec
 
 if TYPE_CHECKING:
-    from stages.common.ray_workers import Shape
+    from stages.common.ray_workers import Shape, WorkerPool
 
 LOG_FLUSH_S = 1.0  # how long after a stage's Ray work ends its last worker lines may still be on their way
 
@@ -115,7 +115,7 @@ class RaySession:
         self.where: str | None = None
         self._lock = threading.Lock()
         self._owned = False
-        self.pool = None  # stages.common.ray_workers.WorkerPool on a local cluster of its own
+        self.pool: WorkerPool | None = None  # on a local cluster of its own
         self.stopping = threading.Event()  # set by `stop` (Ctrl-C): no stage starts or goes on with work here
         self.preload: dict[str, set[str]] = {}  # stage -> modules of the driver stages after it (`preload_drivers`)
         self._preload_lock = threading.Lock()  # stages start from several task threads at once

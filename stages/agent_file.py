@@ -11,6 +11,7 @@ from configs.errors import RewardError
 from stages.reward_file import parse, resolve_func_path
 
 CLASS = "Environment"
+EXECUTOR = "AgentExecutor"  # OpenRLHF's agent file: a MultiTurnAgentExecutor over its AgentInstanceBase class
 
 
 def resolve(agent_path: str) -> Path:
@@ -27,6 +28,8 @@ def check(path: Path) -> None:
     where = f"rl.agent.path={path}"
     tree = parse(path, where)
     found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == CLASS]
+    if not found and any(isinstance(n, ast.ClassDef) and n.name == EXECUTOR for n in tree.body):
+        return  # OpenRLHF's form: its instance class and methods are checked when the file loads
     if not found:
         raise RewardError(f"{where}: defines no class {CLASS}; define one with reset(prompt, label) and "
                           "step(observation, action)")

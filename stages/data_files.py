@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
 import io
 import json
 import math
@@ -361,14 +362,14 @@ def load_mixed(cfg: DatasetConfig, section: str, columns: dict[str, str], seed: 
             raise DataError(f"{path}: dataset is empty (split {cfg.split!r}); add rows or remove it from {paths_key}")
         if cfg.max_samples is not None:
             ds = ds.select(range(min(cfg.max_samples, len(ds))))
-        check_values(ds, section, cfg, fields, lambda i, path=path: where(path, cfg.split, cfg.subset, i))
+        check_values(ds, section, cfg, fields, functools.partial(where, path, cfg.split, cfg.subset))
         ds = with_origin(ds, index)
         if cfg.eval_split is not None:
             ev = load_source(path, cfg.eval_split, cfg.subset, paths_key)
             require_columns(ev, f"{path} (split {cfg.eval_split!r})", needed)
             ev_fields = {f: c for f, c in fields.items() if c in ev.column_names}
             ev = ev.select_columns(list(dict.fromkeys(ev_fields.values())))
-            check_values(ev, section, cfg, ev_fields, lambda i, path=path: where(path, cfg.eval_split, cfg.subset, i))
+            check_values(ev, section, cfg, ev_fields, functools.partial(where, path, cfg.eval_split, cfg.subset))
             ev = with_origin(ev, len(cfg.paths) + index)
         elif held_out := held_out_rows(len(ds), cfg.eval_ratio, math.ceil(cfg.eval_min_rows / len(cfg.paths))):
             parts = ds.train_test_split(test_size=held_out, seed=seed)

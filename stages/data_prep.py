@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from transformers import PreTrainedTokenizerBase, set_seed
 
@@ -24,6 +25,9 @@ from stages.common import checkpoint, checkpoint_paths
 from stages.common.answers import extract_answer
 from stages.common.tokenization import encode_segments
 from stages.contract import StageContext, StageResult
+
+if TYPE_CHECKING:
+    import torch
 
 DATASET_OUTPUTS = ("sft_data", "pref_data", "prm_data", "prompts", "eval_data")
 
@@ -36,7 +40,8 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict], 
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     use_template = cfg is None or cfg.apply_chat_template
     if use_template and tokenizer.chat_template:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # with tokenize=False the template renders text (transformers types every return form at once)
+        return cast(str, tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
     text = "\n".join(m["content"] for m in messages)
     return cfg.input_template.format(text) if cfg is not None and cfg.input_template else text
 
@@ -50,12 +55,15 @@ def conversation_segments(tokenizer: PreTrainedTokenizerBase, messages: list[dic
     is both what the model is prompted with and what it is trained on) is a DataError naming
     `data.<section>`'s way out.
     """
-    texts, train, done = [], [], ""
+    texts: list[str] = []
+    train: list[bool] = []
+    done = ""
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        prefix = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
-        full = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        # with tokenize=False the template renders text (transformers types every return form at once)
+        prefix = cast(str, tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True))
+        full = cast(str, tokenizer.apply_chat_template(messages[: i + 1], tokenize=False))
         if not prefix.startswith(done) or not full.startswith(prefix):
             raise DataError(f"the chat template of {tokenizer.name_or_path} renders the prompt differently with and "
                             "without the response (the prompt with add_generation_prompt is not the start of the "
@@ -98,7 +106,8 @@ def resize_base_model(cfg: PipelineConfig, tokenizer, base_dir: Path) -> None:
     """The base model with embeddings for every token of `tokenizer`, saved in full to `base_dir`
     (replacing a pointer to the original checkpoint)."""
     model = checkpoint.load_causal_lm(cfg.model.name_or_path or base_dir, cfg.model)
-    if len(tokenizer) > model.get_input_embeddings().num_embeddings:  # a padded vocabulary (Qwen2) may hold it already
+    embeddings = cast("torch.nn.Embedding", model.get_input_embeddings())  # transformers types it as any nn.Module
+    if len(tokenizer) > embeddings.num_embeddings:  # a padded vocabulary (Qwen2) may hold it already
         model.resize_token_embeddings(len(tokenizer))
     (base_dir / checkpoint_paths.POINTER_FILE).unlink(missing_ok=True)
     checkpoint.save(model, tokenizer, base_dir)

@@ -33,10 +33,10 @@ def held_out_metrics(rewards: Sequence[float] | torch.Tensor, sampled: Sequence[
     if drawn is not None and (drawn.dim() != 2 or drawn.shape[0] != n):
         raise ValueError(f"sampled rewards of shape {tuple(drawn.shape)}, expected [{n}, k]")
     k = 0 if drawn is None else drawn.shape[1]
-    if k:
+    if drawn is not None and k:
         metrics["sampled_reward"] = float(drawn.mean())
-        if bool(((drawn == 0) | (drawn == 1)).all()):
-            metrics["pass_at_k"] = float((drawn == 1).any(dim=1).double().mean())
+        if bool((drawn.eq(0) | drawn.eq(1)).all()):
+            metrics["pass_at_k"] = float(drawn.eq(1).any(dim=1).double().mean())
     if correct is not None:
         metrics["accuracy"] = float(torch.as_tensor(correct, dtype=torch.float64).mean())
         if k and sampled_correct is not None:

@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import cast
 
 import torch
-from transformers import set_seed
+from transformers import PreTrainedTokenizerBase, set_seed
 
 from configs.errors import ConfigError
 from stages.common import checkpoint, conditioning
@@ -47,6 +48,11 @@ def perplexity(model, rows: list[tuple[list[int], list[int]]], batch_size: int, 
     return math.exp(total_loss / max(total_tokens, 1))
 
 
+def decoded(tokenizer: PreTrainedTokenizerBase, sequences: list[list[int]]) -> list[str]:
+    """Each sequence's text (`decode` of one sequence is a str; transformers types it with the batched form's list)."""
+    return [cast(str, tokenizer.decode(ids, skip_special_tokens=True)) for ids in sequences]
+
+
 def evaluate_model(model_dir: Path, cfg, prompts: list[dict], sft_eval: list[dict],
                    scorer: RewardSource) -> tuple[dict[str, float], list[dict]]:
     e, k = cfg.eval, cfg.eval.samples_per_prompt
@@ -57,14 +63,14 @@ def evaluate_model(model_dir: Path, cfg, prompts: list[dict], sft_eval: list[dic
     # a conditional-SFT policy is prompted with its target reward; the scorer sees the plain prompts
     conditioned = conditioning.prompts_for(model_dir, texts)
     generated = generate(model, tokenizer, conditioned, batch_size=e.batch_size, max_new_tokens=e.max_new_tokens)
-    responses = [tokenizer.decode(ids, skip_special_tokens=True) for ids in generated]
+    responses = decoded(tokenizer, generated)
     rewards = scorer.score(texts, responses, labels).rewards.tolist()
-    drawn, sampled = [[] for _ in prompts], [[] for _ in prompts]  # [n][k] responses and their rewards
+    drawn: list[list[str]] = [[] for _ in prompts]  # [n][k] responses
+    sampled: list[list[float]] = [[] for _ in prompts]  # and their rewards
     if k:
         asked, asked_labels = [t for t in texts for _ in range(k)], [label for label in labels for _ in range(k)]
-        flat = [tokenizer.decode(ids, skip_special_tokens=True) for ids in
-                generate(model, tokenizer, [t for t in conditioned for _ in range(k)], batch_size=e.batch_size,
-                         max_new_tokens=e.max_new_tokens, do_sample=True, temperature=e.sample_temperature)]
+        flat = decoded(tokenizer, generate(model, tokenizer, [t for t in conditioned for _ in range(k)], batch_size=e.batch_size,
+                                           max_new_tokens=e.max_new_tokens, do_sample=True, temperature=e.sample_temperature))
         scores = scorer.score(asked, flat, asked_labels).rewards.tolist()
         drawn, sampled = by_prompt(flat, len(prompts)), by_prompt(scores, len(prompts))
     samples = [{"prompt": t, "response": r, "reward": v, "label": label}
@@ -131,7 +137,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         with open(out / f"samples_{name}.jsonl", "w") as f:
             f.writelines(json.dumps(s) + "\n" for s in samples)
         ctx.log_metrics({f"{name}/{k}": v for k, v in metrics.items()}, 0)
-        progress.update(i + 1, **{f"{name}_{cfg.eval.metric}": ranking_metric(cfg, metrics)})
+        progress.show(i + 1, {f"{name}_{cfg.eval.metric}": ranking_metric(cfg, metrics)})
     (out / "results.json").write_text(json.dumps(results, indent=2))
     table = markdown_table(results, cfg.eval.metric)
     (out / "results.md").write_text(table)

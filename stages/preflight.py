@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from functools import reduce
+from operator import attrgetter
 from pathlib import Path
 
 from configs.errors import CheckpointError, ConfigError, PipelineError
@@ -22,11 +22,8 @@ AUX_LOSS_SECTIONS = ("sft", "rm", "prm", "dpo", "rl.actor")  # config sections w
 
 
 def check(cfg: PipelineConfig) -> None:
-    check_inputs(cfg)
-    check_reward(cfg)
-    check_distillation(cfg)
-    check_conditional_sft(cfg)
-    check_local_resources(cfg)
+    for check_one in CHECKS:
+        check_one(cfg)
 
 
 def local_cluster(cfg: PipelineConfig) -> tuple[int, int] | None:
@@ -87,13 +84,16 @@ def check_distillation(cfg: PipelineConfig) -> None:
     kd = cfg.kd
     if not kd.enabled or kd.teacher != "path" or pinned_away(BY_NAME["kd"], cfg):
         return
-    checkpoint_paths.validate(kd.teacher_path, "kd.teacher_path")
+    teacher_path = kd.teacher_path
+    if teacher_path is None:  # the config's validation pairs it with teacher: path
+        raise ConfigError("kd.teacher: path needs kd.teacher_path, the teacher's checkpoint")
+    checkpoint_paths.validate(teacher_path, "kd.teacher_path")
     student = cfg.model.name_or_path
-    teacher_tokens = vocabulary.file_vocabulary(kd.teacher_path)
+    teacher_tokens = vocabulary.file_vocabulary(teacher_path)
     student_tokens = vocabulary.file_vocabulary(student) if student else None
-    if teacher_tokens is None or student_tokens is None:
+    if not student or teacher_tokens is None or student_tokens is None:
         return
-    widths = (vocabulary.logit_width(kd.teacher_path), vocabulary.logit_width(student) if kd.student == "sft" else None)
+    widths = (vocabulary.logit_width(teacher_path), vocabulary.logit_width(student) if kd.student == "sft" else None)
     placeholder = cfg.prm.placeholder_token
     if cfg.data.source == "synthetic" and placeholder not in student_tokens:
         # data prep may add it to the student's tokenizer and grow its embeddings: compare without it
@@ -119,12 +119,14 @@ def check_model_family(cfg: PipelineConfig) -> None:
     """Checked here on a local model's config.json (a hub model's when the stage loads it): a router
     loss (`<stage>.aux_loss_coef` > 0) needs an MoE model, and `<stage>.packing` a family whose forward
     takes position ids."""
+    if not cfg.model.name_or_path:
+        return
     config_file = Path(cfg.model.name_or_path).expanduser() / "config.json"
     if not config_file.is_file():
         return
     config = json.loads(config_file.read_text())
     for section in AUX_LOSS_SECTIONS:
-        moe.check(config, reduce(getattr, section.split("."), cfg).aux_loss_coef, f"{section}.aux_loss_coef")
+        moe.check(config, attrgetter(f"{section}.aux_loss_coef")(cfg), f"{section}.aux_loss_coef")
     for section in packing.PACKED_SECTIONS:
         if getattr(cfg, section).packing:
             packing.check(config, f"{section}.packing")
@@ -133,7 +135,8 @@ def check_model_family(cfg: PipelineConfig) -> None:
 def check_local_resources(cfg: PipelineConfig) -> None:
     """A local Ray cluster has `infra.num_cpus` CPUs (default: all): training stages must fit in it; and
     this machine's GPUs: options that need CUDA (flash attention, QLoRA) fail here when it has none."""
-    if os.environ.get("RAY_ADDRESS") or cfg.infra.ray_address:
+    size = local_cluster(cfg)
+    if size is None:
         return  # a remote cluster's size is checked when the stage asks for it
     if cfg.infra.worker_resources:
         pairs = ", ".join(f"{k}: {v:g}" for k, v in cfg.infra.worker_resources.items())
@@ -151,7 +154,7 @@ def check_local_resources(cfg: PipelineConfig) -> None:
             from stages.common import lora
 
             lora.require_qlora(f"{section}.lora")
-    have, gpus = local_cluster(cfg)
+    have, gpus = size
     need = cfg.infra.num_workers * cfg.infra.cpus_per_worker
     if need > have:
         raise PipelineError(
@@ -161,3 +164,7 @@ def check_local_resources(cfg: PipelineConfig) -> None:
     if not pinned_away(BY_NAME["rl"], cfg):
         check_fits(with_rl_layout(cfg), have, gpus, "the local Ray cluster (infra.num_cpus)")
         check_async(with_rl_layout(cfg))
+
+
+# in the order they run; each raises its one-line error (flows/pre_run.py makes them one by one)
+CHECKS = (check_inputs, check_reward, check_distillation, check_conditional_sft, check_local_resources)

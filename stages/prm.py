@@ -70,7 +70,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     if p.packing:
         packing.check_loaded(model, "prm.packing")
     placeholder_id = single_token_id(tokenizer, p.placeholder_token, "prm.placeholder_token")
-    reward_ids = tuple(single_token_id(tokenizer, t, "prm.reward_tokens") for t in p.reward_tokens)
+    good, bad = p.reward_tokens
+    reward_ids = (single_token_id(tokenizer, good, "prm.reward_tokens"), single_token_id(tokenizer, bad, "prm.reward_tokens"))
 
     def encode(split: str) -> list[tuple[list[int], list[int]]]:
         rows = read_split(inputs["prm_data"], split)

@@ -63,14 +63,16 @@ def sample_round(ctx: StageContext, r: int, policy: Path, tokenizer, prompt_rows
     del model
     texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in sampled]
     rewards = scorer.score(prompts, texts, [row.get("label") for row in rows for _ in range(k)]).rewards.float().view(len(rows), k)
-    kept = []
+    kept: list[Row] = []
     for i, (row, best) in enumerate(zip(rows, best_of_n(rewards, s.threshold))):
         if best is not None:
             kept.append(training_row(tokenizer(row["prompt"], add_special_tokens=False)["input_ids"], sampled[i * k + best]))
-    local = [kept, float(rewards.sum()), float(rewards.max(dim=1).values.sum()), float(rewards.max()), len(rows)]
+    # kept rows, reward sum, best-of-n sum, top reward, prompts
+    local: tuple[list[Row], float, float, float, int] = (
+        kept, float(rewards.sum()), float(rewards.max(dim=1).values.sum()), float(rewards.max()), len(rows))
     shares = [local]
     if ctx.world_size > 1:
-        shares = [None] * ctx.world_size
+        shares = [local] * ctx.world_size  # placeholders, each replaced by its rank's share
         dist.all_gather_object(shares, local)
     kept = [row for share in shares for row in share[0]]
     n_prompts = sum(share[4] for share in shares)
@@ -119,8 +121,11 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         model = checkpoint.load_causal_lm(policy, cfg.model)
         moe.check(model.config, s.aux_loss_coef, "rs.aux_loss_coef")
         start = offset  # each round's optimizer steps follow the last round's in the stage's metric series
-        round_ctx = dataclasses.replace(ctx, work_dir=round_dir,
-                                        log_metrics=lambda metrics, step, start=start: ctx.log_metrics(metrics, start + step))
+
+        def log_round(metrics: dict[str, float], step: int, start: int = start) -> None:
+            ctx.log_metrics(metrics, start + step)
+
+        round_ctx = dataclasses.replace(ctx, work_dir=round_dir, log_metrics=log_round)
         engine, outcome = fit_lm(round_ctx, model, s, kept, eval_rows, pad_id)
         state = deepspeed_engine.full_state_dict(engine)
         if ctx.is_main:

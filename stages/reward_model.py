@@ -10,11 +10,12 @@ training, the mean and std of rewards on the eval split are stored in the checkp
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from transformers import AutoModelForSequenceClassification, set_seed
+from transformers import AutoModelForSequenceClassification, PreTrainedModel, set_seed
 
 from configs.errors import CheckpointError
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe, packing
@@ -73,20 +74,22 @@ class LastTokenReward(torch.nn.Module):
         return self.model.config
 
     def gradient_checkpointing_enable(self) -> None:
-        self.model.gradient_checkpointing_enable()
+        cast(PreTrainedModel, self.model).gradient_checkpointing_enable()  # peft's wrapper forwards it
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, aux: list | None = None) -> torch.Tensor:
         """`aux`: where an MoE backbone's router load-balancing loss is appended (stages.common.moe)."""
-        module = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        unwrap = getattr(self.model, "get_base_model", None)  # peft's wrapper, under LoRA
+        module = cast(PreTrainedModel, unwrap() if unwrap is not None else self.model)
         backbone = getattr(module, module.base_model_prefix)
+        head = module.get_submodule("score")
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
         out = backbone(**packing.inputs(batch, self.packed), use_cache=False, **moe.router_kwargs(aux))
         moe.record(aux, module, out, packing.router_mask(batch, self.packed))
         hidden = out.last_hidden_state
         if self.packed:
-            return module.score(packing.last_tokens(hidden, attention_mask)).squeeze(-1).float()
+            return head(packing.last_tokens(hidden, attention_mask)).squeeze(-1).float()
         last = attention_mask.sum(-1) - 1
-        return module.score(hidden[torch.arange(len(last), device=hidden.device), last]).squeeze(-1).float()
+        return head(hidden[torch.arange(len(last), device=hidden.device), last]).squeeze(-1).float()
 
 
 def rewards_of(engine, batch: dict, aux: list | None = None) -> torch.Tensor:
@@ -94,7 +97,7 @@ def rewards_of(engine, batch: dict, aux: list | None = None) -> torch.Tensor:
 
 
 def bt_loss(engine, batch: dict, aux_loss_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float], int]:
-    aux = [] if aux_loss_coef else None
+    aux: list[torch.Tensor] | None = [] if aux_loss_coef else None
     rewards = rewards_of(engine, batch, aux)
     chosen, rejected = rewards.chunk(2)
     margin = batch["margin"] if bool(batch["margin"].any()) else None
@@ -120,8 +123,8 @@ def eval_pairs(engine, rows: list[PairRow], batch_size: int, pad_id: int, rank: 
         seen.append(rewards.detach().cpu())
     if world > 1:
         dist.all_reduce(sums)
-    n = max(float(sums[3]), 1.0)
-    metrics = {"accuracy": float(sums[0]) / n, "margin": float(sums[1]) / n, "loss": float(sums[2]) / n}
+    total = max(float(sums[3]), 1.0)
+    metrics = {"accuracy": float(sums[0]) / total, "margin": float(sums[1]) / total, "loss": float(sums[2]) / total}
     return metrics, torch.cat(seen) if seen else torch.zeros(0)
 
 

@@ -33,7 +33,9 @@ def lm_loss(engine, batch: dict, aux_loss_coef: float = 0.0) -> tuple[torch.Tens
     tokens = int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
     if not aux_loss_coef:
         return engine(**batch, use_cache=False).loss, {}, tokens
-    model, aux, logs = getattr(engine, "module", engine), [], {}
+    model = getattr(engine, "module", engine)
+    aux: list[torch.Tensor] = []
+    logs: dict[str, float] = {}
     out = engine(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False, **moe.router_kwargs(aux))
     moe.record(aux, model, out, batch.get("attention_mask"))
     loss = model.loss_function(logits=out.logits, labels=batch["labels"], vocab_size=model.config.vocab_size)
@@ -50,7 +52,7 @@ def eval_loss(engine, rows: list[tuple[list[int], list[int]]], batch_size: int, 
         total += torch.tensor([float(loss) * n_tokens, n_tokens], dtype=torch.float64)
     if world > 1:
         dist.all_reduce(total)
-    return float(total[0] / max(total[1], 1))
+    return float(total[0] / total[1].clamp(min=1))
 
 
 def fit_lm(ctx: StageContext, model, train, train_rows: list, eval_rows: list, pad_id: int, packing: bool = False):

@@ -6,9 +6,9 @@ from collections.abc import Iterable
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from configs.schema import TinyModelConfig
+from configs.schema import TinyArchitecture
 
 PAD, UNK, BOS, EOS = "<|pad|>", "<|unk|>", "<|bos|>", "<|end|>"
 USER, ASSISTANT, SYSTEM = "<|user|>", "<|assistant|>", "<|system|>"
@@ -47,7 +47,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokeniz
     return fast
 
 
-def build_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
+def build_model(cfg: TinyArchitecture, tokenizer: PreTrainedTokenizerBase, seed: int) -> LlamaForCausalLM:
     """A randomly initialised Llama; `seed` makes the init reproducible."""
     config = LlamaConfig(
         vocab_size=len(tokenizer),

@@ -14,10 +14,10 @@ def extract_answer(text: str, pattern: str) -> str | None:
     return (last[0] if isinstance(last, tuple) else last).strip()
 
 
-def matches(answer: str | None, label: str) -> bool:
-    """An extracted answer equals the reference label (whitespace aside)."""
-    return answer is not None and answer == label.strip()
+def matches(answer: str | None, label: str | None) -> bool:
+    """An extracted answer equals the reference label (whitespace aside); a row without a label has no right answer."""
+    return answer is not None and label is not None and answer == label.strip()
 
 
-def is_correct(text: str, label: str, pattern: str) -> bool:
+def is_correct(text: str, label: str | None, pattern: str) -> bool:
     return matches(extract_answer(text, pattern), label)

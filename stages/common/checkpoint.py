@@ -103,7 +103,8 @@ def default_device() -> str:
 
 def load_frozen_lm(path: str | Path, model_cfg: ModelConfig, precision: str = "fp32") -> PreTrainedModel:
     """A causal LM that is never trained (reference, rollout engine, eval), in eval mode on `default_device`."""
-    return load_causal_lm(path, model_cfg, precision).to(default_device()).eval()
+    # transformers wraps `to` in functools.wraps, whose typeshed type does not bind `self`
+    return load_causal_lm(path, model_cfg, precision).to(default_device()).eval()  # type: ignore[arg-type]
 
 
 def flash_attn_available() -> bool:

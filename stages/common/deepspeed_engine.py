@@ -102,7 +102,10 @@ def release_engines() -> int:
     left = [weakref.ref(engine) for engine in _ENGINES]
     _ENGINES.clear()
     for ref in left:
-        ref().destroy()  # no local name keeps the engine
+        engine = ref()
+        if engine is not None:  # one already collected needs no destroying
+            engine.destroy()
+        del engine  # no local name may keep it past the collection below
     gc.collect()
     return sum(ref() is not None for ref in left)
 

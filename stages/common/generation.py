@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any, Protocol, cast
+
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+
+class Generates(Protocol):
+    """A causal LM (or peft's wrapper of one): PreTrainedModel alone does not declare `generate`, its
+    GenerationMixin does."""
+
+    def generate(self, *args: Any, **kwargs: Any) -> torch.Tensor: ...
 
 
 def sampling_config(tokenizer: PreTrainedTokenizerBase, max_new_tokens: int, temperature: float | None,
@@ -41,7 +50,7 @@ def generate(
     for i in range(0, len(prompts), batch_size):
         enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
         enc = {k: v.to(model.device) for k, v in enc.items()}
-        out = model.generate(**enc, generation_config=config, **generate_kwargs)
+        out = cast(Generates, model).generate(**enc, generation_config=config, **generate_kwargs)
         for row in out[:, enc["input_ids"].shape[1] :].tolist():
             outputs.append(row[: row.index(eos) + 1] if eos in row else [t for t in row if t != tokenizer.pad_token_id])
     return outputs

@@ -6,11 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from configs.errors import CheckpointError
 from configs.schema import LoRAConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 EXTRA_FILE = "adapter_extra.json"
 FRESH_HEADS = ("score.", "classifier.")  # initialised by the stage, saved with the adapter: not part of the base
@@ -29,7 +33,7 @@ def apply(model: torch.nn.Module, cfg: LoRAConfig, task_type: str) -> torch.nn.M
     return get_peft_model(model, peft_cfg)
 
 
-def base_signature(model: torch.nn.Module) -> str:
+def base_signature(model: PreTrainedModel) -> str:
     """A fingerprint of a base model's weights, cheap next to loading them: names, shapes and sums of
     the input embeddings and the norm weights. QLoRA never quantizes those, so a 4-bit base and the
     full-precision checkpoint it came from agree, and any fine-tuning of the base changes them."""
@@ -94,7 +98,7 @@ def merged_weights(state: dict[str, torch.Tensor], scaling: float) -> dict[str, 
     return out
 
 
-def prepare(model: torch.nn.Module, cfg: LoRAConfig, task_type: str) -> tuple[torch.nn.Module, str | None]:
+def prepare(model: PreTrainedModel, cfg: LoRAConfig, task_type: str) -> tuple[torch.nn.Module, str | None]:
     """`model` wrapped with adapters when `cfg.rank` > 0, and the signature of its base weights."""
     if not cfg.rank:
         return model, None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 
 
 class Progress:
@@ -14,6 +15,10 @@ class Progress:
         self._t0 = self._last = time.monotonic()
 
     def update(self, step: int, force: bool = False, **metrics: float) -> None:
+        self.show(step, metrics, force)
+
+    def show(self, step: int, metrics: Mapping[str, float], force: bool = False) -> None:
+        """`update` for metrics named at run time (a name such as `force` or `step` stays a metric)."""
         now = time.monotonic()
         if not self.enabled or (not force and now - self._last < self.every_s and step < self.total):
             return

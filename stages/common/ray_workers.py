@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -25,7 +26,7 @@ from stages.common.dist_env import free_address, join_env, leave_process_group, 
 from stages.contract import StageContext, StageResult, run_timed
 
 
-def start_local_cluster(num_cpus: int, log_to_driver: bool = True) -> None:
+def start_local_cluster(num_cpus: int | None, log_to_driver: bool = True, num_gpus: int | None = None) -> None:
     """A fresh local Ray cluster (even when `ray start` left one running on this machine) whose workers
     run at nice 0 and die with the driver's process group.
 
@@ -40,17 +41,20 @@ def start_local_cluster(num_cpus: int, log_to_driver: bool = True) -> None:
     they die with it.
 
     Nothing reads Ray's task events here (no dashboard): they are off, and with them the driver's wait, at
-    Ray's shutdown, to flush them to a GCS that a stop's signal to the group has already ended (5 s)."""
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
+    Ray's shutdown, to flush them to a GCS that a stop's signal to the group has already ended (5 s).
+
+    `num_gpus`: the GPUs Ray schedules (None: those it detects); declared on a machine without CUDA they are
+    logical, which walks a GPU layout's scheduling up to where torch would need one."""
+    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=log_to_driver,
              _system_config={"worker_niceness": 0, "process_group_cleanup_enabled": False,
                              "task_events_report_interval_ms": 0})
     ray_shutdown.reopen()
 
 
 @contextlib.contextmanager
-def local_cluster(num_cpus: int, log_to_driver: bool = True):
+def local_cluster(num_cpus: int | None, log_to_driver: bool = True, num_gpus: int | None = None):
     """`start_local_cluster` for the span of a `with` block, shut down when it ends."""
-    start_local_cluster(num_cpus, log_to_driver)
+    start_local_cluster(num_cpus, log_to_driver, num_gpus)
     try:
         yield
     finally:
@@ -125,6 +129,11 @@ class StageWorker:
 
     def reusable(self) -> bool:
         return not self.spent
+
+
+def stage_actor() -> Any:
+    """StageWorker as the Ray actor class its decorator made it (Ray's stubs type actor handles loosely)."""
+    return cast(Any, StageWorker)
 
 
 def bundle(cpus: float, gpus: float, resources: dict[str, float]) -> dict[str, float]:
@@ -211,7 +220,7 @@ class WorkerSet:
                 return {"num_cpus": cpus, "num_gpus": gpus,
                         "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)}
 
-            workers = ray_shutdown.call(lambda: [StageWorker.options(**options(i)).remote(i, n, cpus) for i in range(n)])
+            workers = ray_shutdown.call(lambda: [stage_actor().options(**options(i)).remote(i, n, cpus) for i in range(n)])
         except BaseException:
             ray_shutdown.cleanup(lambda: remove_placement_group(pg))
             raise
@@ -322,7 +331,7 @@ class WorkerPool:
             self._busy -= 1
             needed = self._outside or self._reserving  # the resources, by other work or a waiting stage
             keep = workers is not None and healthy and self.keep_idle and (not needed or not workers.bound)
-            if keep:
+            if keep and workers is not None:
                 if needed:
                     workers.unreserve()
                 self._idle.append(workers)
@@ -399,7 +408,7 @@ def run_driver_stage(entrypoint: str, ctx: StageContext, infra: InfraConfig, fil
     driver's, so that it reads and writes no file of the driver's (`files`). It takes no CPU from its
     actors; stopping the flow (Ray shut down in the driver) ends it and its actors with it."""
     resources = {k: DRIVER_SHARE for k in infra.worker_resources}
-    driver = ray_shutdown.call(lambda: StageWorker.options(num_cpus=0, resources=resources).remote(0, 1, 1))
+    driver = ray_shutdown.call(lambda: stage_actor().options(num_cpus=0, resources=resources).remote(0, 1, 1))
     try:
         return ray.get(ray_shutdown.call(lambda: driver.run.remote(entrypoint, ctx, {}, None, os.getcwd(), files)))
     finally:

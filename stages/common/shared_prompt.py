@@ -68,12 +68,12 @@ class SharedRows:
 def layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: torch.Tensor) -> SharedRows:
     """Right-padded rows [B, T] as shared rows: rows whose first `prefix[b]` tokens match share them."""
     lengths = attention_mask.long().sum(-1).tolist()
-    prefix = [min(int(p), n) for p, n in zip(prefix.tolist(), lengths)]
+    shared = [min(int(p), n) for p, n in zip(prefix.tolist(), lengths)]
     ids = input_ids.tolist()
     groups: dict[tuple[int, ...], list[int]] = {}
-    for b, (row, p) in enumerate(zip(ids, prefix)):
+    for b, (row, p) in enumerate(zip(ids, shared)):
         groups.setdefault(tuple(row[:p]), []).append(b)
-    width = max(len(key) + sum(lengths[b] - prefix[b] for b in members) for key, members in groups.items())
+    width = max(len(key) + sum(lengths[b] - shared[b] for b in members) for key, members in groups.items())
     g_count, (b_count, t_count) = len(groups), input_ids.shape
     shared_ids = torch.zeros((g_count, width), dtype=input_ids.dtype)
     positions = torch.zeros((g_count, width), dtype=torch.long)

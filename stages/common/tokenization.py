@@ -40,7 +40,9 @@ def pack_batch(rows: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tenso
     """(ids, labels) pairs as one padding-free row: the samples end to end, `position_ids` restarting
     at 0 for each (from which transformers builds a mask that keeps every sample to itself), and the
     label of each sample's first token dropped (in a padded batch no token predicts it either)."""
-    input_ids, labels, positions = [], [], []
+    input_ids: list[int] = []
+    labels: list[int] = []
+    positions: list[int] = []
     for ids, labs in rows:
         input_ids.extend(ids)
         labels.extend([IGNORE_INDEX, *labs[1:]])

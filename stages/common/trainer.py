@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -18,6 +19,9 @@ from configs.schema import InfraConfig, TrainingConfig
 from stages.common import deepspeed_engine
 from stages.common.progress import Progress
 from stages.contract import StageContext
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 LOG_EVERY = 10
 
@@ -73,8 +77,9 @@ def eval_batches(rows: list, rank: int, world: int, batch_size: int):
 
 def build_engine(model: torch.nn.Module, infra: InfraConfig, train: TrainingConfig, steps: int):
     if train.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
+        hf = cast("PreTrainedModel", model)  # an HF model, or a wrapper that forwards these (peft's, LastTokenReward)
+        hf.gradient_checkpointing_enable()
+        hf.config.use_cache = False
     return deepspeed_engine.initialize(model, deepspeed_engine.engine_config(infra, train, steps))
 
 
@@ -143,7 +148,7 @@ def train_loop(
                 rate = n_tokens * ctx.world_size / (time.monotonic() - t0)
                 ctx.log_metrics({**{f"train/{k}": v for k, v in outcome.last_train.items()},
                                  "train/lr": lr, "train/tokens_per_s": rate}, done)
-                progress.update(done, **outcome.last_train, lr=lr)
+                progress.show(done, {**outcome.last_train, "lr": lr})
         if done % train.eval_every == 0 or done == steps:
             engine.eval()
             with torch.no_grad():
@@ -151,7 +156,7 @@ def train_loop(
             engine.train()
             if ctx.is_main:
                 ctx.log_metrics({f"eval/{k}": v for k, v in outcome.last_eval.items()}, done)
-                progress.update(done, force=True, **{f"eval_{k}": v for k, v in outcome.last_eval.items()})
+                progress.show(done, {f"eval_{k}": v for k, v in outcome.last_eval.items()}, force=True)
         if done % train.save_every == 0 and done < steps:
             deepspeed_engine.save_resumable(engine, ckpt_dir, done)
             ctx.on_checkpoint(ckpt_dir, f"step{done}")

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from configs.errors import DataError
+from configs.errors import ConfigError, DataError
 from stages.common import checkpoint, generation
 from stages.common.trainer import SampleStream
 from stages.contract import StageContext
@@ -32,9 +33,20 @@ def best_worst_pairs(rewards: torch.Tensor) -> list[tuple[int, int] | None]:
     return [None if bool(row.max() == row.min()) else (int(b), int(w)) for row, b, w in zip(rewards, best, worst)]
 
 
+class Objective(Protocol):
+    """The loss over a round's pairs: stages.dpo.stage's PairObjective or KTOObjective."""
+
+    n_rows: int
+    pairs: list[tuple[Seq, Seq]]
+
+    def collate(self, ref: torch.Tensor, idx: list[int]) -> dict: ...
+
+    def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]: ...
+
+
 @dataclass
 class Round:
-    objective: object  # a PairObjective or KTOObjective over the round's pairs
+    objective: Objective  # over the round's pairs
     ref: torch.Tensor  # the round-start policy's log-probs of the objective's sequences
     stats: dict[str, float]
 
@@ -45,8 +57,8 @@ class Rounds:
     `make_objective(pairs)` builds the loss over pairs; `reference(engine, objective)` scores its
     sequences with the engine's current weights (on every rank)."""
 
-    def __init__(self, ctx: StageContext, tokenizer, prompt_rows: list[dict], scorer, make_objective: Callable,
-                 reference: Callable):
+    def __init__(self, ctx: StageContext, tokenizer, prompt_rows: list[dict], scorer,
+                 make_objective: Callable[[list[tuple[Seq, Seq]]], Objective], reference: Callable[[Any, Objective], torch.Tensor]):
         d = ctx.config.dpo
         self.ctx, self.d, self.it = ctx, d, d.iterative
         self.tokenizer, self.scorer = tokenizer, scorer
@@ -55,7 +67,10 @@ class Rounds:
         if self.it.prompts_per_round % ctx.world_size:
             raise DataError(f"dpo.iterative.prompts_per_round={self.it.prompts_per_round}: must be a multiple of the "
                             f"{ctx.world_size} ranks (each samples an equal share)")
-        self.steps_per_round = d.max_steps // self.it.rounds
+        if d.max_steps is None:  # the config's validation requires it with iterative.rounds
+            raise ConfigError(f"dpo.iterative.rounds={self.it.rounds} splits dpo.max_steps between the rounds: set dpo.max_steps")
+        self.max_steps: int = d.max_steps
+        self.steps_per_round = self.max_steps // self.it.rounds
         self.prompt_stream = SampleStream(len(prompt_rows), self.it.prompts_per_round, 0, 1, ctx.config.seed)
         self.dir = ctx.work_dir / "rounds"
         self.current: tuple[int, Round] | None = None
@@ -72,7 +87,9 @@ class Rounds:
                               self.ctx.config.seed + r)
         return rnd.objective.collate(rnd.ref, stream.micro_batch(local))
 
-    def loss(self, engine, batch: dict):
+    def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
+        if self.current is None:
+            raise RuntimeError("Rounds.loss before any micro_batch: the training loop collates a batch first")
         return self.current[1].objective.loss(engine, batch)
 
     def get(self, r: int, engine) -> Round:
@@ -115,10 +132,12 @@ class Rounds:
                 prompt_ids = self.tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
                 best, worst = picked
                 pairs.append(((prompt_ids, sampled[i * k + best]), (prompt_ids, sampled[i * k + worst])))
-        local = [pairs, float(rewards.sum()), float(rewards.max(dim=1).values.sum()), len(rows)]
+        # pairs, reward sum, best-of-k sum, prompts
+        local: tuple[list[tuple[Seq, Seq]], float, float, int] = (
+            pairs, float(rewards.sum()), float(rewards.max(dim=1).values.sum()), len(rows))
         shares = [local]
         if ctx.world_size > 1:
-            shares = [None] * ctx.world_size
+            shares = [local] * ctx.world_size  # placeholders, each replaced by its rank's share
             dist.all_gather_object(shares, local)
         pairs = [p for share in shares for p in share[0]]
         n_prompts = sum(share[3] for share in shares)

@@ -99,7 +99,7 @@ def reference_logps(engine, seqs: list[Seq], batch_size: int, pad_id: int, rank:
             mine.extend(sums.tolist())
     shares = [mine]
     if world > 1:
-        shares = [None] * world
+        shares = [mine] * world  # placeholders, each replaced by its rank's share
         dist.all_gather_object(shares, mine)
     out = [0.0] * len(seqs)
     for r, values in enumerate(shares):
@@ -149,7 +149,7 @@ class PairObjective:
         return losses, chosen, rejected, chosen_nll(chosen_sums, chosen_counts)
 
     def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
-        aux = [] if self.cfg.aux_loss_coef else None
+        aux: list[torch.Tensor] | None = [] if self.cfg.aux_loss_coef else None
         losses, chosen, rejected, nll = self.pair_terms(engine, batch, aux)
         loss = losses.mean()
         if self.cfg.nll_loss_coef:
@@ -182,7 +182,7 @@ class KTOObjective:
         return batch
 
     def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
-        aux = [] if self.cfg.aux_loss_coef else None
+        aux: list[torch.Tensor] | None = [] if self.cfg.aux_loss_coef else None
         sums, _ = response_logps(engine, batch, aux, self.cfg.packing)
         with torch.no_grad():
             kl_batch = {k.removeprefix("kl_"): v for k, v in batch.items() if k.startswith("kl_")}
@@ -328,7 +328,7 @@ def fit_iterative(ctx: StageContext, model, tokenizer, inputs: dict[str, Path], 
 
     scorer = build_scorer(cfg.reward, inputs)
     rounds = Rounds(ctx, tokenizer, read_split(inputs["prompts"], "train"), scorer, make_objective, reference)
-    engine = build_engine(model, cfg.infra, d, d.max_steps)
-    outcome = train_loop(ctx, engine, d, d.max_steps, micro_batch=lambda g: rounds.micro_batch(engine, g),
+    engine = build_engine(model, cfg.infra, d, rounds.max_steps)
+    outcome = train_loop(ctx, engine, d, rounds.max_steps, micro_batch=lambda g: rounds.micro_batch(engine, g),
                          loss_fn=rounds.loss, evaluate=lambda: evaluate(engine))
     return engine, outcome

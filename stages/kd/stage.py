@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from transformers import set_seed
+from transformers import PreTrainedModel, set_seed
 
 from configs.errors import CheckpointError
 from stages import tiny_model
@@ -60,6 +60,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     set_seed(cfg.seed)
     deepspeed_engine.init_distributed()
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
+    student: PreTrainedModel
     if kd.student == "tiny":
         student, student_name = tiny_model.build_model(kd.student_tiny, tokenizer, cfg.seed), "a fresh kd.student_tiny model"
     else:
@@ -83,7 +84,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         forward = {k: v for k, v in batch.items() if k != "labels"}
         with torch.no_grad():
             teacher_logits = teacher(**{k: v.to(teacher.device) for k, v in forward.items()}, use_cache=False).logits
-        aux = [] if kd.aux_loss_coef else None
+        aux: list[torch.Tensor] | None = [] if kd.aux_loss_coef else None
         out = engine(**forward, use_cache=False, **moe.router_kwargs(aux))
         moe.record(aux, engine, out, batch.get("attention_mask"))
         nll, divergence = terms(out.logits, teacher_logits.to(out.logits.device), batch["labels"], kd.divergence)
@@ -103,7 +104,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
             total += torch.tensor([float(nll) * n, float(divergence) * n, n], dtype=torch.float64)
         if ctx.world_size > 1:
             dist.all_reduce(total)
-        return {"loss": float(total[0] / max(total[2], 1)), "kl": float(total[1] / max(total[2], 1))}
+        n_tokens = total[2].clamp(min=1)
+        return {"loss": float(total[0] / n_tokens), "kl": float(total[1] / n_tokens)}
 
     engine, outcome = fit(ctx, student, kd, train_rows, collate=lambda rows: pad_batch(rows, pad_id), loss_fn=loss_fn,
                           evaluate=evaluate)

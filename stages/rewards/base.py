@@ -22,6 +22,13 @@ class RewardBatch:
     rewards: torch.Tensor  # [B] float32, one scalar per response
     step_rewards: list[list[float]] | None = None  # per-step scores (process reward sources only)
     extra_logs: dict[str, float] = field(default_factory=dict)  # batch means, for the metrics log
+    # what dynamic filtering reads, where the source gives it apart from the rewards (OpenRLHF's `scores`, e.g. a
+    # 0/1 correctness beside a shaped reward); None: the rewards
+    scores: torch.Tensor | None = None
+
+    def filter_values(self) -> torch.Tensor:
+        """The values dynamic filtering compares within a group: the scores where given, else the rewards."""
+        return self.rewards if self.scores is None else self.scores
 
 
 @runtime_checkable
@@ -31,12 +38,21 @@ class RewardSource(Protocol):
 
 def concat(parts: list[RewardBatch]) -> RewardBatch:
     """One batch from consecutive parts; a part's `extra_logs` (batch means) count by its size."""
-    steps = None if parts[0].step_rewards is None else [s for p in parts for s in p.step_rewards]
+    steps = None
+    if parts[0].step_rewards is not None:
+        steps = []
+        for p in parts:
+            if p.step_rewards is None:
+                raise ValueError("concat: parts with and without step_rewards (one source scores every part)")
+            steps.extend(p.step_rewards)
     logs = {}
     for key in dict.fromkeys(k for p in parts for k in p.extra_logs):
         having = [(p.extra_logs[key], len(p.rewards)) for p in parts if key in p.extra_logs]
         logs[key] = sum(v * n for v, n in having) / sum(n for _, n in having)
-    return RewardBatch(rewards=torch.cat([p.rewards for p in parts]), step_rewards=steps, extra_logs=logs)
+    scores = None
+    if any(p.scores is not None for p in parts):
+        scores = torch.cat([p.filter_values() for p in parts])  # a part without scores is filtered on its rewards
+    return RewardBatch(rewards=torch.cat([p.rewards for p in parts]), step_rewards=steps, extra_logs=logs, scores=scores)
 
 
 def check_batch(prompts: list[str], responses: list[str], labels: list[str | None]) -> None:

@@ -18,7 +18,7 @@ from stages.rewards.reward_model import RewardModelScorer
 
 
 def reward_models(cfg: RewardConfig, own: Path | str | None) -> RewardSource:
-    paths = list(cfg.rm_paths) or ([own] if own is not None else [])
+    paths: list[str | Path] = [*cfg.rm_paths] or ([own] if own is not None else [])
     if not paths:
         raise RewardError("reward.source=rm: no reward model (reward.rm_paths is empty and the pipeline has none of its own)")
     return RewardModelScorer(paths, cfg.batch_size)

@@ -1,6 +1,7 @@
-"""Rule-based rewards from a Python file defining `reward_func(queries, prompts, labels)` (OpenRLHF's
-convention). It returns the rewards (a tensor or list of floats), or a dict with `rewards` (or
-`scores`) and optional `extra_logs` whose values are averaged into floats for the metrics log.
+"""Rule-based rewards from a Python file defining `reward_func(queries, prompts, labels, **kwargs)` (OpenRLHF's
+convention). It returns the rewards (a tensor or list of floats), or OpenRLHF's dict: `rewards` (what the
+advantages are computed from), optional `scores` (what dynamic filtering reads; alone, they are the rewards
+too) and optional `extra_logs`, whose values are averaged into floats for the metrics log.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 from configs.errors import first_line
+from stages import openrlhf_compat
 from stages.rewards.base import RewardBatch, as_rewards, check_batch, mean_logs
 from stages.rewards.errors import RewardError
 
@@ -26,6 +28,7 @@ def load_module(path: Path) -> ModuleType:
     if spec is None or spec.loader is None:
         raise RewardError(f"reward function file {path}: cannot be imported (expected a .py file)")
     module = importlib.util.module_from_spec(spec)
+    openrlhf_compat.provide()  # a file written for OpenRLHF imports its names
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # the user's code: any error is theirs to fix, reported in one line
@@ -56,10 +59,13 @@ class FunctionScorer:
             result = self.func(queries, prompts, labels)
         except Exception as exc:
             raise RewardError(f"{where} raised {type(exc).__name__}: {first_line(exc)}") from exc
-        logs = None
+        logs, scores = None, None
         if isinstance(result, Mapping):
             key = "rewards" if "rewards" in result else "scores" if "scores" in result else None
             if key is None:
                 raise RewardError(f"{where} returned a dict without 'rewards' or 'scores' (keys: {sorted(result)})")
+            if key == "rewards" and result.get("scores") is not None:
+                scores = as_rewards(result["scores"], len(queries), f"{where} (scores)")
             result, logs = result[key], result.get("extra_logs")
-        return RewardBatch(rewards=as_rewards(result, len(queries), where), extra_logs=mean_logs(logs, where))
+        return RewardBatch(rewards=as_rewards(result, len(queries), where), extra_logs=mean_logs(logs, where),
+                           scores=scores)

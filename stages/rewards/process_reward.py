@@ -70,7 +70,8 @@ class ProcessRewardScorer:
         source = resolve(path)
         validate(source, field="PRM path")
         self.how, self.batch_size = aggregate, batch_size
-        self.model = load_causal_lm(source, ModelConfig()).to(device or default_device()).eval()
+        # transformers wraps `to` in functools.wraps, whose typeshed type does not bind `self`
+        self.model = load_causal_lm(source, ModelConfig()).to(device or default_device()).eval()  # type: ignore[arg-type]
         self.tokenizer = load_tokenizer(source)
         cfg = self.model.config
         missing = [k for k in ("prm_placeholder_token", "prm_reward_tokens", "prm_step_separator") if not hasattr(cfg, k)]

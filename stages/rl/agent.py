@@ -21,10 +21,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from configs.errors import first_line
-from stages.agent_file import CLASS, resolve
+from stages.agent_file import CLASS, EXECUTOR, resolve
+from stages.openrlhf_compat.agent import InstanceEnvironment
 from stages.rewards.errors import RewardError
 from stages.rewards.function import load_module
 
@@ -34,7 +37,8 @@ def turn_result(value, where: str) -> tuple[float, str, bool]:
     """A `step` result as (reward, next observation, done), or one line saying what was wrong with it."""
     shape = "(reward: float, next_observation: str, done: bool)"
     if not isinstance(value, (tuple, list)) or len(value) != 3:
-        raise RewardError(f"{where} returned {type(value).__name__} {first_line(repr(value))[:80]}; it must return {shape}")
+        shown = (repr(value).strip().splitlines() or [""])[0][:80]
+        raise RewardError(f"{where} returned {type(value).__name__} {shown}; it must return {shape}")
     reward, observation, done = value
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
         raise RewardError(f"{where} returned reward {reward!r}; it must be a finite number: {shape}")
@@ -46,14 +50,26 @@ def turn_result(value, where: str) -> tuple[float, str, bool]:
 
 
 class Episodes:
-    """One reward worker's share of a rollout's episodes: an `Environment` each."""
+    """One reward worker's share of a rollout's episodes: an `Environment` each (for an OpenRLHF agent file,
+    an `InstanceEnvironment` over an instance of its `AgentExecutor`'s class)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        cls = getattr(load_module(self.path), CLASS, None)
-        if not isinstance(cls, type):
-            raise RewardError(f"rl.agent.path={self.path}: defines no class {CLASS}")
-        self.cls = cls
+        module = load_module(self.path)
+        cls = getattr(module, CLASS, None)
+        executor = getattr(module, EXECUTOR, None)
+        self.new_env: Callable[[], Any]
+        if isinstance(cls, type):
+            self.new_env, self.name = cls, CLASS
+        elif isinstance(executor, type):
+            try:
+                instance_cls = executor().agent_instance_cls
+            except Exception as exc:
+                raise RewardError(f"{EXECUTOR}() in {self.path} raised {type(exc).__name__}: {first_line(exc)}") from exc
+            where = f"AgentInstance.step in {self.path}"
+            self.new_env, self.name = (lambda: InstanceEnvironment(instance_cls(), where)), "AgentInstance"
+        else:
+            raise RewardError(f"rl.agent.path={self.path}: defines no class {CLASS} (or OpenRLHF's {EXECUTOR})")
         self.envs: list = []
 
     def _run(self, calls: list, what: str) -> list:
@@ -62,6 +78,8 @@ class Episodes:
         for call in calls:
             try:
                 results.append(call())
+            except RewardError:  # already one line naming the file
+                raise
             except Exception as exc:
                 raise RewardError(f"{self.where(what)} raised {type(exc).__name__}: {first_line(exc)}") from exc
         pending = [i for i, r in enumerate(results) if inspect.isawaitable(r)]
@@ -70,20 +88,22 @@ class Episodes:
                 return await asyncio.gather(*(results[i] for i in pending), return_exceptions=True)
 
             for i, value in zip(pending, asyncio.run(gather())):
+                if isinstance(value, RewardError):
+                    raise value
                 if isinstance(value, Exception):
                     raise RewardError(f"{self.where(what)} raised {type(value).__name__}: {first_line(value)}") from value
                 results[i] = value
         return results
 
     def where(self, what: str) -> str:
-        return f"{CLASS}.{what} in {self.path}"
+        return f"{self.name}.{what} in {self.path}"
 
     def reset(self, prompts: list[str], labels: list[str | None]) -> list[str]:
         """New episodes, one per prompt (the previous rollout's are dropped); their first observations."""
         try:
-            self.envs = [self.cls() for _ in prompts]
+            self.envs = [self.new_env() for _ in prompts]
         except Exception as exc:
-            raise RewardError(f"{CLASS}() in {self.path} raised {type(exc).__name__}: {first_line(exc)}") from exc
+            raise RewardError(f"{self.name}() in {self.path} raised {type(exc).__name__}: {first_line(exc)}") from exc
         first = self._run([lambda env=env, p=p, y=y: env.reset(p, y) for env, p, y in zip(self.envs, prompts, labels)], "reset")
         for value in first:
             if not isinstance(value, str):

@@ -7,40 +7,51 @@ observations as one response, the answers marked as trained) and its turns' rewa
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 
 from configs.errors import DataError, RewardError
 from stages.rewards.base import RewardBatch
 from stages.rl.experience import Sample
-from stages.rl.generation import generate
+from stages.rl.generation import Sampling, generate
+from stages.rl.workers import RewardWorker
+
+
+class Playing(Sampling, Protocol):
+    """What episodes need of the driver's workers (stages.rl.stage.Actors): samplers and the reward workers."""
+
+    @property
+    def reward(self) -> Sequence[RewardWorker]: ...
 
 
 class Hosts:
     """The reward workers holding a batch of episodes, an equal contiguous share each."""
 
-    def __init__(self, actors, count: int, cfg):
+    def __init__(self, actors: Playing, count: int, cfg):
         self.actors, self.cfg = actors, cfg
         k = math.ceil(count / len(actors.reward))
         self.shares = [(w, i * k, min((i + 1) * k, count)) for i, w in enumerate(actors.reward) if i * k < count]
 
-    def call(self, method: str, episodes: list[int], *columns: list, indexed: bool = True) -> list:
-        """`method(local indices, *columns)` on each worker for the given episodes (global indices), within
-        `rl.agent.timeout_s`; the results in the order of `episodes`. `indexed=False`: `method(*columns)`, for
-        a call that covers a worker's whole share in order (reset)."""
+    def call(self, method: Callable[[RewardWorker], Callable[..., list[Any]]], episodes: list[int], *columns: list,
+             indexed: bool = True) -> list:
+        """`method(worker)(local indices, *columns)` on each worker for the given episodes (global indices), within
+        `rl.agent.timeout_s`; the results in the order of `episodes`. `indexed=False`: `method(worker)(*columns)`,
+        for a call that covers a worker's whole share in order (reset)."""
         b, rl = self.actors.backend, self.cfg.rl
         calls = []
         for worker, first, end in self.shares:
             mine = [n for n, e in enumerate(episodes) if first <= e < end]
             if mine:
                 args = [[episodes[n] - first for n in mine], *([col[n] for n in mine] for col in columns)]
-                calls.append((mine, b.call(worker, method, *(args if indexed else args[1:]))))
+                calls.append((mine, b.call(method(worker), *(args if indexed else args[1:]))))
         try:
             parts = b.get([pending for _, pending in calls], timeout=rl.agent.timeout_s)
         except TimeoutError:
             for worker, _, _ in self.shares:
                 b.kill(worker)
-            what = "reset" if method == "agent_reset" else "step"
+            what = "reset" if not indexed else "step"
             raise RewardError(f"rl.agent.path={rl.agent.path}: Environment.{what} did not return within "
                               f"rl.agent.timeout_s={rl.agent.timeout_s:g} s; fix the environment or raise "
                               "rl.agent.timeout_s") from None
@@ -51,7 +62,7 @@ class Hosts:
         return out
 
 
-def run_episodes(actors, tokenizer, texts: list[str], labels: list[str | None], cfg, seed: int,
+def run_episodes(actors: Playing, tokenizer, texts: list[str], labels: list[str | None], cfg, seed: int,
                  temperature: float | None, max_new_tokens: int, top_p: float = 1.0) -> tuple[list[Sample], RewardBatch]:
     """One episode per prompt text. The returned rewards are each episode's return (the sum of its turns'
     rewards: what group estimators compare), `step_rewards` its turns' rewards (placed on each answer's
@@ -59,7 +70,7 @@ def run_episodes(actors, tokenizer, texts: list[str], labels: list[str | None], 
     rl = cfg.rl
     hosts = Hosts(actors, len(texts), cfg)
     every = list(range(len(texts)))
-    observations = hosts.call("agent_reset", every, texts, labels, indexed=False)
+    observations = hosts.call(lambda w: w.agent_reset, every, texts, labels, indexed=False)
     contexts = []
     for i, text in enumerate(observations):
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -82,7 +93,7 @@ def run_episodes(actors, tokenizer, texts: list[str], labels: list[str | None], 
             log_probs[i] += s.log_probs
             ends[i].append(len(response[i]) - 1)
         actions = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in answers]
-        results = hosts.call("agent_step", active, [observations[i] for i in active], actions)
+        results = hosts.call(lambda w: w.agent_step, active, [observations[i] for i in active], actions)
         still = []
         for i, (reward, observation, done) in zip(active, results):
             rewards[i].append(reward)
@@ -104,4 +115,9 @@ def run_episodes(actors, tokenizer, texts: list[str], labels: list[str | None], 
 
 def turns(samples: list[Sample]) -> float:
     """Mean turns per episode."""
-    return sum(len(s.turn_ends) for s in samples) / len(samples)
+    counts = []
+    for s in samples:
+        if s.turn_ends is None:
+            raise ValueError("turns: a sample without turn_ends is not an episode of run_episodes")
+        counts.append(len(s.turn_ends))
+    return sum(counts) / len(samples)

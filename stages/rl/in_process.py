@@ -8,9 +8,9 @@ first asked for, in this process, as a Ray call would have run by then.
 
 from __future__ import annotations
 
-import os
 import threading
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 import torch
 
@@ -18,20 +18,25 @@ from configs.errors import ConfigError
 from configs.schema import PipelineConfig
 from stages.contract import NodeInputs
 from stages.rl import workers
+from stages.rl.backend import Ref, RolloutEngine
 from stages.rl.layout import Role, group_sizes
 
+P = ParamSpec("P")
+R = TypeVar("R")
+W = TypeVar("W")
 
-class Pending:
+
+class Pending(Generic[R]):
     """A call on an in-process worker, made once, when its result (or a call given it) is first needed."""
 
-    def __init__(self, fn, args: tuple):
-        self.fn, self.args = fn, args
-        self.done, self.value = False, None
+    def __init__(self, fn: Callable[..., R], args: tuple, kwargs: dict[str, Any]):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.done, self.value = False, cast(R, None)
 
-    def result(self) -> Any:
+    def result(self) -> R:
         if not self.done:
             # a Pending passed as an argument stands for its result, as an object ref does in Ray
-            self.value = self.fn(*(a.result() if isinstance(a, Pending) else a for a in self.args))
+            self.value = self.fn(*(a.result() if isinstance(a, Pending) else a for a in self.args), **self.kwargs)
             self.done = True
         return self.value
 
@@ -58,7 +63,7 @@ def layout(cfg: PipelineConfig) -> PipelineConfig:
 
 
 class InProcess:
-    """Starts, calls and stops the stage's workers in this process (the interface of RayActors)."""
+    """Starts, calls and stops the stage's workers in this process (a `stages.rl.backend.Backend`)."""
 
     name = "in-process"
     concurrent = False  # one call after another: no collective among workers
@@ -67,32 +72,28 @@ class InProcess:
         self.sizes: dict[Role, int] = {}
         self.threads = torch.get_num_threads()
 
-    def resources(self, cfg: PipelineConfig) -> tuple[float, float]:
-        return float(os.cpu_count() or 1), float(torch.cuda.device_count())
-
     def layout(self, cfg: PipelineConfig) -> PipelineConfig:
         return layout(cfg)
 
-    def reserve(self, cfg: PipelineConfig, needs_critic: bool, stop) -> None:
+    def reserve(self, cfg: PipelineConfig, needs_critic: bool, stop: Callable[[], bool]) -> None:
         self.sizes = group_sizes(cfg, needs_critic)
 
-    def start(self, cls: type, role: Role, index: int, *args):
-        return cls(*args, self.threads)
+    def start(self, cls: type[W], role: Role, index: int, *args: Any) -> W:
+        return cast(Any, cls)(*args, self.threads)  # every worker class takes its thread count last
 
-    def start_engines(self, cfg: PipelineConfig, given: NodeInputs) -> list:
+    def start_engines(self, cfg: PipelineConfig, given: NodeInputs) -> list[RolloutEngine]:
         return [workers.HFRolloutEngine(cfg, given, self.threads) for _ in range(self.sizes[Role.ENGINE])]
 
-    def call(self, worker, method: str, *args) -> Pending:
-        return Pending(getattr(worker, method), args)
+    def call(self, method: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> Ref[R]:
+        return Pending(method, args, kwargs)
 
-    def get(self, pending: Pending | list[Pending], timeout: float | None = None):
-        """The results of `pending`, in order. With `timeout`, a call still running after it raises
+    def get(self, refs: Sequence[Ref[R]], timeout: float | None = None) -> list[R]:
+        """The results of `refs`, in order. With `timeout`, a call still running after it raises
         TimeoutError: it runs in a thread that is left behind (nothing stops a Python call), as the stage ends."""
-        if isinstance(pending, Pending):
-            return self.get([pending], timeout)[0]
+        pending = [cast(Pending[R], r) for r in refs]  # this backend's own refs
         if timeout is None:
             return [p.result() for p in pending]
-        out: list = []
+        out: list[R] = []
         failed: list[BaseException] = []
 
         def run() -> None:
@@ -113,12 +114,12 @@ class InProcess:
     def waves(self, groups: list[Role]) -> list[list[Role]]:
         return [[g] for g in groups]  # one process: one call at a time anyway
 
-    def kill(self, worker) -> None:
+    def kill(self, worker: object) -> None:
         """Nothing to kill: a worker's memory goes with the last reference to it."""
 
-    def close(self, trainers: list, everyone: list) -> None:
+    def close(self, trainers: Sequence[object], everyone: Sequence[object]) -> None:
         for worker in trainers:
-            worker.close()
+            cast(workers.TrainerWorker, worker).close()
 
     def release(self) -> None:
         if torch.cuda.is_available():

@@ -94,7 +94,8 @@ def pools(cfg: PipelineConfig, groups: list[Role]) -> list[list[Role]]:
     if rl.placement.colocate_all:
         return [groups]
     if rl.placement.colocate_models:
-        return [pool for pool in ([g for g in groups if g != Role.ENGINE], [g for g in groups if g == Role.ENGINE]) if pool]
+        split: tuple[list[Role], list[Role]] = ([g for g in groups if g != Role.ENGINE], [g for g in groups if g == Role.ENGINE])
+        return [pool for pool in split if pool]
     together = [[g for g in pair if g in groups] for option, pair in COLOCATE.items() if getattr(rl.placement, option)]
     placed = {g for pool in together for g in pool}
     return [p for p in together if p] + [[g] for g in groups if g not in placed]
@@ -111,7 +112,8 @@ def check_fits(cfg: PipelineConfig, cpus: float, gpus: float, where: str) -> Non
             f"{cpus:g} CPU / {gpus:g} GPU; " + (
                 "rl.rollout.async_train keeps the engines on bundles of their own: set rl.placement.colocate_models: true (the models on "
                 "one pool, the engines on another), lower infra.cpus_per_worker, or set rl.rollout.async_train: false"
-                if cfg.rl.rollout.async_train else "set rl.rollout.engine: auto (or hybrid) and rl.placement.colocate_all: true, or use fewer workers")
+                if cfg.rl.rollout.async_train
+                else "set rl.rollout.engine: auto (or hybrid) and rl.placement.colocate_all: true, or use fewer workers")
         )
 
 

@@ -41,7 +41,7 @@ def step_units(
 ) -> torch.Tensor:
     """[tokens, sequences] per micro-batch of one optimizer step: the `loss_units` of this rank's
     micro-batches (`masks`), summed over the `ranks` by `reduce` (an all-reduce), over their number."""
-    total = sum(loss_units(m) for m in masks)
+    total = torch.stack([loss_units(m) for m in masks]).sum(0)
     if reduce is not None:
         total = reduce(total)
     return total / (len(masks) * ranks)

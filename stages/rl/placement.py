@@ -9,6 +9,7 @@ use all of its bundle's cores.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -87,7 +88,7 @@ class Placement:
         for pool in self.pools:
             n = max(self.sizes[g] for g in pool)
             each = bundle(cpus, gpus, infra.worker_resources)
-            pg = ray_shutdown.call(lambda n=n, each=each: placement_group([each] * n, strategy="PACK"))
+            pg = ray_shutdown.call(functools.partial(placement_group, [each] * n, strategy="PACK"))
             self.groups.append(pg)  # released with the others if the wait is stopped
             self._wait_for(pg, n, each, stop)
             share = len(pool)
@@ -122,4 +123,4 @@ class Placement:
     def release(self) -> None:
         groups, self.groups = self.groups, []
         for pg in groups:
-            ray_shutdown.cleanup(lambda pg=pg: remove_placement_group(pg))
+            ray_shutdown.cleanup(functools.partial(remove_placement_group, pg))

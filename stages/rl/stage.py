@@ -17,17 +17,18 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import torch
 from transformers import set_seed
 
 from configs.errors import DataError, RewardError, first_line
 from configs.reward_sources import REWARD_SOURCES, own_models
-from configs.schema import RewardConfig
+from configs.schema import PipelineConfig, RewardConfig
 from stages.common import checkpoint
 from stages.common.answers import is_correct
 from stages.common.progress import Progress
@@ -38,6 +39,7 @@ from stages.eval_metrics import by_prompt, held_out_metrics
 from stages.rewards.base import RewardBatch, concat
 from stages.rl import weight_sync, workers
 from stages.rl.advantages import compute_advantages, overlong_penalty, varied_groups
+from stages.rl.backend import Backend, Ref, RolloutEngine, Sampler, one
 from stages.rl.episodes import run_episodes, turns
 from stages.rl.experience import (
     Sample,
@@ -55,6 +57,9 @@ from stages.rl.losses import (
     masked_mean,
 )
 from stages.rl.step_metrics import step_metrics
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 MAX_FILL_ROUNDS = 4  # dynamic filtering: extra rollouts tried before the batch is topped up with filtered groups
 
@@ -94,60 +99,57 @@ class Actors:
     process). A role the layout hosts in another's actors (`layout.hosts`; hybrid: engine and reference
     in the policy ranks) has its host's workers; a role the config has no work for has none."""
 
-    def __init__(self, ctx: StageContext, inputs: dict[str, Path], backend, total_steps: int, needs_critic: bool):
+    def __init__(self, ctx: StageContext, inputs: dict[str, Path], backend: Backend, total_steps: int, needs_critic: bool):
         cfg, rl = ctx.config, ctx.config.rl
         self.backend = b = backend
         self.hosts = hosts(cfg)
         sizes, cwd, given = backend.sizes, os.getcwd(), node_inputs(ctx, inputs)  # each actor reads them on its node
         n = {role: sizes.get(role, 0) for role in Role}
-        groups = {
-            Role.ACTOR: [b.start(workers.PolicyWorker, Role.ACTOR, i, i, n[Role.ACTOR]) for i in range(n[Role.ACTOR])],
-            Role.CRITIC: [b.start(workers.CriticWorker, Role.CRITIC, i, i, n[Role.CRITIC]) for i in range(n[Role.CRITIC])],
-            Role.REF: [b.start(workers.ReferenceWorker, Role.REF, i, cfg, given) for i in range(n[Role.REF])],
-            Role.REWARD: [b.start(workers.RewardWorker, Role.REWARD, i) for i in range(n[Role.REWARD])],
-            Role.ENGINE: b.start_engines(cfg, given) if n[Role.ENGINE] else [],
-        }
         wanted = roles(cfg, needs_critic)
-        for role, host in self.hosts.items():
-            groups[role] = groups[host] if role in wanted else []
-        self.groups = groups
-        self.policy, self.critic, self.ref, self.reward, self.engines = (
-            groups[r] for r in (Role.ACTOR, Role.CRITIC, Role.REF, Role.REWARD, Role.ENGINE))
+        self.policy = [b.start(workers.PolicyWorker, Role.ACTOR, i, i, n[Role.ACTOR]) for i in range(n[Role.ACTOR])]
+        self.critic = [b.start(workers.CriticWorker, Role.CRITIC, i, i, n[Role.CRITIC]) for i in range(n[Role.CRITIC])]
+        self.own_ref = [b.start(workers.ReferenceWorker, Role.REF, i, cfg, given) for i in range(n[Role.REF])]
+        self.reward = [b.start(workers.RewardWorker, Role.REWARD, i) for i in range(n[Role.REWARD])]
+        self.engines: list[RolloutEngine] = b.start_engines(cfg, given) if n[Role.ENGINE] else []
+        hosted_ref = self.hosts.get(Role.REF) == Role.ACTOR
+        self.ref: Sequence[workers.HoldsReference] = (self.policy if Role.REF in wanted else []) if hosted_ref else self.own_ref
+        # what samples a rollout: the engine actors, or the policy ranks themselves (hybrid)
+        self.samplers: Sequence[Sampler] = self.policy if self.hosts.get(Role.ENGINE) == Role.ACTOR else self.engines
         # a bad reward config fails here, before any model loads
         models = [name for name in own_models() if inputs.get(name)]
-        pending = [b.call(w, "setup", cfg, given, models, cwd) for w in self.reward]
-        b.get(pending)
+        b.get([b.call(w.setup, cfg, given, models, cwd) for w in self.reward])
+        pending: list[Ref[object]] = []
         for group, optim in ((self.policy, rl.actor), (self.critic, rl.critic)):
             if group:
-                master = b.get(b.call(group[0], "master"))
-                pending += [b.call(w, "setup", cfg, given, optim, total_steps, master, cwd) for w in group]
-        pending += [b.call(a, "ready") for a in [*self.engines, *self.ref]]
+                master = one(b, b.call(group[0].master))
+                pending += [b.call(w.setup, cfg, given, optim, total_steps, master, cwd) for w in group]
+        pending += [b.call(e.ready) for e in self.engines] + [b.call(r.ready) for r in self.own_ref]
         b.get(pending)
         self.weight_specs: list[weight_sync.Spec] = []
         self.sync = connect_engines(self, cfg)
 
-    def all(self) -> list:
+    def all(self) -> list[object]:
         """Every worker once (a hosted role's are its host's)."""
-        return [w for role in (Role.ACTOR, Role.CRITIC, Role.ENGINE, Role.REWARD, Role.REF) if role not in self.hosts
-                for w in self.groups[role]]
+        return [*self.policy, *self.critic, *self.engines, *self.reward, *self.own_ref]
 
     def close(self) -> None:
         self.backend.close([*self.policy, *self.critic], self.all())
 
-    def on_all(self, group: list, method: str, *args) -> list:
-        """`method` called on every worker of `group`, with the same arguments; their results."""
-        return self.backend.get([self.backend.call(w, method, *args) for w in group])
+    def on_all(self, methods: Sequence[Callable[P, R]], *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        """Each of `methods` (one per worker, by reference) called with the same arguments; their results."""
+        return self.backend.get([self.backend.call(m, *args, **kwargs) for m in methods])
 
 
-def on_shards(actors: Actors, group: list, method: str, batch: dict[str, torch.Tensor], *args) -> list:
-    """Launch `method` on every worker of a group with its equal slice of `batch` (pending results)."""
-    return [actors.backend.call(w, method, s, *args) for w, s in zip(group, shard(batch, len(group)))]
+def on_shards(actors: Actors, methods: Sequence[Callable[Concatenate[dict[str, torch.Tensor], P], R]],
+              batch: dict[str, torch.Tensor], *args: P.args, **kwargs: P.kwargs) -> list[Ref[R]]:
+    """Launch each of `methods` (one per worker of a group) with its equal slice of `batch` (pending results)."""
+    return [actors.backend.call(m, s, *args, **kwargs) for m, s in zip(methods, shard(batch, len(methods)))]
 
 
-def in_waves(actors: Actors, calls: dict[Role, Callable[[], list]]) -> dict[Role, list]:
+def in_waves(actors: Actors, calls: dict[Role, Callable[[], list[Ref[Any]]]]) -> dict[Role, list[Any]]:
     """Run each group's calls (`role -> launch`, returning the pending results); groups that share
     cores go one after another, the others at once. Returns each group's results."""
-    results: dict[Role, list] = {}
+    results: dict[Role, list[Any]] = {}
     for wave in actors.backend.waves(list(calls)):
         launched = {group: calls[group]() for group in wave}
         for group, refs in launched.items():
@@ -204,7 +206,7 @@ def evaluate_episodes(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> 
     return metrics | {"turns": turns(greedy)}
 
 
-def connect_engines(actors: Actors, cfg) -> str:
+def connect_engines(actors: Actors, cfg: PipelineConfig) -> str:
     """How the engines get the policy's weights after each update, said once in the log: `broadcast` when
     the policy's rank 0 and every engine joined a process group of their own, else `state dict` (why:
     asked for, workers in one process, engines on another torch, or the group could not be formed). Hybrid: `none`."""
@@ -216,17 +218,20 @@ def connect_engines(actors: Actors, cfg) -> str:
         why = "rl.rollout.weight_sync=object_store"
     elif not b.concurrent:
         why = "workers in one process"
-    elif (other := {v for v in b.get([b.call(e, "torch_version") for e in actors.engines]) if v != torch.__version__}):
+    elif (other := {v for v in b.get([b.call(e.torch_version) for e in actors.engines]) if v != torch.__version__}):
         why = f"the engines run torch {', '.join(sorted(other))}, the policy {torch.__version__}"
     if why is None:
-        backend = "nccl" if cfg.infra.gpus_per_worker > 0 and b.resources()[1] > 0 else "gloo"
+        # NCCL only where the policy's rank 0 and every engine compute on CUDA: a GPU that Ray schedules
+        # but torch does not see (a logical one) joins over gloo like a CPU
+        devices = b.get([b.call(actors.policy[0].device_type), *[b.call(e.device_type) for e in actors.engines]])
+        backend = "nccl" if set(devices) == {"cuda"} else "gloo"
         world = 1 + len(actors.engines)
         try:
-            master = b.get(b.call(actors.policy[0], "master"))
-            b.get([b.call(actors.policy[0], "join_weight_group", master, world, backend)]
-                  + [b.call(e, "join_weight_group", master, i + 1, world, backend) for i, e in enumerate(actors.engines)],
-                  timeout=weight_sync.JOIN_TIMEOUT_S + 10)
-            actors.weight_specs = b.get(b.call(actors.engines[0], "weight_specs"))
+            master = one(b, b.call(actors.policy[0].master))
+            joins = [b.call(actors.policy[0].join_weight_group, master, world, backend)]
+            joins += [b.call(e.join_weight_group, master, i + 1, world, backend) for i, e in enumerate(actors.engines)]
+            b.get(joins, timeout=weight_sync.JOIN_TIMEOUT_S + 10)
+            actors.weight_specs = one(b, b.call(actors.engines[0].weight_specs))
             print(f"[rl] weight sync: broadcast over a {backend} group (the policy's rank 0 and {len(actors.engines)} "
                   f"engine(s)), parameter by parameter", flush=True)
             return "broadcast"
@@ -244,11 +249,13 @@ def sync_weights(actors: Actors) -> None:
         return
     b = actors.backend
     if actors.sync == "broadcast":
-        b.get([b.call(w, "send_weights", actors.weight_specs) for w in actors.policy]
-              + [b.call(e, "receive_weights", actors.weight_specs) for e in actors.engines])
+        b.get([b.call(w.send_weights, actors.weight_specs) for w in actors.policy]
+              + [b.call(e.receive_weights, actors.weight_specs) for e in actors.engines])
         return
-    states = [b.call(w, "synced_state_dict") for w in actors.policy]
-    b.get([b.call(e, "load_weights", states[0]) for e in actors.engines] + states[1:])
+    states = [b.call(w.synced_state_dict) for w in actors.policy]
+    # a launched call passed to another stands for its result: rank 0's state goes engine-ward without the driver
+    whole = cast("dict[str, torch.Tensor]", states[0])
+    b.get([b.call(e.load_weights, whole) for e in actors.engines] + states[1:])
 
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
@@ -265,7 +272,7 @@ def run_in_process(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     return run_with(InProcess(), ctx, inputs)
 
 
-def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
+def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     ctx = replace(ctx, config=backend.layout(ctx.config))
     cfg, rl = ctx.config, ctx.config.rl
     set_seed(cfg.seed)
@@ -282,18 +289,19 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
     try:
         backend.reserve(cfg, rl.algorithm.needs_critic, ctx.should_stop)
         actors = Actors(ctx, inputs, backend, total, rl.algorithm.needs_critic)
-        resumed = actors.on_all(actors.policy, "load", str(ckpt["policy"]))[0]
+        resumed = actors.on_all([w.load for w in actors.policy], str(ckpt["policy"]))[0]
         start, cursor, kl_coef, before = 0, 0, rl.algorithm.init_kl_coef, None
         if resumed:
             start, cursor, kl_coef, before = resumed["step"], resumed["cursor"], resumed["kl_coef"], resumed["before"]
             if actors.critic:
-                actors.on_all(actors.critic, "load", str(ckpt["critic"]), f"step{start}")
+                actors.on_all([w.load for w in actors.critic], str(ckpt["critic"]), f"step{start}")
             sync_weights(actors)
             print(f"[rl] resumed from step {start}/{total} ({ckpt['policy']})", flush=True)
         if rl.rollout.async_train:
             print(f"[rl] async: the engines draw each step's samples while the policy trains on the previous step's "
                   f"(one update stale, importance weights capped at {rl.importance_cap})", flush=True)
-        kl_ctl = AdaptiveKLController(kl_coef, rl.algorithm.kl_target, rl.algorithm.kl_horizon) if rl.algorithm.kl_target else FixedKLController(kl_coef)
+        kl_ctl = (AdaptiveKLController(kl_coef, rl.algorithm.kl_target, rl.algorithm.kl_horizon) if rl.algorithm.kl_target
+                  else FixedKLController(kl_coef))
         if before is None:
             before = evaluate(actors, tokenizer, eval_prompts, cfg)
         ctx.log_metrics({f"eval/{k}": v for k, v in before.items()}, 0)  # a resumed run's MLflow run gets it too
@@ -330,7 +338,7 @@ def run_with(backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult
         if start >= total:
             last_eval = evaluate(actors, tokenizer, eval_prompts, cfg)
         out = ctx.output_dir / "rl_model"
-        actors.on_all(actors.policy, "export", str(out))
+        actors.on_all([w.export for w in actors.policy], str(out))
     finally:
         # stopped (Ctrl-C): the flow is shutting Ray down, which ends the actors and their placement; no need to
         # wait for them to close (a stop that comes mid-close: the Ray calls are gated, stages.common.ray_shutdown)
@@ -351,10 +359,11 @@ def train(actors: Actors, batch: dict[str, torch.Tensor], step: int, use_kl_loss
     keys = ("input_ids", "attention_mask", "action_mask")
     kl_keys = ("ref_log_probs", "kl_coef") if use_kl_loss and actors.ref else ()
     actor_batch = {k: batch[k] for k in (*keys, "old_log_probs", "advantages", "rollout_log_probs", *kl_keys)}
-    calls = {Role.ACTOR: lambda: on_shards(actors, actors.policy, "train", actor_batch, step)}
+    calls: dict[Role, Callable[[], list[Ref[Any]]]] = {
+        Role.ACTOR: lambda: on_shards(actors, [w.train for w in actors.policy], actor_batch, step)}
     if actors.critic:
         critic_batch = {k: batch[k] for k in (*keys, "values", "returns")}
-        calls[Role.CRITIC] = lambda: on_shards(actors, actors.critic, "train", critic_batch, step)
+        calls[Role.CRITIC] = lambda: on_shards(actors, [w.train for w in actors.critic], critic_batch, step)
     results = in_waves(actors, calls)
     logs = {f"actor/{k}": v for k, v in results[Role.ACTOR][0].items()}  # rank-averaged by the workers
     if actors.critic:
@@ -389,8 +398,8 @@ def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStre
     filtered groups, whose group advantages are zero anyway). `prefetched`: the first round's generation,
     launched by `prefetch` for the same step and cursor (`time/generation` is then the wait for it)."""
     rl, n = cfg.rl, cfg.rl.rollout.n_samples_per_prompt
-    kept: list[tuple[list[Sample], list[Prompt], object]] = []
-    spare: list[tuple[list[Sample], list[Prompt], object]] = []
+    kept: list[tuple[list[Sample], Prompt, RewardBatch]] = []
+    spare: list[tuple[list[Sample], Prompt, RewardBatch]] = []
     want, filtered, rounds = rl.rollout.batch_size, 0, 0
     while want > 0 and rounds <= (MAX_FILL_ROUNDS if rl.algorithm.dynamic_filtering else 0):
         picked = pick(prompts, stream, cursor, want)
@@ -409,7 +418,7 @@ def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStre
                 scored = score(actors.backend, actors.reward, [p.text for p in flat], responses, [p.label for p in flat], cfg.reward)
         groups = [(samples[i * n : (i + 1) * n], picked[i], _slice(scored, i * n, (i + 1) * n)) for i in range(want)]
         if rl.algorithm.dynamic_filtering:
-            keep = varied_groups(scored.rewards, n).tolist()
+            keep = varied_groups(scored.filter_values(), n).tolist()  # OpenRLHF's `scores` where the source gives them
             spare += [g for g, k in zip(groups, keep) if not k]
             groups = [g for g, k in zip(groups, keep) if k]
             filtered += keep.count(False)
@@ -424,17 +433,18 @@ def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStre
 
 def _slice(scored: RewardBatch, a: int, b: int) -> RewardBatch:
     steps = scored.step_rewards[a:b] if scored.step_rewards is not None else None
-    return RewardBatch(rewards=scored.rewards[a:b], step_rewards=steps, extra_logs=scored.extra_logs)
+    scores = scored.scores[a:b] if scored.scores is not None else None
+    return RewardBatch(rewards=scored.rewards[a:b], step_rewards=steps, extra_logs=scored.extra_logs, scores=scores)
 
 
-def score(backend, scorers: list, prompts: list[str], responses: list[str], labels: list[str | None],
+def score(backend: Backend, scorers: Sequence[workers.RewardWorker], prompts: list[str], responses: list[str], labels: list[str | None],
           reward: RewardConfig) -> RewardBatch:
     """Rewards from the reward workers, each scoring an equal contiguous share. A `reward_func` share not
     scored within `reward.timeout_s` ends the stage, and its workers are killed: nothing else stops a
     Python call (a remote source bounds its own requests; models take the time they take)."""
     b = backend
     k = math.ceil(len(prompts) / len(scorers))
-    parts = [b.call(w, "score", prompts[i * k : (i + 1) * k], responses[i * k : (i + 1) * k], labels[i * k : (i + 1) * k])
+    parts = [b.call(w.score, prompts[i * k : (i + 1) * k], responses[i * k : (i + 1) * k], labels[i * k : (i + 1) * k])
              for i, w in enumerate(scorers) if prompts[i * k : (i + 1) * k]]
     limit = reward.timeout_s if REWARD_SOURCES[reward.source].timed else None
     try:
@@ -451,18 +461,18 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     rl, n = cfg.rl, cfg.rl.rollout.n_samples_per_prompt
     batch = sequence_batch(samples, tokenizer.pad_token_id)
     mask = batch["action_mask"]
-    calls = {}
+    calls: dict[Role, Callable[[], list[Ref[Any]]]] = {}
     # the reference in the policy ranks: one call for both passes
     both = rl.algorithm.recompute_old_log_probs and actors.hosts.get(Role.REF) == Role.ACTOR and bool(actors.ref)
     if both:
-        calls[Role.ACTOR] = lambda: on_shards(actors, actors.policy, "old_and_ref_log_probs", batch)
+        calls[Role.ACTOR] = lambda: on_shards(actors, [w.old_and_ref_log_probs for w in actors.policy], batch)
     else:
         if rl.algorithm.recompute_old_log_probs:
-            calls[Role.ACTOR] = lambda: on_shards(actors, actors.policy, "log_probs", batch)
+            calls[Role.ACTOR] = lambda: on_shards(actors, [w.log_probs for w in actors.policy], batch)
         if actors.ref:
-            calls[Role.REF] = lambda: on_shards(actors, actors.ref, "ref_log_probs", batch)
+            calls[Role.REF] = lambda: on_shards(actors, [w.ref_log_probs for w in actors.ref], batch)
     if actors.critic:
-        calls[Role.CRITIC] = lambda: on_shards(actors, actors.critic, "values", batch)
+        calls[Role.CRITIC] = lambda: on_shards(actors, [w.values for w in actors.critic], batch)
     results = in_waves(actors, calls)
     if both:
         results[Role.ACTOR], results[Role.REF] = map(list, zip(*results[Role.ACTOR]))
@@ -519,12 +529,12 @@ def save(actors: Actors, ckpt: dict[str, Path], step: int, extra: dict, on_check
     """Critic first (its older tag kept), then the policy, whose `latest` marks the step as complete;
     each announced to `on_checkpoint` (the stage context's) in that order."""
     if actors.critic:
-        actors.on_all(actors.critic, "save", str(ckpt["critic"]), step, None, False)
+        actors.on_all([w.save for w in actors.critic], str(ckpt["critic"]), step, None, False)
         on_checkpoint(ckpt["critic"], f"step{step}")
-    actors.on_all(actors.policy, "save", str(ckpt["policy"]), step, extra)
+    actors.on_all([w.save for w in actors.policy], str(ckpt["policy"]), step, extra)
     on_checkpoint(ckpt["policy"], f"step{step}")
     if actors.critic:
-        actors.on_all(actors.critic[:1], "prune", str(ckpt["critic"]), step)
+        actors.on_all([w.prune for w in actors.critic[:1]], str(ckpt["critic"]), step)
 
 
 def before_after(before: dict[str, float], after: dict[str, float]) -> str:

@@ -52,6 +52,12 @@ class VLLMRolloutEngine:
 
         return torch.__version__
 
+    def device_type(self) -> str:
+        """Where vLLM computes: its CUDA build on a GPU that torch sees, else the CPU build."""
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
     def weight_specs(self) -> list:
         """What the engine takes from the policy: the checkpoint's tensors (HF names, shapes, dtypes)."""
         from stages.rl.weight_sync import checkpoint_specs

@@ -4,12 +4,20 @@ engine actor joining the group would still pass every tensor on to them)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 
 class WeightReceiver:
+    # the vLLM worker's own, which this class is mixed into (annotations only: nothing here shadows them)
+    model_runner: Any
+    reload_weights: Callable[..., None]
+
     def join_weight_group(self, master: tuple[str, int], rank: int, world_size: int, backend: str) -> None:
         from stages.rl.weight_sync import WeightGroup
 
-        self.weight_group = WeightGroup(tuple(master), rank, world_size, backend)
+        host, port = master  # a list once it has crossed Ray
+        self.weight_group = WeightGroup((host, port), rank, world_size, backend)
 
     def receive_weights(self, wanted: list) -> None:
         """Each tensor of `wanted` (checkpoint names, shapes, dtypes) broadcast from the policy's rank 0, then

@@ -28,6 +28,7 @@ class WeightGroup:
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank = rank
         self.store = dist.TCPStore(master[0], master[1], world_size, rank == 0, timeout=timeout)
+        self.group: dist.ProcessGroupNCCL | dist.ProcessGroupGloo
         if backend == "nccl":
             self.group = dist.ProcessGroupNCCL(self.store, rank, world_size, dist.ProcessGroupNCCL.Options())
         else:
@@ -35,7 +36,8 @@ class WeightGroup:
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """`tensor` from rank 0 into every other rank's `tensor`, in place."""
-        self.group.broadcast([tensor], dist.BroadcastOptions()).wait()
+        # torch's stubs leave out the collectives that the c10d Backend binding has
+        self.group.broadcast([tensor], dist.BroadcastOptions()).wait()  # type: ignore[union-attr]
 
 
 TIED = {"lm_head.weight": "model.embed_tokens.weight"}  # an output head tied to the input embeddings

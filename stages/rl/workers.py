@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from configs.schema import PipelineConfig, RLModelConfig, TrainingConfig
+from configs.schema import PipelineConfig, RLConfig, RLModelConfig, TrainingConfig
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, dist_env, lora, moe, packing, shared_prompt
 from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
@@ -31,6 +32,9 @@ from stages.rl.losses import (
     value_loss,
 )
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 class Worker:
     """Common set-up: CPU accelerator for DeepSpeed, the thread count of the cores this actor may use."""
@@ -43,6 +47,10 @@ class Worker:
 
     def torch_version(self) -> str:
         return torch.__version__
+
+    def device_type(self) -> str:
+        """Where this worker computes: what torch sees, not what Ray scheduled (a logical GPU is a CPU here)."""
+        return checkpoint.default_device()
 
 
 def row_layout(rl, model, aux: list | None = None) -> str:
@@ -106,6 +114,9 @@ def rank_mean(values: dict[str, float], world: int) -> dict[str, float]:
 
 class HoldsReference:
     """The frozen SFT policy's log-probs, for the KL term (`self.reference`, `self.rl` set by the holder)."""
+
+    rl: RLConfig
+    reference: PreTrainedModel
 
     @torch.no_grad()
     def ref_log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -274,14 +285,14 @@ class CriticWorker(TrainerWorker):
         return loss, {"value_loss": loss.item()}
 
 
-def actor_loss(model, batch: dict[str, torch.Tensor], rl, units: torch.Tensor,
+def actor_loss(model, batch: dict[str, torch.Tensor], rl, units: torch.Tensor | None,
                aux_loss_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy's loss on a micro-batch: the PPO surrogate aggregated as `rl.algorithm.aggregation` says, minus
     the entropy bonus, plus the KL term (GRPO); the latter two always token means, as OpenRLHF's. Each
     is divided by the step's `units`, not the micro-batch's own count. An MoE policy adds its router
     loss times `aux_loss_coef`."""
     mask = batch["action_mask"]
-    aux = [] if aux_loss_coef else None
+    aux: list[torch.Tensor] | None = [] if aux_loss_coef else None
     log_probs, entropy = token_log_probs(model, batch, rl.rollout.temperature, with_entropy=True,
                                          entropy_grad=bool(rl.algorithm.entropy_coef), aux=aux, layout=row_layout(rl, model, aux))
     is_weights = None
@@ -351,10 +362,15 @@ class RewardWorker(Worker):
         return self.scorer.score(prompts, responses, labels)
 
     def agent_reset(self, prompts: list[str], labels: list[str | None]) -> list[str]:
-        return self.episodes.reset(prompts, labels)
+        return self.held_episodes().reset(prompts, labels)
 
     def agent_step(self, episodes: list[int], observations: list[str], actions: list[str]) -> list[tuple[float, str, bool]]:
-        return self.episodes.step(episodes, observations, actions)
+        return self.held_episodes().step(episodes, observations, actions)
+
+    def held_episodes(self) -> agent.Episodes:
+        if self.episodes is None:
+            raise RuntimeError("a reward worker without rl.agent.path holds no episodes; the driver runs them only with one")
+        return self.episodes
 
 
 class HFRolloutEngine(Worker):

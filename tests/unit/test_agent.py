@@ -46,7 +46,7 @@ class ScriptedEngine:
 
 class Actors:
     def __init__(self, cfg, engine):
-        self.backend, self.engines = InProcess(), [engine]
+        self.backend, self.samplers = InProcess(), [engine]
         worker = RewardWorker(1)
         worker.setup(cfg, NodeInputs({}), [], ".")
         self.reward = [worker]
@@ -153,11 +153,11 @@ def test_episodes_are_shared_over_the_reward_workers_in_order(tokenizer):
     actors.reward.append(second)
     hosts = Hosts(actors, 3, cfg)
     prompts = [PROMPT, PROMPT.replace("7+14-9", "3+4"), PROMPT.replace("7+14-9", "5-2+1")]
-    first = hosts.call("agent_reset", [0, 1, 2], prompts, ["12", "7", "4"], indexed=False)
+    first = hosts.call(lambda w: w.agent_reset, [0, 1, 2], prompts, ["12", "7", "4"], indexed=False)
     assert ["Compute 7+14\n" in first[0], "Compute 3+4\n" in first[1], "Compute 5-2\n" in first[2]] == [True] * 3
     assert [len(w.episodes.envs) for w in actors.reward] == [2, 1]
     # episode 2 lives on the second worker as its episode 0
-    (reward, observation, done), = hosts.call("agent_step", [2], [first[2]], ["Answer: 3"])
+    (reward, observation, done), = hosts.call(lambda w: w.agent_step, [2], [first[2]], ["Answer: 3"])
     assert (reward, done) == (0.0, False) and observation.endswith("Compute 5-2+1\n<|assistant|>\n5-2=3\n")
 
 

@@ -28,7 +28,8 @@ def test_single_sample_estimators_accept_one_sample(estimator):
 
 @pytest.mark.parametrize("estimator", GROUPED)
 def test_group_estimators_refuse_a_discount(estimator):
-    with pytest.raises(ConfigError, match=f"override 'rl.algorithm.gamma=0.9': rl.algorithm: .*rl.algorithm.gamma=0.9 with advantage_estimator={estimator}: "
+    with pytest.raises(ConfigError, match="override 'rl.algorithm.gamma=0.9': rl.algorithm: .*rl.algorithm.gamma=0.9 "
+                                          f"with advantage_estimator={estimator}: "
                                           "a group estimator scores whole responses, undiscounted"):
         load_config(None, [f"rl.algorithm.advantage_estimator={estimator}", "rl.algorithm.gamma=0.9"])
 
@@ -90,7 +91,8 @@ def test_group_sizes_and_pools():
     assert group_sizes(cfg, needs_critic=True) == {"actor": 2, "engine": 1, "reward": 1, "ref": 1, "critic": 1}
     groups = list(group_sizes(cfg, needs_critic=True))
     assert pools(cfg, groups) == [["actor"], ["engine"], ["reward"], ["ref"], ["critic"]]
-    paired = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"placement": cfg.rl.placement.model_copy(update={"colocate_actor_ref": True, "colocate_critic_reward": True})})})
+    placement = cfg.rl.placement.model_copy(update={"colocate_actor_ref": True, "colocate_critic_reward": True})
+    paired = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"placement": placement})})
     assert pools(paired, groups) == [["actor", "ref"], ["critic", "reward"], ["engine"]]
     together = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"placement": cfg.rl.placement.model_copy(update={"colocate_all": True})})})
     assert pools(together, groups) == [groups]

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from configs import ConfigError, load_config
+from stages.rl.backend import one
 from stages.rl.in_process import InProcess, layout
 
 
@@ -24,28 +25,28 @@ class Counter:
 
 def test_a_call_runs_once_when_first_needed_and_its_pending_result_stands_in_for_it_as_an_argument():
     backend, worker = InProcess(), Counter()
-    first = backend.call(worker, "add", 1, 2)
+    first = backend.call(worker.add, 1, 2)
     assert worker.calls == []  # not run yet
-    second = backend.call(worker, "add", first, 10)  # a pending result as an argument: its value
+    second = backend.call(worker.add, first, 10)  # a pending result as an argument: its value
     assert backend.get([second, first]) == [13, 3]
     assert worker.calls == [(1, 2), (3, 10)]
-    assert backend.get(first) == 3 and len(worker.calls) == 2  # asked again: not run again
+    assert one(backend, first) == 3 and len(worker.calls) == 2  # asked again: not run again
 
 
 def test_a_call_that_never_returns_ends_with_a_timeout_error():
     backend = InProcess()
     started = time.monotonic()
     with pytest.raises(TimeoutError):
-        backend.get([backend.call(Counter(), "stuck")], timeout=0.5)
+        backend.get([backend.call(Counter().stuck)], timeout=0.5)
     assert time.monotonic() - started < 5
 
 
 def test_a_call_that_raises_raises_in_the_caller_with_or_without_a_timeout():
     backend = InProcess()
     with pytest.raises(TypeError):
-        backend.get([backend.call(Counter(), "add", "a", 1)], timeout=5)
+        backend.get([backend.call(Counter().add, "a", 1)], timeout=5)
     with pytest.raises(TypeError):
-        backend.get(backend.call(Counter(), "add", "a", 1))
+        one(backend, backend.call(Counter().add, "a", 1))
 
 
 def test_one_process_samples_in_the_policy_or_beside_it_under_zero_3_and_refuses_what_it_cannot_run():

@@ -1,0 +1,124 @@
+"""docs/from-openrlhf.md, generated from the flag table (configs/openrlhf_flags.py) so it cannot drift:
+
+    python -m configs.openrlhf_page > docs/from-openrlhf.md
+"""
+
+from __future__ import annotations
+
+from configs.openrlhf_flags import ALL, GROUPS, TRAINING, Flag
+from configs.openrlhf_values import shown
+
+COMMAND = "python -m configs.openrlhf_page > docs/from-openrlhf.md"
+
+INTRO = f"""\
+# From OpenRLHF
+
+<!-- Generated from configs/openrlhf_flags.py by `{COMMAND}`; edit the table, not this file. -->
+
+`rlhf from-openrlhf SCRIPT` reads an OpenRLHF launch script (or, with `-`, a command line pasted on
+standard input) that calls one of its trainers (`openrlhf.cli.train_sft`, `train_rm`, `train_prm`,
+`train_dpo`, `train_kto`, `train_ppo_ray`) through `deepspeed --module`, `python -m`, `torchrun -m` or
+`ray job submit -- python3 -m`, and writes the config of this project that does the same: a commented
+YAML for `rlhf run --config`. Beside each key is the flag it came from; a header says which stages run
+and the `--only` that runs the script's stage alone; the flags it could not map are listed at the end,
+each with the reason. It takes the flat flags of OpenRLHF 0.5 to 0.10.1 (`--pretrain`,
+`--actor_learning_rate`) and the nested ones of 0.10.2 on (`--actor.model_name_or_path`, `--actor.adam.lr`).
+
+```bash
+rlhf from-openrlhf train_ppo_ray.sh -o my.yaml                     # convert; the config is loaded before it is written
+rlhf from-openrlhf train_ppo_ray.sh -o my.yaml --set model.name_or_path=/models/llama3-sft \\
+    --set inputs.sft_model=/models/llama3-sft --set rl.rollout.batch_size=16   # local copies, a smaller run
+rlhf run --config my.yaml
+```
+
+`--set KEY=VALUE` (repeatable) overrides a key of the result as `rlhf run KEY=VALUE` does. A script that
+calls no trainer, or gives a flag a value OpenRLHF would refuse (`--actor_learning_rate abc`), is one
+`error:` line; a flag the trainer does not know is listed as not mapped. `$VARS` and `{{placeholders}}`
+stay as written (a number or switch the shell fills in is listed as not mapped: `--set` it).
+
+## Where this project differs
+
+- **Stages.** A trainer other than `train_sft` starts from an SFT model: `--pretrain` becomes
+  `model.name_or_path` and is pinned as `inputs.sft_model`, so the `sft` stage does not run; a PPO
+  script's single `--reward_pretrain` is pinned as `inputs.reward_model`. Where `inputs` takes no hub id
+  or folder (MLflow URIs only), the SFT pin is shown commented out and sft runs, and the reward model is
+  named by `reward.rm_paths`. `rlhf run` runs the whole DAG on the config (RL and eval included); the
+  header's `--only` runs the script's stage alone.
+- **Data.** The schema needs SFT rows and prompts whenever the data comes from files. Those the script
+  does not name are derived from the one it does, and marked so: a preference set's chosen responses
+  as SFT rows, an SFT set's prompts with their responses as labels, a prompt set's labels as responses.
+  A PPO script without `--label_key` has its prompts stand in for both (the label column, the SFT rows:
+  name real ones before eval reads them). PRM rows and KTO's
+  unpaired examples have no file format here: those scripts keep the synthetic task as their data.
+- **Batches.** OpenRLHF's `--train_batch_size` is global; here a DeepSpeed stage accumulates
+  `grad_accum_steps` micro batches on each of `infra.num_workers` ranks (from `deepspeed --num_gpus` or
+  `torchrun --nproc_per_node`, else 1). PPO's keeps its meaning (`rl.train_batch_size`).
+- **Lengths.** OpenRLHF 0.9 on bounds prompt and response together (`--max_len`); here the prompt
+  (`rl.rollout.prompt_max_len`) and the response (`rl.rollout.generate_max_len`) are bounded apart:
+  with `--max_new_tokens` the prompt gets the rest, without it each gets the whole.
+- **Defaults.** Where OpenRLHF's default differs from ours and the script leaves it, the config states
+  OpenRLHF's: no chat template (SFT's `User: {{}}\\nAssistant: ` template), bf16, PPO's `gae` estimator and
+  one sample per prompt, a rollout batch of 1024, one sequence per micro batch, SFT's two epochs, KTO's
+  beta 0.01, the data lengths. Each rank gets one GPU (`infra.gpus_per_worker: 1`).
+- **Pairs.** A multi-turn agent keeps its `rl.agent.path` and drops `--async_train` (async training
+  samples one-turn episodes); `--ipo` drops `--label_smoothing` (cDPO goes with the sigmoid loss).
+- **Runs and checkpoints.** Runs go to MLflow, not Weights & Biases or TensorBoard; checkpoints are the
+  stage runs' artifacts, and a rerun resumes by itself.
+
+## The flags
+
+`{{stage}}` is the trainer's stage section (`sft`, `rm`, `prm`, `dpo`, `rl`), `{{model}}` each model it
+trains (`rl.actor` and `rl.critic` for PPO), `{{data}}` the dataset it reads (`data.sft`,
+`data.preference`, `data.prompts`). Trainers: `ppo` is `train_ppo_ray`; `prm` and `kto` take flat flags
+only (OpenRLHF dropped them before its flags became nested).
+"""
+
+
+def trainers(row: Flag) -> str:
+    if set(row.trainers) == set(ALL):
+        return "all"
+    if set(row.trainers) == set(TRAINING):
+        return "all but ppo"
+    return ", ".join(t.removeprefix("train_").removesuffix("_ray") for t in row.trainers)
+
+
+def how(row: Flag) -> str:
+    """The value's conversion, its caveat and OpenRLHF's default where the config states it; or why not mapped."""
+    if not row.mapped:
+        described = row.value.described() if row.value.described() != "as given" else ""
+        return row.why or described
+    parts = [row.value.described()]
+    if row.also:
+        parts.append("sets " + ", ".join(f"{k} `{shown(v)}`" for k, v in row.also.items()))
+    if row.needs:
+        parts.append(f"only with {row.needs[0]}")
+    if row.why:
+        parts.append(row.why)
+    if row.absent is not None:
+        default = shown(row.absent).replace("\n", "\\n")
+        parts.append(f"omitted: OpenRLHF's `{default}`" + (f" (unless {row.absent_unless[0]})" if row.absent_unless else ""))
+    return "; ".join(parts)
+
+
+def cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def names(row: Flag, nested: bool) -> str:
+    return "<br>".join(f"`{n}`" for n in row.names if ("." in n) == nested)
+
+
+def page() -> str:
+    lines = [INTRO]
+    for title, rows in GROUPS:
+        lines += [f"### {title}", "", "| flat (0.5 to 0.10.1) | nested (0.10.2 on) | trainers | key here | value, or why not mapped |",
+                  "|---|---|---|---|---|"]
+        for row in rows:
+            keys = "<br>".join(f"`{k}`" for k in row.keys) or "not mapped"
+            lines.append(f"| {names(row, False)} | {names(row, True)} | {trainers(row)} | {keys} | {cell(how(row))} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(page(), end="")

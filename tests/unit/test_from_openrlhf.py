@@ -1,0 +1,271 @@
+"""`rlhf from-openrlhf`: OpenRLHF launch scripts (its examples/scripts, at HEAD and at v0.8.11 for the flat
+flags, and its README's command lines) as configs that `rlhf run --config` loads, with hand-checked keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import Field
+
+import configs.loader
+import configs.openrlhf_convert
+import flows.from_openrlhf
+from configs import load_config
+from configs.errors import ConfigError
+from configs.openrlhf_page import COMMAND, page
+from configs.schema import PipelineConfig
+from flows.cli import main
+from flows.from_openrlhf import converted, run
+
+pytestmark = pytest.mark.timeout(60)
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "openrlhf_scripts"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "from-openrlhf.md"
+CALLING_NO_TRAINER = ("serve_remote_rm.sh", "train_nonrl_slurm.sh")
+TRAINER_SCRIPTS = sorted(p.name for p in SCRIPTS.glob("*.sh") if p.name not in CALLING_NO_TRAINER)
+
+
+def convert(name: str, *sets: str) -> tuple[PipelineConfig, str]:
+    text, _ = converted((SCRIPTS / name).read_text(), name, sets)
+    return flows.from_openrlhf.load(text, name), text  # as `rlhf run --config` loads it
+
+
+def not_mapped(text: str) -> list[str]:
+    """The lines of the config's not-mapped block."""
+    return [line.removeprefix("#   ") for line in text.split("# Not mapped", 1)[1].splitlines()[1:]]
+
+
+def pins_take_hub_ids() -> bool:
+    try:
+        PipelineConfig.model_validate({"inputs": {"sft_model": "OpenRLHF/Llama-3-8b-sft-mixture"}})
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.fixture
+def hub_pins(monkeypatch):
+    """`inputs` taking hub ids and folders, as it will (the lead's extension): the pins are live."""
+    class Extended(PipelineConfig):
+        inputs: dict[str, str] = Field(default_factory=dict)
+
+    for module in (configs.loader, configs.openrlhf_convert, flows.from_openrlhf):
+        monkeypatch.setattr(module, "PipelineConfig", Extended)
+
+
+def test_the_examples_are_all_here():
+    assert len(TRAINER_SCRIPTS) == 22
+    assert {"train_sft.sh", "train_rm.sh", "train_dpo_llama.sh", "train_ppo_with_reward_fn.sh", "train_ppo_ray_hybrid_engine.sh",
+            "train_reinforce_baseline_hybrid_engine.sh", "train_dapo_ray_hybrid_engine.sh",
+            "train_reinforce_baseline_ray_agent_async.sh", "train_sft_mixtral_lora.sh"} <= set(TRAINER_SCRIPTS)
+
+
+@pytest.mark.parametrize("name", TRAINER_SCRIPTS)
+def test_every_script_that_calls_a_trainer_converts_to_a_config_that_loads(name, tmp_path):
+    out = tmp_path / "my.yaml"
+    summary = run(str(SCRIPTS / name), str(out), [])
+    assert f"{SCRIPTS / name}: OpenRLHF's train_" in summary
+    load_config(str(out), [])
+    text = out.read_text()
+    assert text.startswith("# Converted by `rlhf from-openrlhf` from ")
+    assert "# Stages of `rlhf run --config" in text and "# Not mapped" in text
+    # every flag it mapped is named beside a key; every one it did not, with a reason
+    assert all(line.count(": ") >= 1 and line.endswith(")") for line in not_mapped(text) if line)
+
+
+def test_train_sft_sh_keys():
+    cfg, text = convert("train_sft.sh")
+    assert cfg.model.name_or_path == "meta-llama/Meta-Llama-3-8B"
+    assert (cfg.sft.lr, cfg.data.max_len, cfg.infra.zero_stage, cfg.sft.micro_batch_size) == (5e-6, 2048, 2, 2)
+    assert cfg.sft.grad_accum_steps == 128  # a global batch of 256 over micro batches of 2 on one rank
+    assert (cfg.sft.epochs, cfg.sft.packing, cfg.sft.gradient_checkpointing, cfg.infra.precision) == (1, True, True, "bf16")
+    assert cfg.model.attn_implementation == "flash_attention_2"
+    sft = cfg.data.sft
+    assert cfg.data.source == "files" and sft is not None
+    assert (sft.paths, sft.input_key, sft.output_key, sft.max_samples) == (["Open-Orca/OpenOrca"], "question", "response", 500000)
+    # no --data.apply_chat_template: OpenRLHF's template, stated
+    assert (sft.apply_chat_template, sft.input_template) == (False, "User: {}\nAssistant: ")
+    assert cfg.inputs == {}  # SFT trains from the base model: nothing pinned
+    assert "  lr: 5.0e-06" in text and "# --adam.lr 5e-6" in text
+    assert "# --data.max_len 2048" in text and "# --ds.zero_stage 2" in text and "# --train.micro_batch_size 2" in text
+    assert "#   sft         runs (the script's train_sft)" in text
+    assert "rlhf run --config my.yaml --only data_prep,sft" in text
+
+
+def test_train_sft_mixtral_lora_keys():
+    cfg, _ = convert("train_sft_mixtral_lora.sh")
+    assert (cfg.sft.lora.rank, cfg.sft.lora.alpha, cfg.sft.aux_loss_coef, cfg.infra.zero_stage) == (64, 64, 0.001, 3)
+    assert cfg.sft.grad_accum_steps == 32  # 128 / 4
+
+
+def test_ppo_script_keys(hub_pins):
+    cfg, text = convert("train_ppo_ray_hybrid_engine.sh")
+    algorithm, rollout = cfg.rl.algorithm, cfg.rl.rollout
+    assert algorithm.advantage_estimator == "gae"  # the script names none: OpenRLHF's default, PPO
+    assert (algorithm.init_kl_coef, cfg.rl.actor.lr, cfg.rl.critic.lr) == (0.01, 5e-7, 9e-6)
+    assert cfg.inputs == {"sft_model": "OpenRLHF/Llama-3-8b-sft-mixture", "reward_model": "OpenRLHF/Llama-3-8b-rm-700k"}
+    assert cfg.reward.source == "rm" and cfg.model.name_or_path == "OpenRLHF/Llama-3-8b-sft-mixture"
+    assert (cfg.rl.actor.num_workers, cfg.rl.critic.num_workers, cfg.rl.placement.ref_num_workers) == (8, 8, 8)
+    assert (cfg.rl.placement.reward_num_workers, cfg.rl.placement.colocate_all) == (8, True)
+    assert (rollout.engine, rollout.num_engines, rollout.vllm_gpu_memory_utilization) == ("vllm", 4, 0.5)
+    assert (rollout.batch_size, rollout.n_samples_per_prompt, cfg.rl.train_batch_size, cfg.rl.micro_train_batch_size) == (1024, 1, 128, 1)
+    assert (rollout.prompt_max_len, rollout.generate_max_len, cfg.data.max_len) == (2048, 2048, 2048)
+    assert algorithm.rollout_is_cap == 5.0  # the upper end of OpenRLHF's default threshold
+    prompts = cfg.data.prompts
+    assert prompts is not None and (prompts.paths, prompts.input_key) == (["OpenRLHF/prompt-collection-v0.1"], "context_messages")
+    assert "#   sft         off: inputs.sft_model stands in for its output" in text
+    assert "#   rl          runs (the script's train_ppo_ray)" in text
+    assert "--only data_prep,rl\n" in text
+    assert "# OpenRLHF's default (no --algo.advantage.estimator)" in text
+
+
+def test_flat_ppo_script_keys(hub_pins):
+    cfg, text = convert("v0.8.11_train_grpo_ray_hybrid_engine.sh")
+    algorithm = cfg.rl.algorithm
+    assert (algorithm.advantage_estimator, algorithm.init_kl_coef, algorithm.kl_estimator, algorithm.use_kl_loss) == ("group_norm", 1e-3, "k3", True)
+    assert (cfg.rl.actor.lr, cfg.rl.rollout.n_samples_per_prompt, cfg.rl.micro_train_batch_size) == (5e-7, 8, 8)
+    assert (cfg.rl.rollout.prompt_max_len, cfg.rl.rollout.generate_max_len, cfg.data.max_len) == (1024, 1024, 2048)
+    assert cfg.inputs["sft_model"] == "OpenRLHF/Llama-3-8b-sft-mixture"
+    assert "flat flags (OpenRLHF 0.5 to 0.10.1)" in text
+
+
+def test_dapo_and_reward_function_scripts():
+    cfg, _ = convert("train_dapo_ray_hybrid_engine.sh")
+    algorithm = cfg.rl.algorithm
+    assert (algorithm.eps_clip_low, algorithm.eps_clip_high, algorithm.dynamic_filtering) == (0.2, 0.27, True)
+    assert (cfg.reward.source, cfg.reward.func_path) == ("func", "/openrlhf/examples/python/reward_func.py")
+    cfg, _ = convert("v0.8.11_train_ppo_llama_with_remote_rm.sh")
+    assert (cfg.reward.source, cfg.reward.url) == ("remote", "http://localhost:5000/get_reward")
+    assert cfg.infra.offload_optimizer and cfg.rl.placement.colocate_actor_ref
+
+
+def test_pins_the_schema_does_not_take_are_shown_commented_out():
+    if pins_take_hub_ids():
+        pytest.skip("inputs takes hub ids: the pins are live")
+    cfg, text = convert("train_ppo_ray_hybrid_engine.sh")
+    assert "#   sft_model: OpenRLHF/Llama-3-8b-sft-mixture   # --actor.model_name_or_path" in text
+    assert cfg.reward.rm_paths == ["OpenRLHF/Llama-3-8b-rm-700k"] and cfg.reward.source == "rm"
+
+
+def test_dpo_kto_rm_and_prm_scripts():
+    cfg, _ = convert("train_dpo_llama.sh")
+    preference = cfg.data.preference
+    assert preference is not None and preference.paths == ["OpenRLHF/preference_dataset_mixture2_and_safe_pku"]
+    assert (cfg.dpo.lr, cfg.dpo.beta, cfg.dpo.loss, cfg.dpo.grad_accum_steps, cfg.data.max_len) == (5e-7, 0.1, "sigmoid", 256, 8192)
+    assert cfg.data.sft is not None and cfg.data.sft.multiturn  # the chosen conversations stand in as SFT rows
+    cfg, text = convert("v0.8.11_train_kto_llama.sh")
+    assert (cfg.dpo.loss, cfg.dpo.beta, cfg.dpo.lr, cfg.data.source) == ("kto", 0.1, 5e-7, "synthetic")
+    assert any(line.startswith("--dataset Dylan2048/ultrafeedback-unpaired-preferences: no counterpart yet: KTO here")
+               for line in not_mapped(text))
+    cfg, _ = convert("train_rm.sh")
+    assert (cfg.rm.lr, cfg.rm.micro_batch_size, cfg.rm.grad_accum_steps, cfg.infra.zero_stage) == (9e-6, 1, 256, 3)
+    cfg, _ = convert("v0.8.11_train_prm_mistral.sh")
+    assert (cfg.prm.placeholder_token, cfg.prm.reward_tokens, cfg.prm.lr) == ("ки", ("+", "-"), 1e-6)
+    assert (cfg.prm.eval_every, cfg.prm.save_every, cfg.prm.grad_accum_steps) == (100, 500, 32)
+
+
+def test_unmapped_flags_are_listed_with_their_reasons():
+    _, text = convert("train_ppo_with_reward_fn.sh")
+    lines = not_mapped(text)
+    assert "--logger.wandb.key {wandb_token}: runs go to MLflow (`rlhf ui`, `rlhf runs`) (line 47)" in lines
+    assert ("--vllm.tensor_parallel_size 2: no counterpart yet: each rollout engine is one worker (no tensor parallelism) "
+            "(line 22)") in lines
+    _, text = convert("train_reinforce_baseline_hybrid_engine.sh")
+    lines = not_mapped(text)
+    assert "--ds.ring_attn_size 2: ring attention is not supported (line 77)" in lines
+    assert "--train.dynamic_batch_enable: batches by token count are not supported: batches count rows (line 50)" in lines
+    _, text = convert("train_vlm_math_hybrid_engine.sh")
+    assert "--data.image_key images: VLM (image) training is not supported (line 72)" in not_mapped(text)
+
+
+def test_the_agent_is_kept_and_async_training_dropped():
+    cfg, text = convert("train_reinforce_baseline_ray_agent_async.sh")
+    assert cfg.rl.agent.path == "${AGENT_FUNC_PATH}" and not cfg.rl.rollout.async_train
+    assert "(the script sets AGENT_FUNC_PATH=examples/python/agent_func.py)" in text
+    assert any(line.startswith("--train.async_enable: no counterpart yet with a multi-turn agent") for line in not_mapped(text))
+
+
+def test_a_missing_backslash_and_a_readme_elision():
+    _, text = convert("readme_v0.8.11_ppo.sh")
+    assert "--use_wandb {wandb_token}: not passed to the trainer: its command ends on line 50 (a missing `\\`?) (line 51)" in not_mapped(text)
+    cfg, _ = convert("readme_v0.8.11_reward_fn.sh")  # `...` on a line of its own: the command goes on
+    assert cfg.reward.func_path == "/path/to/reward_func.py"
+
+
+@pytest.mark.parametrize("launch", ["deepspeed --module", "deepspeed --num_gpus 2 --module", "python -m", "python3 -m",
+                                    "torchrun --nproc_per_node 2 -m"])
+def test_each_launcher_form(launch):
+    script = (f"set -x\nexport WANDB_MODE=offline\n{launch} openrlhf.cli.train_dpo \\\n   --pretrain OpenRLHF/Llama-3-8b-sft-mixture \\\n"
+              "   --dataset OpenRLHF/preference_dataset_mixture2_and_safe_pku --ipo \\\n"
+              "   --learning_rate=5e-7 --train_batch_size 64 --micro_train_batch_size 8\n")
+    text, _ = converted(script, "cmd.sh")
+    cfg = PipelineConfig.model_validate(yaml.safe_load(text))
+    assert (cfg.dpo.loss, cfg.dpo.lr) == ("ipo", 5e-7)
+    ranks = 2 if "2" in launch else 1
+    assert (cfg.infra.num_workers, cfg.dpo.grad_accum_steps) == (ranks, 8 // ranks)
+
+
+def test_label_smoothing_is_cdpo_and_yields_to_ipo():
+    base = "deepspeed --module openrlhf.cli.train_dpo --pretrain m --dataset d --label_smoothing 0.1"
+    cfg = PipelineConfig.model_validate(yaml.safe_load(converted(base, "a.sh")[0]))
+    assert (cfg.dpo.loss, cfg.dpo.label_smoothing) == ("sigmoid", 0.1)
+    text, _ = converted(base + " --ipo", "b.sh")
+    assert PipelineConfig.model_validate(yaml.safe_load(text)).dpo.loss == "ipo"
+    assert "--label_smoothing 0.1: cDPO's label smoothing goes with the sigmoid loss, and --ipo is set (line 1)" in not_mapped(text)
+
+
+def test_set_overrides_keys_of_the_result():
+    cfg, text = convert("train_sft.sh", "model.name_or_path=/models/llama3", "sft.micro_batch_size=1", "data.max_len=512")
+    assert (cfg.model.name_or_path, cfg.sft.micro_batch_size, cfg.data.max_len) == ("/models/llama3", 1, 512)
+    assert "# --set sft.micro_batch_size=1 (was --train.micro_batch_size 2)" in text
+    with pytest.raises(ConfigError, match=r"^--set 'sft.lrr=1': unknown key 'sft.lrr' \(expected one of: lr, "):
+        convert("train_sft.sh", "sft.lrr=1")
+    with pytest.raises(ConfigError, match=r"^train_sft.sh \(converted\): sft.lr: Input should be greater than 0"):
+        convert("train_sft.sh", "sft.lr=-1")
+
+
+def test_the_cli_writes_the_config_and_reads_stdin(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "sft.yaml"
+    assert main(["from-openrlhf", str(SCRIPTS / "train_sft.sh"), "-o", str(out), "--set", "seed=7"]) == 0
+    assert load_config(str(out), []).seed == 7
+    assert "keys from its flags" in capsys.readouterr().err
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("python -m openrlhf.cli.train_sft --pretrain m --dataset d\n"))
+    assert main(["from-openrlhf", "-"]) == 0
+    assert "from <stdin>: OpenRLHF's train_sft" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("script", "message"), [
+    ("echo hello\n", "error: s.sh: calls none of OpenRLHF's trainers (train_sft, train_rm, train_prm, train_dpo, train_kto, "
+                     "train_ppo_ray)\n"),
+    ("ray job submit -- python3 -m openrlhf.cli.train_ppo_ray \\\n  --pretrain m \\\n  --actor_learning_rate abc\n",
+     "error: s.sh line 3: --actor_learning_rate 'abc': expected a number\n"),
+    ("deepspeed --module openrlhf.cli.train_sft --max_len\n", "error: s.sh line 1: --max_len: expected an integer (got no value)\n"),
+    ("deepspeed --module openrlhf.cli.train_sft --bf16 yes\n", "error: s.sh line 1: --bf16 'yes': takes no value (got 'yes')\n"),
+    ("python -m openrlhf.cli.train_ppo_ray --advantage_estimator ppo\n",
+     "error: s.sh line 1: --advantage_estimator 'ppo': expected one of: gae, reinforce, reinforce_baseline, rloo, group_norm, "
+     "dr_grpo\n"),
+    ("python -m openrlhf.cli.train_sft --pretrain 'm\n", "error: s.sh line 1: a ' is never closed\n"),
+])
+def test_bad_input_is_one_error_line(script, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("s.sh").write_text(script)
+    assert main(["from-openrlhf", "s.sh"]) == 2
+    assert capsys.readouterr().err == message
+
+
+def test_a_script_that_calls_another_module_says_so():
+    with pytest.raises(ConfigError, match=r"^serve_remote_rm.sh: calls none of .*; it calls openrlhf.cli.serve_rm$"):
+        converted((SCRIPTS / "serve_remote_rm.sh").read_text(), "serve_remote_rm.sh")
+    with pytest.raises(ConfigError, match=r"^train_nonrl_slurm.sh: calls none of OpenRLHF's trainers"):
+        converted((SCRIPTS / "train_nonrl_slurm.sh").read_text(), "train_nonrl_slurm.sh")
+
+
+def test_an_unknown_flag_is_listed_not_an_error():
+    text, _ = converted("deepspeed --module openrlhf.cli.train_rm --pretrain m --dataset d --reward_pretrain r\n", "s.sh")
+    assert "--reward_pretrain r: unknown to OpenRLHF's train_rm (line 1)" in not_mapped(text)
+
+
+def test_the_docs_page_is_what_the_table_generates():
+    assert DOC.read_text() == page(), f"docs/from-openrlhf.md is stale: run `{COMMAND}`"

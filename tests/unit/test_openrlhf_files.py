@@ -1,0 +1,116 @@
+"""OpenRLHF's own reward and agent files load and run here unchanged, whether or not OpenRLHF is installed:
+`reward_func.py` (random 0/1 rewards as a dict), `math_reward_func.py` (`\\boxed{}` answers graded with
+`openrlhf.utils`), `agent_func.py` (an `AgentInstanceBase` of 1-3 steps behind a `MultiTurnAgentExecutor`).
+The math helpers' expected values are worked out by hand."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from configs import load_config
+from configs.errors import RewardError
+from stages.openrlhf_compat.answers import extract_boxed_answer, grade_answer
+from stages.rewards.function import FunctionScorer
+from stages.rl.agent import Episodes
+from stages.rl.episodes import run_episodes
+from tests.unit.test_agent import PROMPT, Actors, ScriptedEngine, tokenizer  # noqa: F401 - the module fixture
+
+pytestmark = pytest.mark.timeout(120)
+
+EXAMPLES = Path(__file__).parent.parent / "data" / "openrlhf_examples"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("so \\boxed{42}.", "42"),
+    ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),  # the last box, nested braces whole
+    ("\\fbox{x+1}", "x+1"),
+    ("no box here", None),
+    ("\\boxed{unclosed", None),
+])
+def test_extract_boxed_answer(text, expected):
+    assert extract_boxed_answer(text) == expected
+
+
+@pytest.mark.parametrize(("given", "truth", "same"), [
+    ("\\frac{1}{2}", "0.5", True),
+    ("\\dfrac{3}{4}", "3/4", True),
+    ("-\\frac{1}{2}", "-0.5", True),
+    ("1,000", "1000", True),
+    ("\\text{5}.", "5", True),
+    ("$x + 1$", "x+1", True),
+    ("3", "4", False),
+    ("1/0", "1", False),
+    (None, "1", False),
+])
+def test_grade_answer(given, truth, same):
+    assert grade_answer(given, truth) is same
+
+
+def test_openrlhf_reward_func_returns_rewards_scores_and_extra_logs():
+    batch = FunctionScorer(EXAMPLES / "reward_func.py").score(["p"] * 6, ["r"] * 6, ["1"] * 6)
+    assert set(batch.rewards.tolist()) <= {0.0, 1.0} and batch.rewards.shape == (6,)
+    assert batch.scores is not None and torch.equal(batch.scores, batch.rewards)  # the file gives both: the same
+    assert set(batch.extra_logs) == {"dummy_scores"}
+    assert batch.extra_logs["dummy_scores"] == pytest.approx(float(batch.rewards.mean()))
+
+
+def test_openrlhf_math_reward_func_grades_boxed_answers_without_openrlhf_installed():
+    assert "openrlhf" not in sys.modules or getattr(sys.modules["openrlhf"], "__file__", None) is None
+    responses = ["so \\boxed{\\frac{1}{2}}", "\\boxed{7}", "no box", "\\boxed{1,000}"]
+    batch = FunctionScorer(EXAMPLES / "math_reward_func.py").score(["Q: "] * 4, responses, ["0.5", "8", "3", "1000"])
+    assert batch.rewards.tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert batch.scores is not None and batch.scores.tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert batch.extra_logs == {"math_accuracy": 0.5}
+
+
+def test_openrlhf_agent_func_plays_episodes_of_several_turns(tokenizer):  # noqa: F811
+    cfg = load_config(None, [f"rl.agent.path={EXAMPLES / 'agent_func.py'}", "rl.agent.max_turns=5"])
+    engine = ScriptedEngine(tokenizer, ["1", "2", "3", "4", "5"])
+    samples, scored = run_episodes(Actors(cfg, engine), tokenizer, [PROMPT] * 4, ["1"] * 4, cfg, 0, 1.0, 5)
+    # each instance ends after its random 1-3 steps, on the step after them: 2 to 4 turns
+    assert all(2 <= len(s.turn_ends) <= 4 for s in samples), [len(s.turn_ends) for s in samples]
+    assert len(engine.contexts) == max(len(s.turn_ends) for s in samples)
+    # only the last turn is rewarded, 0 or 1; the feedback between answers is not trained on
+    assert all(steps[:-1] == [0.0] * (len(steps) - 1) and steps[-1] in (0.0, 1.0) for steps in scored.step_rewards)
+    assert all(0 in s.trained for s in samples)
+    # the feedback goes into the context as OpenRLHF appends it
+    assert "[INCORRECT]" in tokenizer.decode(samples[0].response_ids) or len(samples[0].turn_ends) == 2
+
+
+def test_an_agent_step_without_rewards_is_one_line_naming_the_file(tmp_path, tokenizer):  # noqa: F811
+    bad = tmp_path / "agent_func.py"
+    bad.write_text((EXAMPLES / "agent_func.py").read_text().replace('"rewards": reward,', ""))
+    cfg = load_config(None, [f"rl.agent.path={bad}"])
+    with pytest.raises(RewardError, match=rf"^AgentInstance.step in {bad} returned a dict without 'rewards' \(keys: "
+                                          r"\['done', 'environment_feedback', 'extra_logs', 'sampling_params', 'scores'\]\); "
+                                          "it must return a dict with rewards, environment_feedback and done$"):
+        run_episodes(Actors(cfg, ScriptedEngine(tokenizer, ["1"] * 5)), tokenizer, [PROMPT], ["1"], cfg, 0, 1.0, 5)
+
+
+def test_with_openrlhf_installed_its_own_classes_are_used(monkeypatch):
+    """A stand-in for the real package (its executor checks the instance class, as OpenRLHF's does)."""
+    agent = types.ModuleType("openrlhf.utils.agent")
+
+    class AgentInstanceBase:
+        pass
+
+    class MultiTurnAgentExecutor:
+        def __init__(self, cls):
+            assert issubclass(cls, AgentInstanceBase)
+            self.agent_instance_cls = cls
+
+    agent.AgentInstanceBase, agent.MultiTurnAgentExecutor = AgentInstanceBase, MultiTurnAgentExecutor
+    utils = types.ModuleType("openrlhf.utils")
+    utils.agent = agent
+    root = types.ModuleType("openrlhf")
+    root.utils = utils
+    for name, module in (("openrlhf", root), ("openrlhf.utils", utils), ("openrlhf.utils.agent", agent)):
+        monkeypatch.setitem(sys.modules, name, module)
+    episodes = Episodes(EXAMPLES / "agent_func.py")
+    assert episodes.reset(["hi"], ["1"]) == ["hi"]
+    assert isinstance(episodes.envs[0].instance, AgentInstanceBase)
