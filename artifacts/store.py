@@ -132,11 +132,17 @@ def add_mlmodel(client: MlflowClient, run_id: str, name: str, path: Path, model_
             client.log_model_artifact(model_id, str(Path(folder) / "MLmodel"))
 
 
-def resolve_pin(client: MlflowClient, field: str, uri: str) -> ArtifactRef:
+def resolve_pin(client: MlflowClient, field: str, uri: str, experiment_id: str) -> ArtifactRef:
     """The artifact a pinned input names: `runs:/<run_id>/<name>`, `models:/<name>/<version>` (or `/latest`)
-    or `models:/<name>@<alias>` (a registered version points at the run and artifact it came from).
+    or `models:/<name>@<alias>` (a registered version points at the run and artifact it came from), or a
+    checkpoint folder or hub id, imported into the store once (`artifacts.imported`).
     One-line errors name `field` and what is missing."""
-    if uri.startswith("runs:/"):
+    from artifacts import imported
+
+    if imported.is_external(uri):
+        name = field.removeprefix("inputs.")
+        pinned = ArtifactRef(name, imported.import_checkpoint(client, experiment_id, field, name, uri))
+    elif uri.startswith("runs:/"):
         pinned = ArtifactRef.parse(uri)
     else:
         try:

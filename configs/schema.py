@@ -682,7 +682,8 @@ class EvalConfig(Section):
         return self
 
 
-PIN = r"^(runs:/[0-9a-f]+/[\w.-]+|models:/[\w.-]+(@[\w-]+|/\d+|/latest))$"
+# an MLflow run's artifact, a registered model version, or (no scheme) a checkpoint folder or hub id
+PIN = r"^(runs:/[0-9a-f]+/[\w.-]+|models:/[\w.-]+(@[\w-]+|/\d+|/latest)|[^\s:]+)$"
 
 
 class PipelineConfig(Section):
@@ -690,7 +691,8 @@ class PipelineConfig(Section):
     inputs: dict[str, Annotated[str, Field(pattern=PIN)]] = Field(
         default_factory=dict, description="pinned inputs: an artifact name (e.g. sft_model) to an existing artifact that "
                                           "stands in for the producing stage's output: runs:/<run_id>/<name>, "
-                                          "models:/<name>/<version> or models:/<name>@<alias>")
+                                          "models:/<name>/<version>, models:/<name>@<alias>, or a checkpoint folder or "
+                                          "hub id (imported into the store once, as OpenRLHF's --pretrain names a model)")
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     infra: InfraConfig = InfraConfig()

@@ -1,6 +1,7 @@
 """The `rlhf` command line.
 
   rlhf run [--config PRESET|FILE] [--force STAGE ...] [--only STAGE ...] [KEY=VALUE ...]
+  rlhf check [--config PRESET|FILE] [--force STAGE ...] [--only STAGE ...] [KEY=VALUE ...]
   rlhf serve [--config PRESET|FILE] [--prefect-port N] [--mlflow-port N | --no-ui]
   rlhf ui  [--config PRESET|FILE] [--port N]
   rlhf runs [--config PRESET|FILE] [--limit N]
@@ -54,21 +55,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from configs import load_config
 
     cfg = load_config(args.config, args.overrides)
-    from stages.dag import check_request
+    from flows import pre_run
 
-    force = [s for item in args.force for s in item.split(",") if s]
-    only = [s for item in args.only for s in item.split(",") if s]
-    check_request(cfg, force, only)
-    from stages import preflight
-
-    preflight.check(cfg)
-    if cfg.rl.rollout.engine == "vllm":
-        from stages.rl.rollout_engines import check_installed
-
-        check_installed(cfg)
+    force, only = stage_names(args.force), stage_names(args.only)
+    pre_run.check(cfg, force, only)
     from prefect.exceptions import ExternalSignal
 
-    from artifacts import disk_full, tracking
+    from artifacts import tracking
     from flows import ray_cluster, run_end
 
     named_cluster = ray_cluster.named_address(cfg.infra)
@@ -76,9 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ray_cluster.use_local_token()  # Ray reads it when first imported, which is about to happen
     state_dir = Path(cfg.tracking.state_dir).expanduser().resolve()
     fresh = not state_dir.exists()
-    tracking.check_reachable(tracking.resolve_uri(cfg.tracking))  # a server or database that does not answer stops here
-    fresh_store = new_store(cfg)  # and a damaged store, before anything starts
-    disk_full.check_room(state_dir)  # and a full disk
+    fresh_store = new_store(cfg)
     _prefect_home(cfg.tracking.state_dir)
     with run_end.bounded_interrupt():
         prefect_server = start_prefect_server()
@@ -93,7 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 run_end.quiet_ray_thread_warning()
                 if prefect_server is not None:
                     prefect_server.join()  # the flow uses it (or, had it failed, starts it again and reports why)
-                rlhf_pipeline(config=args.config or "tiny", overrides=args.overrides, force=force, only=only or None)
+                with pre_run.checked(cfg, force, only):
+                    rlhf_pipeline(config=args.config or "tiny", overrides=args.overrides, force=force, only=only or None)
             finally:
                 ray_cluster.drop_early()
             finished = True
@@ -105,6 +97,25 @@ def cmd_run(args: argparse.Namespace) -> int:
             run_end.end_prefect(temporary_server=prefect_server is not None)
             if fresh and not finished:
                 run_end.remove_if_unused(state_dir, tracking.resolve_uri(cfg.tracking))
+    return 0
+
+
+def stage_names(values: list[str]) -> list[str]:
+    """`--force` / `--only` values: repeated, or comma-separated."""
+    return [s for item in values for s in item.split(",") if s]
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from configs import load_config
+    from flows import pre_run
+
+    cfg = load_config(args.config, args.overrides)
+    found = list(pre_run.problems(cfg, stage_names(args.force), stage_names(args.only)))
+    for problem in found:
+        print(f"error: {problem}", file=sys.stderr)
+    if found:
+        return 2
+    print(f"ok: {' '.join([args.config or 'tiny', *args.overrides])} passes every check `rlhf run` makes before its first stage")
     return 0
 
 
@@ -221,6 +232,13 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_from_openrlhf(args: argparse.Namespace) -> int:
+    from flows.from_openrlhf import run
+
+    print(run(args.script, args.output, args.set), file=sys.stderr)  # stdout holds the config itself
+    return 0
+
+
 def cmd_data_preview(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -261,7 +279,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run just this stage, its inputs reused from MLflow (repeatable, or comma-separated)")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. sft.lr=3e-4 seed=7")
     run.set_defaults(func=cmd_run)
-    serve = sub.add_parser("serve", help="serve the rlhf-pipeline/full and /stage deployments (starting a Prefect server and the MLflow UI if needed)")
+    check = sub.add_parser("check", help="make every check `rlhf run` makes before its first stage (config, stages, "
+                                         "files, model, layout on the cluster), and nothing more")
+    check.add_argument("--config", default=None, help="preset name in configs/ or a YAML path (default: tiny)")
+    check.add_argument("--force", action="append", default=[], metavar="STAGE", help="as for `rlhf run`")
+    check.add_argument("--only", action="append", default=[], metavar="STAGE", help="as for `rlhf run`")
+    check.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, as for `rlhf run`")
+    check.set_defaults(func=cmd_check)
+    serve = sub.add_parser("serve", help="serve the rlhf-pipeline/full and /stage deployments "
+                                         "(starting a Prefect server and the MLflow UI if needed)")
     serve.add_argument("--config", default=None, help="the deployments' default preset or YAML, and the store to use")
     serve.add_argument("--prefect-port", type=int, default=4200, help="port of the Prefect server started here")
     serve.add_argument("--mlflow-port", type=int, default=5000, help="port of the MLflow UI")
@@ -296,6 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--base", default=None, metavar="PATH", help="base checkpoint (default: the one the adapter records)")
     merge.add_argument("--is-rm", action="store_true", help="a reward model (sequence classification); default: from the adapter")
     merge.set_defaults(func=cmd_merge)
+    from_openrlhf = sub.add_parser("from-openrlhf", help="an OpenRLHF launch script (train_sft, train_rm, train_prm, train_dpo, "
+                                                        "train_kto, train_ppo_ray) as a commented config of this pipeline")
+    from_openrlhf.add_argument("script", metavar="SCRIPT", help="the shell script, or - for a command line on standard input")
+    from_openrlhf.add_argument("-o", "--output", default=None, metavar="PATH", help="write the config here (default: standard output)")
+    from_openrlhf.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                               help="override a key of the result, as `rlhf run KEY=VALUE` does (repeatable)")
+    from_openrlhf.set_defaults(func=cmd_from_openrlhf)
     data = sub.add_parser("data", help="look at the datasets before training").add_subparsers(dest="data_command", required=True)
     data_preview = data.add_parser("preview", help="rows as the model sees them (chat template, tokens with loss marked) and length percentiles")
     data_preview.add_argument("--config", default=None, help="preset name in configs/ or a YAML path (default: tiny)")
@@ -321,7 +354,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     the overrides up to the first option after them (`--only rm k=v --force sft k2=v2` left `k2=v2`)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command == "run" and not any(arg.startswith("-") for arg in extra):
+    if extra and args.command in ("run", "check") and not any(arg.startswith("-") for arg in extra):
         args.overrides += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

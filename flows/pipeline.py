@@ -15,15 +15,15 @@ from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import ExternalSignal
-from prefect.futures import wait
-from prefect.states import Cancelled, Completed, Failed
+from prefect.futures import PrefectFuture, wait
+from prefect.states import Cancelled, Completed, Failed, State
 
 from artifacts import disk_full, registry, run_owner, store, tracking
 from artifacts import fingerprint as fp
 from configs import load_config
 from configs.errors import PipelineError, first_line
 from configs.schema import PipelineConfig
-from flows import eval_report, retries, run_end, run_views
+from flows import eval_report, pre_run, retries, run_end, run_views
 from flows.ray_cluster import RaySession, session_for
 from flows.stage_task import StageOutcome, execute_stage
 from flows.summary import markdown, print_summary, summary_rows
@@ -50,7 +50,7 @@ def stage_task(stage: str, cfg: PipelineConfig, setup, experiment_id: str, paren
 
 @flow(name=FLOW_NAME)
 def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, force: list[str] | None = None,
-                  only: list[str] | None = None) -> list[dict]:
+                  only: list[str] | None = None) -> list[dict] | State:
     """Run the DAG; returns the summary rows. A user-facing error (the first failed stage's, a full disk)
     ends the flow run Failed with its one line, which calling the flow raises: returned as the state,
     not raised here, so that Prefect does not log a traceback for it.
@@ -66,18 +66,19 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
 def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | None, only: list[str] | None) -> list[dict]:
     started = time.monotonic()
     loaded = load_config(config, overrides or [])
+    # a deployment's run enters here, past the CLI: its checks come before any stage is submitted
+    pre_run.check(loaded, force or [], only or [])
     cfg = preflight.with_rl_layout(loaded)
     if cfg.rl.rollout.engine != loaded.rl.rollout.engine:
         print(f"[rl] rl.rollout.engine=auto: {describe_layout(cfg)} on the local Ray cluster", flush=True)
-    dag.check_request(cfg, force or [], only or [])
     # a forced stage reruns; its consumers rerun because their inputs' identity (the new run) changed
     forced = set(force or [])
     reused = dag.reused_by_only(only, cfg)
     setup = tracking.resolve(cfg.tracking)
     with disk_full.reported(setup.state_dir, setup.sqlite_file):
         client = tracking.open_store(setup)
-        pins = {name: store.resolve_pin(client, f"inputs.{name}", uri) for name, uri in cfg.inputs.items()}
         experiment_id = tracking.experiment_id(client, setup)
+        pins = {name: store.resolve_pin(client, f"inputs.{name}", uri, experiment_id) for name, uri in cfg.inputs.items()}
         if closed := run_owner.close_orphans(client, experiment_id):
             print(f"[mlflow] marked FAILED {len(closed)} run(s) left RUNNING by a process that ended: {', '.join(closed)}",
                   flush=True)
@@ -97,7 +98,7 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
         scheduled = {spec.name for spec in dag.STAGES
                      if not (only and spec.name not in set(only) | reused) and not dag.pinned_away(spec, cfg)}
         ray_session.preload_drivers(cfg, scheduled)
-        futures = {}
+        futures: dict[str, PrefectFuture[StageOutcome]] = {}
         try:
             for spec in dag.STAGES:  # declared in dependency order
                 if spec.name not in scheduled:
@@ -105,8 +106,9 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
                 upstream = {name: futures[name] for name in dag.upstream(spec) if name in futures}
                 options = retries.task_options(cfg, spec.name)
                 futures[spec.name] = stage_task.with_options(name=spec.name, task_run_name=spec.name, **options).submit(
-                    spec.name, cfg, setup, experiment_id, parent_id, upstream, spec.name in forced, ray_session,
-                    spec.name in reused, pins, label,
+                    # Prefect hands the task the upstream futures' results; its submit() types want those results here
+                    spec.name, cfg, setup, experiment_id, parent_id, upstream,  # type: ignore[arg-type]
+                    spec.name in forced, ray_session, spec.name in reused, pins, label,
                 )
             wait(list(futures.values()))
         except (KeyboardInterrupt, ExternalSignal) as exc:
@@ -157,6 +159,7 @@ def publish(client: MlflowClient, experiment_id: str, parent_id: str, label: tup
         client.set_tag(parent_id, f"stage.{outcome.stage}", f"{outcome.status} {outcome.run_id or ''}".strip())
     evaluated = outcomes.get("eval")
     if evaluated is not None and evaluated.status == "ran":
+        assert evaluated.run_id is not None  # a stage that ran made its run
         verdicts = eval_report.publish(client, evaluated.run_id, evaluated.inputs, evaluated.metrics, cfg.eval.metric)
         for name, (version, verdict) in verdicts.items():
             where = f" (models:/{name}@{registry.CHAMPION})" if verdict.startswith(registry.CHAMPION) else ""
@@ -209,6 +212,7 @@ def stage_failure(outcome: StageOutcome) -> BaseException:
     """What the flow fails with: a user-facing error as it is, anything else as one line naming the
     stage and where its traceback is kept (the worker also printed it above)."""
     error = outcome.error
+    assert error is not None  # a failed outcome carries its error
     if isinstance(error, PipelineError):
         return error
     kind = "a transient fault, retries exhausted" if retries.transient(error) else "an unexpected error"

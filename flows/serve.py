@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import cast
 
 from configs.errors import PipelineError
 from flows import prefect_db
@@ -131,17 +132,19 @@ def register_deployments(api: str, pool: str, overrides: list[str], working_dir:
     """The two deployments on work pool `pool` (what `prefect deploy` makes of prefect.yaml): its workers
     import the flow by module name and run it in `working_dir`, where a relative state folder or data path
     means what it means to `rlhf run` there. `overrides`: their default, e.g. the cluster's worker pin."""
-    from prefect.deployments.runner import EntrypointType
+    from prefect.deployments.runner import EntrypointType, RunnerDeployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.pipeline import rlhf_pipeline
 
     with temporary_settings({PREFECT_API_URL: api}):
         for name, (params, description) in DEPLOYMENTS.items():
-            rlhf_pipeline.to_deployment(
+            # called outside an event loop, to_deployment returns the deployment, not a coroutine
+            deployment = cast(RunnerDeployment, rlhf_pipeline.to_deployment(
                 name=name, description=description, entrypoint_type=EntrypointType.MODULE_PATH,
                 parameters={"config": config, **params, "overrides": overrides}, job_variables={"working_dir": str(working_dir)},
-            ).apply(work_pool_name=pool)
+            ))
+            deployment.apply(work_pool_name=pool)
 
 
 def serve_deployments(config: str, api: str, mlflow_port: int | None) -> None:
@@ -149,6 +152,7 @@ def serve_deployments(config: str, api: str, mlflow_port: int | None) -> None:
     lines below printed only once `prefect deployment run` can find what they name)."""
     import asyncio
 
+    from prefect.deployments.runner import RunnerDeployment
     from prefect.exceptions import TerminationSignal
     from prefect.runner import Runner
 
@@ -156,8 +160,9 @@ def serve_deployments(config: str, api: str, mlflow_port: int | None) -> None:
 
     runner = Runner(pause_on_shutdown=True)
     for name, (params, description) in DEPLOYMENTS.items():
-        runner.add_deployment(rlhf_pipeline.to_deployment(name=name, parameters={"config": config, **params},
-                                                          description=description))
+        # called outside an event loop (asyncio.run comes below), to_deployment returns the deployment itself
+        runner.add_deployment(cast(RunnerDeployment, rlhf_pipeline.to_deployment(
+            name=name, parameters={"config": config, **params}, description=description)))
     ui = api.removesuffix("/api")
     print(f"Prefect UI:  {ui}", flush=True)
     if mlflow_port:

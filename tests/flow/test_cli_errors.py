@@ -3,15 +3,19 @@
 The first test runs the real `rlhf` command in a subprocess; the others call its `main` in this
 process (the same code, without paying the interpreter start and imports each time)."""
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+import configs
 from configs.schema import TinyModelConfig
 from stages.common import checkpoint
 from stages.tiny_model import build_model
-from tests.flow.conftest import run_cli
+from tests.flow.conftest import CLI, cli_env, run_cli
 from tests.tiny_checkpoint import save_tiny_checkpoint
 
 
@@ -245,3 +249,60 @@ def test_a_tracking_server_or_database_that_does_not_answer_is_one_line_at_once(
     line = assert_one_line_error(cli("run", f"tracking.uri={uri}"), *fragments)
     assert time.monotonic() - started < 30 and "secret" not in line
     assert not (workdir / ".rlhf").exists()
+
+
+# --- `rlhf check`: the checks `rlhf run` makes before its first stage, and nothing else ---------------------
+
+OK_LINE = "ok: {} passes every check `rlhf run` makes before its first stage\n"
+MISSING_REWARD = "error: reward.func_path=missing.py: no such file (looked from {} and from {})"
+TOO_FEW_CPUS = "error: infra.num_workers=4 x infra.cpus_per_worker=2 needs 8 CPUs; the local Ray cluster has 2 (infra.num_cpus)"
+
+
+def ray_daemons() -> set[int]:
+    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] in ("raylet", "gcs_server")}
+
+
+def test_check_passes_the_tiny_preset_at_once_and_leaves_nothing_running_or_written(workdir):
+    """The real command, in a process group of its own: exit 0 within seconds, nothing of its group left
+    (a local Ray cluster's daemons would be), no Ray daemon started, no state folder or MLflow store."""
+    daemons = ray_daemons()
+    started = time.monotonic()
+    proc = subprocess.Popen([*CLI, "check"], cwd=workdir, env=cli_env(workdir), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out, err) == (0, OK_LINE.format("tiny"), "")
+    assert time.monotonic() - started < 20
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # no process is left in its group
+    assert ray_daemons() <= daemons
+    assert not (workdir / ".rlhf").exists()
+
+
+def test_check_names_the_config_and_overrides_it_passed(cli, workdir):
+    result = cli("check", "--config", "tiny", "seed=7", "--only", "rm")
+    assert (result.returncode, result.stdout, result.stderr) == (0, OK_LINE.format("tiny seed=7"), "")
+
+
+def test_check_with_a_missing_reward_file_is_one_line_naming_the_key(cli, workdir):
+    result = cli("check", "reward.func_path=missing.py")
+    assert result.stderr == MISSING_REWARD.format(workdir, Path(configs.__file__).parent) + "\n"
+    assert (result.returncode, result.stdout) == (2, "")
+    assert_no_work_started(workdir)
+
+
+def test_check_with_a_layout_that_cannot_fit_the_local_cluster_is_one_line(cli, workdir):
+    result = cli("check", "infra.num_workers=4", "infra.num_cpus=2")
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", TOO_FEW_CPUS + "\n")
+    assert_no_work_started(workdir)
+
+
+def test_check_lists_every_failed_check_where_run_stops_at_the_first(cli, workdir):
+    request = ("--only", "evall", "reward.func_path=missing.py", "infra.num_workers=4", "infra.num_cpus=2")
+    unknown_stage = ("error: --only evall: unknown stage (stages: data_prep, sft, rm, prm, rl, dpo, rs, kd, csft, "
+                     "lora_merge, eval)")
+    checked = cli("check", *request)
+    assert checked.returncode == 2
+    assert checked.stderr.splitlines() == [unknown_stage, MISSING_REWARD.format(workdir, Path(configs.__file__).parent),
+                                           TOO_FEW_CPUS]
+    assert assert_one_line_error(cli("run", *request)) == unknown_stage
+    assert_no_work_started(workdir)

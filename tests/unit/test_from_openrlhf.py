@@ -7,10 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pydantic import Field
 
-import configs.loader
-import configs.openrlhf_convert
 import flows.from_openrlhf
 from configs import load_config
 from configs.errors import ConfigError
@@ -35,24 +32,6 @@ def convert(name: str, *sets: str) -> tuple[PipelineConfig, str]:
 def not_mapped(text: str) -> list[str]:
     """The lines of the config's not-mapped block."""
     return [line.removeprefix("#   ") for line in text.split("# Not mapped", 1)[1].splitlines()[1:]]
-
-
-def pins_take_hub_ids() -> bool:
-    try:
-        PipelineConfig.model_validate({"inputs": {"sft_model": "OpenRLHF/Llama-3-8b-sft-mixture"}})
-    except ValueError:
-        return False
-    return True
-
-
-@pytest.fixture
-def hub_pins(monkeypatch):
-    """`inputs` taking hub ids and folders, as it will (the lead's extension): the pins are live."""
-    class Extended(PipelineConfig):
-        inputs: dict[str, str] = Field(default_factory=dict)
-
-    for module in (configs.loader, configs.openrlhf_convert, flows.from_openrlhf):
-        monkeypatch.setattr(module, "PipelineConfig", Extended)
 
 
 def test_the_examples_are_all_here():
@@ -100,7 +79,7 @@ def test_train_sft_mixtral_lora_keys():
     assert cfg.sft.grad_accum_steps == 32  # 128 / 4
 
 
-def test_ppo_script_keys(hub_pins):
+def test_ppo_script_keys():
     cfg, text = convert("train_ppo_ray_hybrid_engine.sh")
     algorithm, rollout = cfg.rl.algorithm, cfg.rl.rollout
     assert algorithm.advantage_estimator == "gae"  # the script names none: OpenRLHF's default, PPO
@@ -121,7 +100,7 @@ def test_ppo_script_keys(hub_pins):
     assert "# OpenRLHF's default (no --algo.advantage.estimator)" in text
 
 
-def test_flat_ppo_script_keys(hub_pins):
+def test_flat_ppo_script_keys():
     cfg, text = convert("v0.8.11_train_grpo_ray_hybrid_engine.sh")
     algorithm = cfg.rl.algorithm
     assert (algorithm.advantage_estimator, algorithm.init_kl_coef, algorithm.kl_estimator, algorithm.use_kl_loss) == ("group_norm", 1e-3, "k3", True)
@@ -139,14 +118,6 @@ def test_dapo_and_reward_function_scripts():
     cfg, _ = convert("v0.8.11_train_ppo_llama_with_remote_rm.sh")
     assert (cfg.reward.source, cfg.reward.url) == ("remote", "http://localhost:5000/get_reward")
     assert cfg.infra.offload_optimizer and cfg.rl.placement.colocate_actor_ref
-
-
-def test_pins_the_schema_does_not_take_are_shown_commented_out():
-    if pins_take_hub_ids():
-        pytest.skip("inputs takes hub ids: the pins are live")
-    cfg, text = convert("train_ppo_ray_hybrid_engine.sh")
-    assert "#   sft_model: OpenRLHF/Llama-3-8b-sft-mixture   # --actor.model_name_or_path" in text
-    assert cfg.reward.rm_paths == ["OpenRLHF/Llama-3-8b-rm-700k"] and cfg.reward.source == "rm"
 
 
 def test_dpo_kto_rm_and_prm_scripts():

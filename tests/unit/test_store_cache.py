@@ -40,14 +40,37 @@ def test_pins_resolve_runs_versions_and_aliases(client, tmp_path):
     registered = stage_run(client, tmp_path, register=True)
     client.set_registered_model_alias("rlhf-sft", "champion", "1")
     expected = store.ArtifactRef("sft_model", registered)
-    assert store.resolve_pin(client, "inputs.x", f"runs:/{run_id}/sft_model") == store.ArtifactRef("sft_model", run_id)
-    assert store.resolve_pin(client, "inputs.x", "models:/rlhf-sft/1") == expected
-    assert store.resolve_pin(client, "inputs.x", "models:/rlhf-sft@champion") == expected
+    assert store.resolve_pin(client, "inputs.x", f"runs:/{run_id}/sft_model", client.exp) == store.ArtifactRef("sft_model", run_id)
+    assert store.resolve_pin(client, "inputs.x", "models:/rlhf-sft/1", client.exp) == expected
+    assert store.resolve_pin(client, "inputs.x", "models:/rlhf-sft@champion", client.exp) == expected
     newest = stage_run(client, tmp_path, register=True)
-    assert store.resolve_pin(client, "inputs.x", "models:/rlhf-sft/latest") == store.ArtifactRef("sft_model", newest)
+    assert store.resolve_pin(client, "inputs.x", "models:/rlhf-sft/latest", client.exp) == store.ArtifactRef("sft_model", newest)
     with pytest.raises(PipelineError, match=r"inputs.x=runs:/.*/dpo_model: run .* has no artifact 'dpo_model'"):
-        store.resolve_pin(client, "inputs.x", f"runs:/{run_id}/dpo_model")
+        store.resolve_pin(client, "inputs.x", f"runs:/{run_id}/dpo_model", client.exp)
     with pytest.raises(PipelineError, match=r"inputs.x=runs:/abc/sft_model: no run abc"):
-        store.resolve_pin(client, "inputs.x", "runs:/abc/sft_model")
+        store.resolve_pin(client, "inputs.x", "runs:/abc/sft_model", client.exp)
     with pytest.raises(PipelineError, match=r"inputs.x=models:/rlhf-sft@best: no such registered model version"):
-        store.resolve_pin(client, "inputs.x", "models:/rlhf-sft@best")
+        store.resolve_pin(client, "inputs.x", "models:/rlhf-sft@best", client.exp)
+
+
+def test_a_checkpoint_folder_pin_is_imported_once_and_again_when_it_changes(client, tmp_path):
+    from configs.errors import PipelineError
+
+    folder = tmp_path / "my-sft"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "model.safetensors").write_bytes(b"weights")
+    first = store.resolve_pin(client, "inputs.sft_model", str(folder), client.exp)
+    assert first.name == "sft_model"
+    run = client.get_run(first.run_id)
+    assert (run.info.status, run.data.tags["rlhf.kind"], run.data.tags["rlhf.import.source"]) == ("FINISHED", "import", str(folder))
+    copied = store._local_path(run.info.artifact_uri) / "sft_model"
+    assert sorted(p.name for p in copied.iterdir()) == ["config.json", "model.safetensors"]
+    assert store.resolve_pin(client, "inputs.sft_model", str(folder), client.exp) == first  # the same content: reused
+    (folder / "model.safetensors").write_bytes(b"other weights")
+    assert store.resolve_pin(client, "inputs.sft_model", str(folder), client.exp).run_id != first.run_id
+    with pytest.raises(PipelineError, match=rf"^inputs.sft_model={tmp_path}/nope: no such folder, and not a hub model"):
+        store.resolve_pin(client, "inputs.sft_model", str(tmp_path / "nope"), client.exp)
+    (folder / "config.json").unlink()
+    with pytest.raises(PipelineError, match=rf"^inputs.sft_model={folder}: {folder} has no config.json"):
+        store.resolve_pin(client, "inputs.sft_model", str(folder), client.exp)
