@@ -10,7 +10,7 @@ import importlib.util
 import threading
 from pathlib import Path
 
-PROJECT_PACKAGES = ("artifacts", "configs", "flows", "stages")  # what pyproject installs; all else is a library
+PROJECT_PACKAGES = ("artifacts", "configs", "flows", "runtime", "stages")  # what pyproject installs; all else is a library
 
 
 def package_dirs(packages: tuple[str, ...], search: list[Path] | None = None) -> dict[str, Path]:

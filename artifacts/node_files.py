@@ -52,7 +52,8 @@ class RunFiles:
     inputs: dict[str, str]  # artifact name -> the run that produced it
     work_name: str  # "<stage>-<fingerprint>"
     resume_run: str | None = None  # an earlier run of this stage and fingerprint that uploaded checkpoints
-    merge_adapters: bool = False  # the stage takes whole models: a LoRA adapter input is merged on the node
+    # the stage takes whole models: the worker merges a LoRA adapter input on the node (runtime.worker_pool.whole_models)
+    merge_adapters: bool = False
 
     def client(self):
         from mlflow import MlflowClient
@@ -66,16 +67,8 @@ class RunFiles:
     def fetch_inputs(self, names: list[str] | None = None) -> dict[str, Path]:
         """The inputs (or the named ones), downloaded to this node once per producing run (ranks and actors on
         one node share the copy)."""
-        paths = {name: store.download(store.ArtifactRef(name, run), node_dir() / "downloads", self.tracking_uri)
-                 for name, run in self.inputs.items() if names is None or name in names}
-        if self.merge_adapters:
-            from stages.common.checkpoint_paths import is_adapter
-
-            if any(is_adapter(p) for p in paths.values()):
-                from stages import lora_merge
-
-                paths = {name: lora_merge.materialize(p) for name, p in paths.items()}
-        return paths
+        return {name: store.download(store.ArtifactRef(name, run), node_dir() / "downloads", self.tracking_uri)
+                for name, run in self.inputs.items() if names is None or name in names}
 
     def work_dir(self) -> Path:
         """This node's work dir for the run, holding `resume_run`'s checkpoints: made once per node and run

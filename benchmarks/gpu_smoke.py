@@ -66,7 +66,7 @@ def build(kind: str, size: str, zero: int, precision: str, lr: float = 1e-5):
     config = LlamaConfig(**SIZES[size], num_labels=1, pad_token_id=0)  # type: ignore[call-arg]
     cls = LlamaForSequenceClassification if kind == "rm" else LlamaForCausalLM
     # transformers types PreTrainedModel.to as @wraps(Module.to), an unbound method that wants the model twice
-    model = cls(config).to(checkpoint.DTYPES[precision])  # type: ignore[arg-type]
+    model = cls(config).to(checkpoint.torch_dtype(precision))  # type: ignore[arg-type]
     model.gradient_checkpointing_enable()
     model.config.use_cache = False
     infra = InfraConfig(zero_stage=zero, precision=precision)

@@ -182,6 +182,7 @@ def ours(cfg, data: dict[str, Path], work: Path, in_process: bool = False) -> di
     """Our RL stage's trial: on a local Ray cluster as the flow runs it, or (`in_process`: no Ray, as on a
     bare GPU machine) with its workers in this process."""
     from benchmarks.in_process import make_ctx
+    from runtime import rl_driver
     from stages.rl import stage as rl_stage
 
     steps: list[dict] = []
@@ -190,10 +191,10 @@ def ours(cfg, data: dict[str, Path], work: Path, in_process: bool = False) -> di
     if in_process:
         rl_stage.run_in_process(ctx, inputs)
     else:
-        from stages.common.ray_workers import local_cluster
+        from runtime.resources import local_cluster
 
         with local_cluster(cfg.infra.num_cpus, log_to_driver=False):  # as the flow starts one
-            rl_stage.run(ctx, inputs)
+            rl_driver.run(ctx, inputs)
     per_step = cfg.rl.rollout.batch_size * cfg.rl.rollout.n_samples_per_prompt
     parts = {f"{p}_s": sum(m.get(f"time/{p}", 0.0) for m in steps) for p in PARTS}
     return {"samples": per_step * len(steps), "response_tokens": sum(m["train/response_length"] * per_step for m in steps),
@@ -256,8 +257,8 @@ def trl_in_ray(cfg, data: dict[str, Path], work: Path) -> dict:
     are: the cost of the runtime alone, with TRL's loop unchanged."""
     import ray
 
+    from runtime.resources import local_cluster
     from stages.common.dist_env import prepare_process
-    from stages.common.ray_workers import local_cluster
 
     threads = cfg.infra.num_cpus
     data, work = {name: path.resolve() for name, path in data.items()}, work.resolve()

@@ -43,8 +43,8 @@ def sft_main(spec: dict) -> None:
 
 def trial_main(spec: dict) -> None:
     from benchmarks.in_process import make_ctx
-    from stages.common.ray_workers import local_cluster
-    from stages.rl import stage as rl_stage
+    from runtime import rl_driver
+    from runtime.resources import local_cluster
 
     work, data = Path(spec["work"]), {name: Path(path) for name, path in spec["data"].items()}
     cfg = grpo_compare.bench_config(spec["steps"], [*spec["overrides"], f"eval.max_samples={EVAL_SAMPLES}"])
@@ -59,7 +59,7 @@ def trial_main(spec: dict) -> None:
 
     ctx = make_ctx("rl", cfg, work, log)
     with local_cluster(cfg.infra.num_cpus, log_to_driver=False):
-        result = rl_stage.run(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
+        result = rl_driver.run(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
     parts = {f"{p}_s": sum(m.get(f"time/{p}", 0.0) for m in steps) for p in grpo_compare.PARTS}
     samples = cfg.rl.rollout.batch_size * cfg.rl.rollout.n_samples_per_prompt * len(steps)
     (work / "result.json").write_text(json.dumps({

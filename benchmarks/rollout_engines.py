@@ -32,12 +32,12 @@ def rollout(options: RunOptions) -> Report:
 
     from configs import load_config
     from flows import vllm_env
+    from runtime import rollout_engines
+    from runtime.resources import actor_class, local_cluster, thread_env
+    from runtime.vllm_engine import VLLMRolloutEngine, runtime_env
     from stages.common import checkpoint
-    from stages.common.ray_workers import actor_class, local_cluster, thread_env
     from stages.contract import NodeInputs
     from stages.data_prep import read_split
-    from stages.rl import rollout_engines
-    from stages.rl.vllm_engine import VLLMRolloutEngine, runtime_env
     from stages.rl.workers import HFRolloutEngine
 
     repeats = options.repeats_or(3)

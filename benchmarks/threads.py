@@ -3,7 +3,7 @@
     python -m benchmarks run threads [--steps N] [--repeats N]
 
 Two ways to give torch the same number of threads: OMP_NUM_THREADS at process start (what the
-stages' Ray actors do: Ray sets it to an actor's `num_cpus`, `ray_workers.thread_env` to its cores
+stages' Ray actors do: Ray sets it to an actor's `num_cpus`, `resources.thread_env` to its cores
 where it shares them, and `dist_env.use_threads` leaves it) or `torch.set_num_threads` (what they
 did before). The second also switches MKL's dynamic threading off for the life of the process, and
 MKL then opens a nested OpenMP region for every matmul inside torch's own parallel loops (SDPA's CPU

@@ -117,13 +117,13 @@ def trial_config(steps: int, overrides: list[str]):
 def ours(cfg, data: dict[str, Path], work: Path) -> list[tuple[int, float, float]]:
     """The RL stage with its periodic evals: (rollout step, clock seconds, sampled accuracy) per eval."""
     from benchmarks.in_process import make_ctx
-    from stages.common.ray_workers import local_cluster
-    from stages.rl import stage as rl_stage
+    from runtime import rl_driver
+    from runtime.resources import local_cluster
 
     logged: list[tuple[int, dict]] = []
     ctx = make_ctx("rl", cfg, work, lambda metrics, step: logged.append((step, metrics)))
     with local_cluster(cfg.infra.num_cpus, log_to_driver=False):
-        rl_stage.run(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
+        rl_driver.run(ctx, {"sft_model": data["policy"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
     clock, curve = 0.0, []
     for step, metrics in logged:
         clock += sum(v for k, v in metrics.items() if k.startswith("time/"))

@@ -40,14 +40,14 @@ def config(size: str, mode: str, steps: int):
 def trial(size: str, mode: str, steps: int, data: dict, work: Path) -> list[float]:
     """Each step's `time/weight_sync` in one RL stage run."""
     from benchmarks.in_process import make_ctx
-    from stages.common.ray_workers import local_cluster
-    from stages.rl import stage as rl_stage
+    from runtime import rl_driver
+    from runtime.resources import local_cluster
 
     cfg = config(size, mode, steps)
     syncs: list[float] = []
     ctx = make_ctx("rl", cfg, work, lambda m, step: syncs.append(m["time/weight_sync"]) if "time/weight_sync" in m else None)
     with local_cluster(cfg.infra.num_cpus, log_to_driver=False):
-        rl_stage.run(ctx, {"sft_model": data["base_model"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
+        rl_driver.run(ctx, {"sft_model": data["base_model"], "prompts": data["prompts"], "eval_data": data["eval_data"]})
     return syncs
 
 

@@ -95,12 +95,32 @@ def read_preset(path: str | None, seen: tuple[Path, ...] = ()) -> tuple[dict, Pa
         beside = file.parent / base
         parent, _ = read_preset(str(beside) if beside.suffix in (".yaml", ".yml") and beside.is_file() else base,
                                 (*seen, file.resolve()))
-        raw = merged(parent, raw)
+        raw = without_task_answers(merged(parent, raw), source(parent), "answer_pattern" in (raw.get("eval") or {}))
     try:
         PipelineConfig.model_validate(raw)  # the file's own keys first, so an error names it, not an override
     except ValidationError as exc:
         raise ConfigError(_describe(exc, str(file))) from None
     return raw, file
+
+
+# the synthetic task's answer format: a config that brings its own files does not inherit it
+TASK_ANSWER_KEYS = ("answer_pattern",)
+
+
+def source(raw: dict) -> str:
+    return (raw.get("data") or {}).get("source", "synthetic")
+
+
+def without_task_answers(raw: dict, before: str, stated: bool) -> dict:
+    """`raw` whose data became `files` (it was `before`) without the synthetic task's eval answer pattern,
+    unless the config `stated` one: the arithmetic regex would score every file's answers as wrong."""
+    if before != "synthetic" or source(raw) != "files" or stated or not isinstance(raw.get("eval"), dict):
+        return raw
+    raw = dict(raw)
+    raw["eval"] = {k: v for k, v in raw["eval"].items() if k not in TASK_ANSWER_KEYS}
+    if raw["eval"].get("metric") in ("accuracy", "sampled_accuracy"):
+        raw["eval"] = {k: v for k, v in raw["eval"].items() if k != "metric"}
+    return raw
 
 
 def merged(base: dict, override: dict) -> dict:
@@ -116,10 +136,12 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
     raw, file = read_preset(path)
 
     origins: dict[str, str] = {}
+    before = source(raw)
     for text in overrides:
         key, value = parse_override(text)
         _set_dotted(raw, key, value, PipelineConfig, f"override {text!r}")
         origins[key] = f"override {text!r}"
+    raw = without_task_answers(raw, before, "eval.answer_pattern" in origins)
     try:
         return PipelineConfig.model_validate(raw)
     except ValidationError as exc:

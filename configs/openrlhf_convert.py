@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from configs.errors import ConfigError
-from configs.openrlhf_flags import PPO, ROWS, SFT, TRAINERS, Flag, Trainer, row_for
+from configs.openrlhf_flags import KTO, PPO, PRM, ROWS, SFT, TRAINERS, Flag, Trainer, row_for
 from configs.openrlhf_script import FlagUse, TrainerCall
 from configs.openrlhf_values import (
     BadValue,
@@ -312,11 +312,21 @@ def datasets(c: Conversion) -> None:
     if section is None or f"{section}.paths" not in c.settings:
         for key in [k for k in c.settings if section and k.startswith(section + ".")]:
             c.drop(key, "the script names no dataset for it")
+        if "sft.pretrain_mode" in c.settings:
+            c.drop("sft.pretrain_mode", "the script names no dataset, and the synthetic task standing in has no plain text")
         why = c.trainer.no_data or "the script names no dataset"
         c.notes["data"] = f"{why}; the synthetic task stands in: point data.* at your files"
         return
     c.set("data.source", "files", "the script's dataset", "derived")
-    if c.trainer.name == SFT:
+    if c.trainer.name == KTO:
+        unpaired_datasets(c)
+    elif c.trainer.name == PRM:
+        text = c.value("data.prm.input_key", "input")
+        derive(c, section, "data.sft", "a stand-in, the PRM texts as their own responses (the schema needs SFT rows; "
+                                       "eval reads them for perplexity): name real SFT rows", input_key=text, output_key=text)
+        derive(c, section, "data.prompts", "a stand-in, the PRM texts as prompts and labels (the schema needs prompts for rl "
+                                           "and eval): name real prompts before running those", input_key=text, label_key=text)
+    elif c.trainer.name == SFT:
         derive(c, "data.sft", "data.prompts", "the SFT rows' prompts, their responses as labels (the schema needs "
                                                 "prompts for rl and eval)",
                input_key=c.value("data.sft.input_key", "input"),
@@ -346,6 +356,22 @@ def datasets(c: Conversion) -> None:
             why = ("a stand-in, the prompts themselves (the schema needs SFT rows; eval reads them for perplexity): "
                    "name real SFT rows")
         derive(c, "data.prompts", "data.sft", why, **turns)
+
+
+def unpaired_datasets(c: Conversion) -> None:
+    """KTO's rows: without --output_key OpenRLHF reads the input as a whole conversation, its last turn the
+    response; SFT rows and prompts are derived from them."""
+    prompt = c.value("data.preference.input_key", "input")
+    response = c.value("data.preference.output_key")
+    if response is None:
+        c.set("data.preference.output_key", prompt, "no --output_key: the conversation's last turn is the response "
+                                                    "(OpenRLHF's)", "derived")
+    turns = {"input_key": prompt, "output_key": response} if response else {"input_key": prompt, "multiturn": True}
+    derive(c, "data.preference", "data.sft", "a stand-in, the rows' responses, undesirable ones too, as SFT rows (the "
+                                             "schema needs SFT rows; eval reads them for perplexity): name real SFT rows",
+           **turns)
+    derive(c, "data.preference", "data.prompts", "the rows' prompts, their responses as labels (the schema needs prompts "
+                                                 "for rl and eval)", input_key=prompt, label_key=response or prompt)
 
 
 def derive(c: Conversion, source: str, target: str, why: str, **keys: object) -> None:

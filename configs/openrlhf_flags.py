@@ -51,11 +51,10 @@ class Trainer:
 TRAINERS = {t.name: t for t in (
     Trainer(SFT, "sft", ("sft",), "data.sft", from_sft=False),
     Trainer(RM, "rm", ("rm",), "data.preference"),
-    Trainer(PRM, "prm", ("prm",), None, "no counterpart yet: PRM rows come only from the synthetic task (no data.prm)"),
+    Trainer(PRM, "prm", ("prm",), "data.prm"),
     Trainer(DPO, "dpo", ("dpo",), "data.preference"),
-    Trainer(KTO, "dpo", ("dpo",), None, "no counterpart yet: KTO here trains on preference pairs (data.preference: "
-                                        "chosen, rejected), not on single responses with a desirable label",
-            sets={"dpo.loss": "kto"}),
+    # train_kto reads single responses, each desirable or not: unpaired preference rows
+    Trainer(KTO, "dpo", ("dpo",), "data.preference", sets={"dpo.loss": "kto", "data.preference.unpaired": True}),
     Trainer(PPO, "rl", ("rl.actor", "rl.critic"), "data.prompts"),
 )}
 
@@ -149,12 +148,12 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--label_key", "--data.label_key"), (PRM, KTO, PPO), ("{data}.label_key",)),
         Flag(("--apply_chat_template", "--data.apply_chat_template"), (SFT, RM, DPO, KTO, PPO), ("{data}.apply_chat_template",),
              Switch(), absent=False),
-        Flag(("--input_template", "--data.input_template"), (SFT,), ("{data}.input_template",), absent="User: {}\nAssistant: ",
+        Flag(("--input_template", "--data.input_template"), (SFT, KTO), ("{data}.input_template",), absent="User: {}\nAssistant: ",
              absent_unless=("--apply_chat_template", "--data.apply_chat_template")),
-        Flag(("--input_template", "--data.input_template"), (RM, DPO, KTO, PPO), ("{data}.input_template",)),
+        Flag(("--input_template", "--data.input_template"), (RM, DPO, PPO), ("{data}.input_template",)),
         Flag(("--multiturn", "--data.multiturn"), (SFT,), ("{data}.multiturn",), Switch()),
-        Flag(("--tokenizer_chat_template", "--data.tokenizer_chat_template"), (SFT, RM, DPO),
-             why="no counterpart yet: the checkpoint's own chat template is used"),
+        Flag(("--tokenizer_chat_template", "--data.tokenizer_chat_template"), (SFT, RM, DPO), ("data.tokenizer_chat_template",),
+             why="every dataset's, and saved with the base model's tokenizer"),
         Flag(("--disable_fast_tokenizer", "--data.disable_fast_tokenizer"), ALL, why="no counterpart yet: the fast tokenizer is used"),
         Flag(("--dataloader_num_workers", "--data.dataloader_num_workers"), (SFT, RM, DPO, PPO),
              why="no counterpart yet: data is prepared once, by data_prep"),
@@ -241,7 +240,7 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--ref_pretrain", "--ref.model_name_or_path"), (DPO,),
              why="the reference is the policy's starting weights (the SFT model)"),
         Flag(("--ref_offload", "--ref.offload"), (DPO, KTO), why="no counterpart yet: the reference stays on the rank's device"),
-        Flag(("--pretrain_mode", "--model.pretrain_mode_enable"), (SFT,), why="no counterpart yet: the loss is on response tokens only"),
+        Flag(("--pretrain_mode", "--model.pretrain_mode_enable"), (SFT,), ("sft.pretrain_mode",), Switch()),
     )),
     ("RL: models and placement", (
         Flag(("--actor_num_nodes", "--actor.num_nodes"), (PPO,), ("rl.actor.num_workers",), Factor(default=1),

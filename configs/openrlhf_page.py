@@ -48,8 +48,8 @@ stay as written (a number or switch the shell fills in is listed as not mapped: 
   does not name are derived from the one it does, and marked so: a preference set's chosen responses
   as SFT rows, an SFT set's prompts with their responses as labels, a prompt set's labels as responses.
   A PPO script without `--label_key` has its prompts stand in for both (the label column, the SFT rows:
-  name real ones before eval reads them). PRM rows and KTO's
-  unpaired examples have no file format here: those scripts keep the synthetic task as their data.
+  name real ones before eval reads them). A PRM script's rows (`data.prm`) and a KTO script's
+  unpaired rows (`data.preference` with `unpaired: true`) stand in for SFT rows and prompts the same way.
 - **Batches.** OpenRLHF's `--train_batch_size` is global; here a DeepSpeed stage accumulates
   `grad_accum_steps` micro batches on each of `infra.num_workers` ranks (from `deepspeed --num_gpus` or
   `torchrun --nproc_per_node`, else 1). PPO's keeps its meaning (`rl.train_batch_size`).
@@ -69,7 +69,7 @@ stay as written (a number or switch the shell fills in is listed as not mapped: 
 
 `{{stage}}` is the trainer's stage section (`sft`, `rm`, `prm`, `dpo`, `rl`), `{{model}}` each model it
 trains (`rl.actor` and `rl.critic` for PPO), `{{data}}` the dataset it reads (`data.sft`,
-`data.preference`, `data.prompts`). Trainers: `ppo` is `train_ppo_ray`; `prm` and `kto` take flat flags
+`data.preference`, `data.prompts`, `data.prm`). Trainers: `ppo` is `train_ppo_ray`; `prm` and `kto` take flat flags
 only (OpenRLHF dropped them before its flags became nested).
 """
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from configs.dpo_objectives import DPO_OBJECTIVES
 from configs.estimators import ESTIMATORS, Estimator, LossAggregation
-from configs.reward_sources import REWARD_SOURCES
+from configs.reward_sources import REWARD_SOURCES, consumed_model
 
 
 class Section(BaseModel):
@@ -93,6 +93,8 @@ class DatasetConfig(Section):
     apply_chat_template: bool = Field(True, description="render prompts with the tokenizer's chat template")
     input_template: str | None = Field(None, description='e.g. "User: {}\\nAssistant: " when not using the chat template')
     multiturn: bool = Field(False, description="input_key holds a whole conversation; every assistant turn is trained")
+    unpaired: bool = Field(False, description="preference: rows of one response each (output_key) and a boolean label_key, "
+                                              "desirable or not, for dpo.loss=kto (OpenRLHF's train_kto data); no rm stage")
 
     @model_validator(mode="after")
     def _probs_match(self) -> DatasetConfig:
@@ -120,12 +122,31 @@ class DataConfig(Section):
     sft: DatasetConfig | None = Field(None, description="files: SFT rows (prompt, response)")
     preference: DatasetConfig | None = Field(None, description="files: preference pairs for rm and dpo; empty: both skipped")
     prompts: DatasetConfig | None = Field(None, description="files: RL prompts with labels; eval's held-out prompts come from its eval split")
-    max_len: int = Field(128, gt=0, description="rows longer than this many tokens are an error")
+    prm: DatasetConfig | None = Field(None, description="files: PRM rows (Math-Shepherd's format): input_key the text with "
+                                                        "prm.placeholder_token ending each step, label_key one of "
+                                                        "prm.reward_tokens per step; empty: no prm stage")
+    tokenizer_chat_template: str | None = Field(
+        None, description="a Jinja chat template (or a file holding one) that replaces the tokenizer's for every dataset and "
+                          "is saved with the base model's tokenizer (OpenRLHF's --tokenizer_chat_template)")
+    max_len: int = Field(2048, gt=0, description="longest row in tokens (OpenRLHF's --max_len); a longer row is dropped "
+                                                 "and counted (rows/<set>/<split>/dropped), or with strict_lengths an error")
+    strict_lengths: bool = Field(False, description="a row longer than max_len is an error naming its file and line, "
+                                                    "not dropped")
 
     @model_validator(mode="after")
     def _files_need_sft(self) -> DataConfig:
         if self.source == "files" and (self.sft is None or self.prompts is None):
             raise ValueError("source: files needs at least data.sft and data.prompts")
+        for name in ("sft", "prompts", "prm"):
+            if (section := getattr(self, name)) is not None and section.unpaired:
+                raise ValueError(f"data.{name}.unpaired: only preference rows may be unpaired (data.preference.unpaired)")
+        if self.prm is not None:
+            # a PRM row is one text, read as written: the labels follow its placeholders
+            for key in ("multiturn", "input_template"):
+                if getattr(self.prm, key):
+                    raise ValueError(f"data.prm.{key}: PRM rows are one text each, read as written (no template)")
+        if self.tokenizer_chat_template is not None and not self.tokenizer_chat_template.strip():
+            raise ValueError("data.tokenizer_chat_template is empty: give a Jinja template or a file holding one")
         return self
 
 
@@ -140,7 +161,9 @@ class InfraConfig(Section):
         default_factory=dict, description="custom Ray resources added to every worker's bundle, e.g. {worker_node: 1}: "
         "stage work runs only on nodes started with them (ray start --resources)")
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage of every trained model")
-    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="training and inference precision")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="training and inference precision; auto: bf16 where a worker computes on a GPU with bf16, "
+                            "fp32 on a CPU (OpenRLHF's examples train in bf16)")
     offload_optimizer: bool = Field(False, description="ZeRO-Offload: optimizer state and step on the CPU (OpenRLHF --adam_offload)")
     offload_params: bool = Field(False, description="ZeRO-3 parameter offload to the CPU (zero_stage 3 only)")
     overlap_comm: bool = Field(False, description="overlap gradient reduction with the backward pass")
@@ -222,6 +245,9 @@ class SFTConfig(TrainingConfig):
 
     lr: float = Field(5e-6, gt=0)
     packing: bool = Field(False, description=PACKING)
+    pretrain_mode: bool = Field(False, description="continued pre-training (OpenRLHF's --pretrain_mode): the loss on every "
+                                                   "token of plain-text rows, data.sft.input_key only, no chat template "
+                                                   "or output; a row over data.max_len is cut to it")
 
 
 class RewardModelConfig(TrainingConfig):
@@ -390,8 +416,9 @@ class RewardConfig(Section):
     rm_paths: list[str] = Field(default_factory=list, description="RM checkpoints, combined by mean; empty: the pipeline's own")
     prm_path: str | None = Field(None, description="PRM checkpoint; empty: the pipeline's own")
     prm_aggregate: Literal["min", "mean", "last"] = Field("min", description="how a PRM's step scores make a response's reward")
-    func_path: str = Field("rewards/arithmetic.py", description="a file defining reward_func(queries, prompts, labels); relative paths "
-                                                               "are tried from the working directory, then from configs/")
+    func_path: str | None = Field(None, description="a file defining reward_func(queries, prompts, labels); relative paths are "
+                                                    "tried from the working directory, then from configs/ (the tiny preset: "
+                                                    "rewards/arithmetic.py); empty with source func: an error before any work")
     url: str | None = Field(None, description="remote reward server, e.g. http://127.0.0.1:5001/get_reward")
     timeout_s: float = Field(10.0, gt=0, description="func: longest an RL reward worker's reward_func call may take (one "
                                                      "batch); remote: longest each request may take")
@@ -450,8 +477,8 @@ class RolloutConfig(Section):
                                                                     "share in one call")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (the log-probs trained on are at it too)")
     top_p: float = Field(1.0, gt=0, le=1.0, description="nucleus sampling: the smallest set of tokens holding this much probability")
-    prompt_max_len: int = Field(64, gt=0, description="longest prompt in tokens; a longer one is an error")
-    generate_max_len: int = Field(40, gt=0, description="most tokens sampled per response")
+    prompt_max_len: int = Field(1024, gt=0, description="longest prompt in tokens; a longer one is an error")
+    generate_max_len: int = Field(1024, gt=0, description="most tokens sampled per response")
     async_train: bool = Field(
         False, description="the rollout engines generate the next step's samples while the policy trains on this "
                            "step's (OpenRLHF's --async_train): those samples are one update stale, weighed by "
@@ -721,3 +748,47 @@ class PipelineConfig(Section):
             raise ValueError("rl.rollout.engine=hybrid samples with each policy rank's own weights, which ZeRO-3 partitions: "
                              "use infra.zero_stage 0, 1 or 2, or rl.rollout.engine=hf")
         return self
+
+    @model_validator(mode="after")
+    def _unpaired_rows_train_kto_only(self) -> PipelineConfig:
+        if self.data.preference is None or not self.data.preference.unpaired:
+            return self
+        if DPO_OBJECTIVES[self.dpo.loss].pairing != "examples":
+            raise ValueError(f"dpo.loss={self.dpo.loss} trains on (chosen, rejected) pairs, and data.preference.unpaired "
+                             "gives single responses: set dpo.loss=kto, or give pairs (data.preference.unpaired=false)")
+        pinned = "reward_model" in self.inputs
+        if consumed_model(self.reward) == "reward_model" and not pinned:
+            raise ValueError("reward.source=rm scores with the RM the rm stage trains on preference pairs, and "
+                             "data.preference.unpaired gives none: set reward.rm_paths or inputs.reward_model, or "
+                             "another reward.source")
+        if self.csft.enabled and not self.reward.rm_paths and not pinned:
+            raise ValueError("csft.enabled scores the SFT data with the RM the rm stage trains on preference pairs, and "
+                             "data.preference.unpaired gives none: set reward.rm_paths or inputs.reward_model")
+        return self
+
+    @model_validator(mode="after")
+    def _pretrain_mode_reads_text_files(self) -> PipelineConfig:
+        if not self.sft.pretrain_mode:
+            return self
+        if self.data.source != "files":
+            raise ValueError("sft.pretrain_mode trains on plain-text rows read from files: set data.source=files and "
+                             "data.sft.input_key")
+        if self.data.sft is not None and self.data.sft.multiturn:
+            raise ValueError("sft.pretrain_mode reads data.sft.input_key as plain text: set data.sft.multiturn=false")
+        if self.csft.enabled:
+            raise ValueError("csft.enabled with sft.pretrain_mode: conditional SFT puts a score in each prompt, and "
+                             "plain-text rows have none; set csft.enabled=false")
+        return self
+
+
+def sections_with(key: str, model: type[BaseModel] = PipelineConfig, prefix: str = "") -> tuple[str, ...]:
+    """The dotted sections of the schema that have `key` (e.g. every section with an `aux_loss_coef`), read from
+    the schema itself so that a list of them cannot drift from it."""
+    found: list[str] = []
+    for name, field in model.model_fields.items():
+        section = field.annotation
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            if key in section.model_fields:
+                found.append(prefix + name)
+            found += sections_with(key, section, f"{prefix}{name}.")
+    return tuple(found)

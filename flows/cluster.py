@@ -138,7 +138,7 @@ def mlflow_command(ports: dict[str, int], artifacts: Path) -> list[str]:
 
 def ray_head_command(ports: dict[str, int], temp: Path, cpus: int) -> list[str]:
     # CPUs like the worker's, so that stage work goes to the worker node only when the config pins it there;
-    # workers at nice 0 on every node, as on the local cluster a run starts (ray_workers.start_local_cluster):
+    # workers at nice 0 on every node, as on the local cluster a run starts (resources.start_local_cluster):
     # at Ray's nice 15, anything else on this machine preempts the stages
     return [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
             f"--port={ports['ray']}", f"--num-cpus={cpus}", f"--system-config={json.dumps(RAY_SYSTEM_CONFIG)}",

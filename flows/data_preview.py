@@ -22,6 +22,8 @@ def loss_segments(name: str, row: dict, placeholder: str) -> tuple[list[str], li
     """The texts of a row and which of them a stage trains on (pairs: one sequence per response)."""
     if name == "sft_data":
         return row["texts"], row["train"]
+    if name == "pref_data" and "response" in row:  # KTO's unpaired rows: one response each
+        return [row["prompt"], row["response"]], [False, True]
     if name == "pref_data":
         return [([row["prompt"], row[key]], [False, True]) for key in ("chosen", "rejected")]
     if name == "prm_data":  # the PRM's loss sits on each step's placeholder
@@ -84,9 +86,9 @@ def preview(cfg: PipelineConfig, n: int, console: Console) -> None:
 
     tokenizer = tokenizer_for(cfg)
     placeholder = cfg.prm.placeholder_token
-    if cfg.data.source == "synthetic":
-        from stages.data_prep import add_placeholder_token
+    from stages.data_prep import add_placeholder_token, has_prm_rows
 
+    if has_prm_rows(cfg):
         add_placeholder_token(tokenizer, placeholder)
     colour = console.is_terminal and not console.no_color
     legend = "green" if colour else "inside ⟦ ⟧"
@@ -104,8 +106,10 @@ def preview(cfg: PipelineConfig, n: int, console: Console) -> None:
                 for j, seq in enumerate(row_sequences(name, row, placeholder)):
                     tokens = tokens_with_loss(tokenizer, *seq)
                     trained = sum(t for _, t in tokens)
-                    which = f" ({SEQUENCE_NAMES[name][j]})" if name in SEQUENCE_NAMES else ""
+                    which = f" ({SEQUENCE_NAMES[name][j]})" if name in SEQUENCE_NAMES and "response" not in row else ""
                     console.print(Text(f"-- row {i}{which}: {len(tokens)} tokens, {trained} with loss", style="dim"))
                     console.print(render(tokens, colour))
                 if "label" in row:
                     console.print(Text(f"   label: {row['label']!r}", style="dim"))
+                if "desirable" in row:
+                    console.print(Text(f"   desirable: {str(row['desirable']).lower()}", style="dim"))

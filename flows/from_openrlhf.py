@@ -131,15 +131,16 @@ def parked(c: Conversion) -> list[str]:
 
 def data_prep_outputs(cfg: PipelineConfig) -> set[str]:
     """What data_prep makes for `cfg` (stages/data_prep.py): the synthetic task every dataset; files the
-    ones the config names, and never PRM rows."""
+    ones the config names."""
     made = {"base_model", "sft_data", "prompts", "eval_data"}
     if cfg.data.source == "synthetic":
         return made | {"pref_data", "prm_data"}
-    return made | ({"pref_data"} if cfg.data.preference is not None else set())
+    return (made | ({"pref_data"} if cfg.data.preference is not None else set())
+            | ({"prm_data"} if cfg.data.prm is not None else set()))
 
 
 MISSING = {"pref_data": "no preference data (data.preference)",
-           "prm_data": "no PRM data (only the synthetic task makes PRM rows)"}
+           "prm_data": "no PRM data (data.prm)"}
 
 
 def stage_plan(cfg: PipelineConfig) -> dict[str, str]:
@@ -149,7 +150,7 @@ def stage_plan(cfg: PipelineConfig) -> dict[str, str]:
         wanted = [a for a in spec.wanted_inputs(cfg) if a not in cfg.inputs and a not in spec.optional_inputs]
         missing = [a for a in wanted if a not in made]
         if spec.run_when is not None and not spec.run_when(cfg):
-            plan[spec.name] = "off: no stage trains a LoRA adapter" if spec.name == "lora_merge" else f"off: {spec.name}.enabled is false"
+            plan[spec.name] = f"off: {spec.off_because}"
         elif dag.pinned_away(spec, cfg):
             pins = ", ".join(f"inputs.{a}" for a in spec.outputs)
             plan[spec.name] = f"off: {pins} stands in for its output"

@@ -51,9 +51,9 @@ def stage_task(stage: str, cfg: PipelineConfig, setup, experiment_id: str, paren
 @flow(name=FLOW_NAME)
 def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, force: list[str] | None = None,
                   only: list[str] | None = None) -> list[dict] | State:
-    """Run the DAG; returns the summary rows. A user-facing error (the first failed stage's, a full disk)
-    ends the flow run Failed with its one line, which calling the flow raises: returned as the state,
-    not raised here, so that Prefect does not log a traceback for it.
+    """Run the DAG; returns the summary rows. A user-facing error (a failed pre-run check, the first
+    failed stage's, a full disk) ends the flow run Failed with its one line, which calling the flow
+    raises: returned as the state, not raised here, so that Prefect does not log a traceback for it.
 
     `only`: run just these stages; the stages they need are reused from MLflow (their cached runs for
     this config), never run, and nothing downstream runs."""
@@ -82,7 +82,7 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
         if closed := run_owner.close_orphans(client, experiment_id):
             print(f"[mlflow] marked FAILED {len(closed)} run(s) left RUNNING by a process that ended: {', '.join(closed)}",
                   flush=True)
-        label = run_views.config_label(config, overrides)
+        label = run_views.config_label(config, overrides, force, only)
         parent = client.create_run(
             experiment_id,
             run_name=run_views.pipeline_run_name(label),
@@ -157,7 +157,7 @@ def publish(client: MlflowClient, experiment_id: str, parent_id: str, label: tup
                 outcomes[name] = data
     for outcome in outcomes.values():
         client.set_tag(parent_id, f"stage.{outcome.stage}", f"{outcome.status} {outcome.run_id or ''}".strip())
-    evaluated = outcomes.get("eval")
+    evaluated = next((outcomes[s.name] for s in dag.STAGES if s.scores_models and s.name in outcomes), None)
     if evaluated is not None and evaluated.status == "ran":
         assert evaluated.run_id is not None  # a stage that ran made its run
         verdicts = eval_report.publish(client, evaluated.run_id, evaluated.inputs, evaluated.metrics, cfg.eval.metric)

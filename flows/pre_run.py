@@ -70,6 +70,6 @@ def _checks(cfg: PipelineConfig, force: list[str], only: list[str]) -> list[Call
 def _rollout_engine(cfg: PipelineConfig) -> None:
     """vLLM installed where the engine runs (the module imports Ray: only for a config that asks for it)."""
     if cfg.rl.rollout.engine == "vllm":
-        from stages.rl.rollout_engines import check_installed
+        from runtime.rollout_engines import check_installed
 
         check_installed(cfg)

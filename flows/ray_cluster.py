@@ -3,7 +3,7 @@
 It is joined lazily, by the first stage that has work to do, so a fully cached run starts no Ray;
 `rlhf run` on a new store, where every stage will run, starts it at once (`start_early`).
 On a local cluster of its own the session keeps stage workers for the next stage of the same shape
-(`stages.common.ray_workers.WorkerPool`); on a shared cluster each stage starts and frees its own.
+(`runtime.worker_pool.WorkerPool`); on a shared cluster each stage starts and frees its own.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 from configs.errors import PipelineError, first_line
 from configs.schema import InfraConfig, PipelineConfig
+from runtime import ray_shutdown
 from stages import dag
-from stages.common import ray_shutdown
 from stages.contract import StageContext, StageResult, run_timed
 from stages.dag import StageSpec
 
 if TYPE_CHECKING:
-    from stages.common.ray_workers import Shape, WorkerPool
+    from runtime.worker_pool import Shape, WorkerPool
 
 LOG_FLUSH_S = 1.0  # how long after a stage's Ray work ends its last worker lines may still be on their way
 
@@ -65,7 +65,7 @@ def start_early(cfg: PipelineConfig) -> None:
     run): start the local cluster and the first stage's worker now, while Prefect starts its server
     and the flow's modules import; the flow's session takes them over (`session_for`)."""
     global _started_early
-    from stages.common.ray_workers import stage_shape
+    from runtime.worker_pool import stage_shape
 
     first = next((s for s in dag.STAGES if not dag.pinned_away(s, cfg)), None)
     session = RaySession(cfg.infra)
@@ -144,7 +144,8 @@ class RaySession:
                     raise PipelineError(f"Ray cluster at {address} (RAY_ADDRESS / infra.ray_address): cannot connect ({exc})") from exc
                 self.where = f"cluster at {address}"
             else:
-                from stages.common.ray_workers import WorkerPool, start_local_cluster
+                from runtime.resources import start_local_cluster
+                from runtime.worker_pool import WorkerPool
 
                 start_local_cluster(self.infra.num_cpus)
                 self.where = "local cluster"
@@ -163,7 +164,7 @@ class RaySession:
     def run_stage(self, spec: StageSpec, ctx: StageContext, inputs: dict[str, Path], files=None) -> StageResult:
         """`files` (`artifacts.node_files.RunFiles`): the stage's workers share no disk with this process;
         `inputs` is empty and they exchange every file through the tracking server."""
-        from stages.common.ray_workers import run_driver_stage, run_stage
+        from runtime.worker_pool import run_driver_stage, run_stage
 
         self.ensure()
         if files is None:

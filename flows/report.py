@@ -63,7 +63,7 @@ def comparison(client: MlflowClient, run_ids: list[str]) -> dict[str, dict[str, 
             value = metrics.get(key, metrics.get(EARLIER_KEYS.get(key, key)))
             shown = f"{value:.4g}" if value is not None else "-"
             rows.setdefault(f"{stage}: {key}", {})[run_id] = f"{shown} ({status})"
-            if stage == "eval":
+            if dag.BY_NAME[stage].scores_models:
                 for name, value in sorted(metrics.items()):
                     if "/" in name:
                         rows.setdefault(f"eval {name}", {})[run_id] = f"{value:.4g}"

@@ -28,9 +28,13 @@ def overrides_text(overrides: list[str] | None) -> str:
     return text if len(text) <= OVERRIDES_WIDTH else text[: OVERRIDES_WIDTH - 1] + "…"
 
 
-def config_label(config: str, overrides: list[str] | None) -> tuple[str, str]:
-    """(config, overrides): what names the pipeline run's settings."""
-    return config, overrides_text(overrides)
+def config_label(config: str, overrides: list[str] | None, force: list[str] | None = None,
+                 only: list[str] | None = None) -> tuple[str, str]:
+    """(config, what was asked of it): `--only` and `--force`, then the overrides, name the pipeline run's
+    settings (`rlhf run --only rm` that reuses everything is not named as a whole cached run)."""
+    asked = [f"--only {','.join(only)}"] if only else []
+    asked += [f"--force {','.join(force)}"] if force else []
+    return config, overrides_text([*asked, *(overrides or [])])
 
 
 def outcome_phrase(statuses: dict[str, str]) -> str:
@@ -70,7 +74,7 @@ def headline_metrics(stage: str, metrics: dict[str, float]) -> dict[str, float]:
     def wanted(name: str) -> bool:
         if name in (key, store.METRIC_COMPUTE_S):
             return True
-        if stage == "eval":  # `<model>/<metric>` and the score
+        if dag.BY_NAME[stage].scores_models:  # `<model>/<metric>` and the score
             return not name.startswith(("time/", "system/"))
         return name.startswith(HEADLINE_SECTIONS)
 

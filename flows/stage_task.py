@@ -210,7 +210,7 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
         shutil.rmtree(output_dir, ignore_errors=True)  # a previous, interrupted attempt's partial outputs
         output_dir.mkdir(parents=True)
     prior = {}
-    if spec.name == "eval":  # the models scored before from the same checkpoint are not scored again
+    if spec.scores_models:  # the models scored before from the same checkpoint are not scored again
         scoring_key = stage_fingerprint(spec, cfg, eval_reuse.non_model_inputs(inputs), setup.state_dir)
         client.set_tag(run_id, eval_reuse.SCORING_TAG, scoring_key)
         prior = eval_reuse.prior_results(client, experiment_id, scoring_key, inputs)
@@ -240,7 +240,7 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
     )
     refs = store.publish(client, run_id, result.outputs, spec.register, info, linked=checkpoint_metrics(result.metrics, read),
                          uploaded=files is not None)
-    if spec.name == "rl":
+    if spec.plots_eval_series:
         from flows import eval_report  # matplotlib: in this process only when there is a plot to draw
 
         eval_report.log_rl_curves(client, run_id)

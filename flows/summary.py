@@ -39,6 +39,8 @@ def summary_rows(outcomes: dict[str, StageOutcome]) -> list[dict[str, str]]:
             rows.append({"stage": spec.name, "status": "not run"} | dict.fromkeys(("time", "metric", "run", "inputs"), "-"))
             continue
         metric = f"{o.key_metric[0]}={o.key_metric[1]:.4g}" if o.key_metric else "-"
+        if dropped := int(sum(v for k, v in o.metrics.items() if k.startswith("rows/") and k.endswith("/dropped"))):
+            metric += f" ({dropped} rows over data.max_len dropped)"
         rows.append({"stage": spec.name, "status": o.status, "time": f"{o.seconds:.1f}s", "metric": metric,
                      "run": o.run_id or "-", "inputs": lineage(o.inputs, stage_of_run)})
     return rows

@@ -51,7 +51,7 @@ def machine_cache_python() -> str:
 
     import ray
 
-    from stages.rl import rollout_engines
+    from runtime import rollout_engines
 
     if os.environ.get("RLHF_VLLM_PYTHON"):
         return os.environ["RLHF_VLLM_PYTHON"]

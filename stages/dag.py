@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from configs.reward_sources import consumed_model, own_models, path_keys
 from configs.schema import EvalConfig
+from stages import chat_template
 from stages.eval_results import SCORE
 
 
@@ -17,7 +18,7 @@ class StageSpec:
     name: str
     # "module:function" taking (StageContext, inputs) and returning StageResult; the project modules it
     # imports, transitively, are the stage's code version (artifacts.code_graph). The harness that calls
-    # it (stages.common.ray_workers) decides where a stage runs, not what it computes, and is not counted.
+    # it (runtime.worker_pool) decides where a stage runs, not what it computes, and is not counted.
     entrypoint: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
@@ -36,7 +37,12 @@ class StageSpec:
     datasets: tuple[str, ...] = ()  # outputs that are datasets (split files): logged as MLflow dataset inputs of their consumers
     driver: bool = False  # the entrypoint runs in the flow process and starts its own Ray actors
     run_when: Callable | None = None  # the stage runs only when this holds for the config (else skipped)
+    off_because: str = ""  # why the stage is skipped when `run_when` does not hold, in a line
     takes_adapters: bool = False  # inputs that are LoRA adapters reach it as they are, not merged
+    # the stage scores the models it is given: its metrics are `<model>/<metric>`, a model scored before from the
+    # same checkpoint is not scored again (the flow hands it the prior results), and its run decides the champion
+    scores_models: bool = False
+    plots_eval_series: bool = False  # its `eval/*` series are drawn as a plot on its run (the held-out curve of RL)
 
     def wanted_inputs(self, cfg) -> tuple[str, ...]:
         return tuple(name for name in self.inputs if name not in self.input_when or self.input_when[name](cfg))
@@ -56,6 +62,11 @@ class StageSpec:
 def scores_with(artifact: str) -> Callable:
     """The config's reward scores with the pipeline's own `artifact` (configs/reward_sources.py says when)."""
     return lambda cfg: consumed_model(cfg.reward) == artifact
+
+
+def paired_preferences(cfg) -> bool:
+    """The preference data are pairs, not KTO's unpaired rows (the RM trains on pairs only)."""
+    return cfg.data.preference is None or not cfg.data.preference.unpaired
 
 
 def iterative_dpo(cfg) -> bool:
@@ -121,8 +132,11 @@ STAGES: tuple[StageSpec, ...] = (
         inputs=(),
         outputs=("base_model", "sft_data", "pref_data", "prm_data", "prompts", "eval_data"),
         optional_outputs=("pref_data", "prm_data"),
-        config_keys=("seed", "model", "data", "prm.placeholder_token"),
-        local_sources=("model.name_or_path", "data.sft.paths", "data.preference.paths", "data.prompts.paths"),
+        # sft.pretrain_mode renders the SFT rows as plain text; the reward tokens read PRM files' labels
+        config_keys=("seed", "model", "data", "prm.placeholder_token", "prm.reward_tokens", "sft.pretrain_mode"),
+        local_sources=("model.name_or_path", "data.sft.paths", "data.preference.paths", "data.prompts.paths",
+                       "data.prm.paths", chat_template.KEY),
+        config_when={chat_template.KEY: chat_template.names_a_file},  # an inline template counts as config
         key_metric="rows/sft_data/train",
         summary="the base model and every dataset the later stages train and evaluate on",
         datasets=("sft_data", "pref_data", "prm_data", "prompts", "eval_data"),
@@ -148,6 +162,8 @@ STAGES: tuple[StageSpec, ...] = (
         summary="the reward model: a Bradley-Terry scorer trained from the SFT model on the preference pairs",
         distributed=True,
         register=("reward_model",),
+        run_when=paired_preferences,
+        off_because="data.preference.unpaired: KTO's rows, no pairs",
     ),
     StageSpec(
         name="prm",
@@ -162,7 +178,8 @@ STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         name="rl",
-        entrypoint="stages.rl.stage:run",
+        entrypoint="runtime.rl_driver:run",
+        plots_eval_series=True,
         inputs=("sft_model", "prompts", "eval_data", *REWARD_MODELS),
         input_when=SCORES_WITH,
         outputs=("rl_model",),
@@ -201,6 +218,7 @@ STAGES: tuple[StageSpec, ...] = (
         distributed=True,
         register=("rs_model",),
         run_when=rejection_sampling,
+        off_because="rs.enabled is false",
     ),
     StageSpec(
         name="kd",
@@ -215,6 +233,7 @@ STAGES: tuple[StageSpec, ...] = (
         distributed=True,
         register=("kd_model",),
         run_when=distillation,
+        off_because="kd.enabled is false",
     ),
     StageSpec(
         name="csft",
@@ -229,6 +248,7 @@ STAGES: tuple[StageSpec, ...] = (
         distributed=True,
         register=("csft_model",),
         run_when=conditional_sft,
+        off_because="csft.enabled is false",
     ),
     StageSpec(
         name="lora_merge",
@@ -240,6 +260,7 @@ STAGES: tuple[StageSpec, ...] = (
         key_metric="merge/max_logit_diff",
         summary="full checkpoints of the LoRA adapters the run trained, each merged into its base",
         run_when=trains_adapters,
+        off_because="no stage trains a LoRA adapter",
         takes_adapters=True,
         register=("merged_models",),
     ),
@@ -256,6 +277,7 @@ STAGES: tuple[StageSpec, ...] = (
         local_sources=REWARD_FILES,
         key_metric=SCORE,
         summary="every policy scored on the held-out prompts: the report the champion is chosen by",
+        scores_models=True,
     ),
 )
 
@@ -324,6 +346,10 @@ def check_request(cfg, force: list[str], only: list[str]) -> None:
     clash = set(force) & reused_by_only(only, cfg)
     if clash:
         raise ConfigError(f"--force {' '.join(sorted(clash))}: --only reuses it; add it to --only to rerun it")
+    for option, names in (("--only", only), ("--force", force)):
+        if "rm" in names and not paired_preferences(cfg):
+            raise ConfigError(f"{option} rm: the RM trains on preference pairs, and data.preference.unpaired gives KTO's "
+                              "single responses; give pairs (data.preference.unpaired=false) to train it")
     check_pins(cfg)
 
 

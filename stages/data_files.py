@@ -35,11 +35,15 @@ CHECK_BATCH = 1000  # rows decoded at a time by `check_values`
 READ_CHUNK = 1 << 24  # bytes decoded at a time by `check_text`
 
 
-def file_columns(section: str, cfg: DatasetConfig) -> dict[str, str]:
-    """Config field -> column each dataset kind reads."""
+def file_columns(section: str, cfg: DatasetConfig, pretrain: bool = False) -> dict[str, str]:
+    """Config field -> column each dataset kind reads (`pretrain`: sft.pretrain_mode's plain text, one column)."""
     if section == "sft":
-        return {"input_key": cfg.input_key} if cfg.multiturn else {"input_key": cfg.input_key, "output_key": cfg.output_key}
+        if cfg.multiturn or pretrain:
+            return {"input_key": cfg.input_key}
+        return {"input_key": cfg.input_key, "output_key": cfg.output_key}
     if section == "preference":
+        if cfg.unpaired:  # OpenRLHF's KTO rows: one response and whether it is desirable
+            return {"output_key": cfg.output_key, "label_key": cfg.label_key}
         cols = {"chosen_key": cfg.chosen_key, "rejected_key": cfg.rejected_key}
         if cfg.margin_key:
             cols["margin_key"] = cfg.margin_key
@@ -48,8 +52,8 @@ def file_columns(section: str, cfg: DatasetConfig) -> dict[str, str]:
 
 
 def optional_columns(section: str, cfg: DatasetConfig) -> dict[str, str]:
-    """Config field -> column read where a source has it: conversation-style chosen/rejected carry
-    their prompt, so preference data may lack the prompt column."""
+    """Config field -> column read where a source has it: conversation-style responses carry their
+    prompt, so preference data may lack the prompt column."""
     return {"input_key": cfg.input_key} if section == "preference" else {}
 
 
@@ -313,11 +317,12 @@ def require_columns(ds: Dataset, source: str, needed: dict[str, str]) -> None:
                             f"{', '.join(ds.column_names)}; set {field} to the one that holds it")
 
 
-def check_values(ds: Dataset, section: str, cfg: DatasetConfig, fields: dict[str, str], located: Callable[[int], str]) -> None:
+def check_values(ds: Dataset, section: str, cfg: DatasetConfig, fields: dict[str, str], located: Callable[[int], str],
+                 pretrain: bool = False) -> None:
     """Every value of the columns `fields` (config field -> column) holds what its field reads (see
     `data_values`); the error names the row `located(i)` and the column, its key and what to do."""
-    kinds = data_values.value_kinds(section, cfg)
-    required = file_columns(section, cfg)
+    kinds = data_values.value_kinds(section, cfg, pretrain)
+    required = file_columns(section, cfg, pretrain)
     for start in range(0, len(ds), CHECK_BATCH):
         try:
             batch = ds[start : start + CHECK_BATCH]
@@ -342,10 +347,11 @@ def _decodes(ds: Dataset, i: int) -> bool:
 # --- the train and eval splits of a dataset config -----------------------------------------------
 
 
-def load_mixed(cfg: DatasetConfig, section: str, columns: dict[str, str], seed: int) -> tuple[Dataset, Dataset]:
+def load_mixed(cfg: DatasetConfig, section: str, columns: dict[str, str], seed: int,
+               pretrain: bool = False) -> tuple[Dataset, Dataset]:
     """Train and eval splits of every source, reduced to `columns` (config field -> column, required)
-    and the `optional_columns` a source has, their values checked, then mixed. Each row also holds
-    `ORIGIN_COLUMNS`, for `locate`.
+    and the `optional_columns` a source has, their values checked (`pretrain`: as plain text), then
+    mixed. Each row also holds `ORIGIN_COLUMNS`, for `locate`.
 
     Mixing follows `probs` with `interleave_datasets` (until every source is exhausted), as OpenRLHF's
     `--dataset_probs` does; without `probs` the sources are concatenated.
@@ -362,14 +368,14 @@ def load_mixed(cfg: DatasetConfig, section: str, columns: dict[str, str], seed: 
             raise DataError(f"{path}: dataset is empty (split {cfg.split!r}); add rows or remove it from {paths_key}")
         if cfg.max_samples is not None:
             ds = ds.select(range(min(cfg.max_samples, len(ds))))
-        check_values(ds, section, cfg, fields, functools.partial(where, path, cfg.split, cfg.subset))
+        check_values(ds, section, cfg, fields, functools.partial(where, path, cfg.split, cfg.subset), pretrain)
         ds = with_origin(ds, index)
         if cfg.eval_split is not None:
             ev = load_source(path, cfg.eval_split, cfg.subset, paths_key)
             require_columns(ev, f"{path} (split {cfg.eval_split!r})", needed)
             ev_fields = {f: c for f, c in fields.items() if c in ev.column_names}
             ev = ev.select_columns(list(dict.fromkeys(ev_fields.values())))
-            check_values(ev, section, cfg, ev_fields, functools.partial(where, path, cfg.eval_split, cfg.subset))
+            check_values(ev, section, cfg, ev_fields, functools.partial(where, path, cfg.eval_split, cfg.subset), pretrain)
             ev = with_origin(ev, len(cfg.paths) + index)
         elif held_out := held_out_rows(len(ds), cfg.eval_ratio, math.ceil(cfg.eval_min_rows / len(cfg.paths))):
             parts = ds.train_test_split(test_size=held_out, seed=seed)

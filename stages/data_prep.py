@@ -2,10 +2,14 @@
 
 Outputs (each a directory; datasets hold `train.jsonl` and/or `eval.jsonl`):
   base_model  HF checkpoint with tokenizer and chat template (the tiny preset builds one), or a
-              pointer to `model.name_or_path`
+              pointer to `model.name_or_path` (a full copy where its tokenizer changes: the PRM
+              placeholder added, data.tokenizer_chat_template set)
   sft_data    rows {"texts": [...], "train": [...]}: rendered segments, `train` marks the loss
-  pref_data   rows {"prompt", "chosen", "rejected", "margin"}: prompt rendered, responses end with EOS
+              (sft.pretrain_mode: one plain-text segment, all trained)
+  pref_data   rows {"prompt", "chosen", "rejected", "margin"}: prompt rendered, responses end with EOS;
+              with data.preference.unpaired rows {"prompt", "response", "desirable"} (KTO's)
   prm_data    rows {"prompt", "response", "labels"}: a step placeholder ends each step, one label each
+              (read from files: the prompt is empty, the response the whole text, as OpenRLHF reads it)
   prompts     rows {"prompt", "label"}: RL prompts, rendered, with their reference answers
   eval_data   rows {"prompt", "label"}: held-out prompts for the eval stage
 """
@@ -20,7 +24,7 @@ from transformers import PreTrainedTokenizerBase, set_seed
 
 from configs.errors import DataError
 from configs.schema import DatasetConfig, PipelineConfig
-from stages import data_files, synthetic_task, tiny_model
+from stages import chat_template, data_files, data_values, prm_rows, synthetic_task, tiny_model
 from stages.common import checkpoint, checkpoint_paths
 from stages.common.answers import extract_answer
 from stages.common.tokenization import encode_segments
@@ -95,24 +99,30 @@ def prm_response(steps: list[str], placeholder: str) -> str:
 
 def add_placeholder_token(tokenizer, token: str) -> bool:
     """PRM data ends each step with `prm.placeholder_token`, where the PRM reads its reward: a tokenizer
-    that splits it gets it as one special token. True when it was added (the embeddings must grow)."""
-    if len(tokenizer(token, add_special_tokens=False)["input_ids"]) == 1:
+    that splits it (or reads it as its unknown token) gets it as one special token. True when it was
+    added (the embeddings must grow)."""
+    ids = tokenizer(token, add_special_tokens=False)["input_ids"]
+    if len(ids) == 1 and ids[0] != tokenizer.unk_token_id:
         return False
     tokenizer.add_special_tokens({"extra_special_tokens": [token]}, replace_extra_special_tokens=False)
     return True
 
 
-def resize_base_model(cfg: PipelineConfig, tokenizer, base_dir: Path) -> None:
-    """The base model with embeddings for every token of `tokenizer`, saved in full to `base_dir`
-    (replacing a pointer to the original checkpoint)."""
+def resize_base_model(cfg: PipelineConfig, tokenizer, base_dir: Path, why: str) -> None:
+    """The base model with embeddings for every token of `tokenizer`, saved in full, with `tokenizer`, to
+    `base_dir` (replacing a pointer to the original checkpoint); `why` says what changed in the tokenizer."""
     model = checkpoint.load_causal_lm(cfg.model.name_or_path or base_dir, cfg.model)
     embeddings = cast("torch.nn.Embedding", model.get_input_embeddings())  # transformers types it as any nn.Module
     if len(tokenizer) > embeddings.num_embeddings:  # a padded vocabulary (Qwen2) may hold it already
         model.resize_token_embeddings(len(tokenizer))
     (base_dir / checkpoint_paths.POINTER_FILE).unlink(missing_ok=True)
     checkpoint.save(model, tokenizer, base_dir)
-    print(f"[data_prep] prm.placeholder_token {cfg.prm.placeholder_token!r} added to the tokenizer "
-          f"({len(tokenizer)} tokens) and the embeddings resized; base_model is a full copy", flush=True)
+    print(f"[data_prep] {why} ({len(tokenizer)} tokens); base_model is a full copy", flush=True)
+
+
+def has_prm_rows(cfg: PipelineConfig) -> bool:
+    """The data has step-labelled PRM rows: the synthetic task's, or `data.prm`'s files."""
+    return cfg.data.source == "synthetic" or cfg.data.prm is not None
 
 
 def n_tokens(tokenizer, row: dict, text_fields: tuple[str, ...]) -> int:
@@ -121,18 +131,26 @@ def n_tokens(tokenizer, row: dict, text_fields: tuple[str, ...]) -> int:
     return sum(len(tokenizer(row[f], add_special_tokens=False)["input_ids"]) for f in text_fields)
 
 
-def check_rows(name: str, rows: list[dict], tokenizer, max_len: int | None, text_fields: tuple[str, ...]) -> None:
-    """Every row non-empty and (unless `max_len` is None) within `data.max_len` tokens; the error
-    names the dataset and row."""
+def check_rows(name: str, rows: list[dict], tokenizer, max_len: int | None, text_fields: tuple[str, ...],
+               strict: bool = True, may_be_empty: tuple[str, ...] = ()) -> list[dict]:
+    """Every row non-empty but in `may_be_empty` (an error names the dataset and row); the rows within
+    `data.max_len` tokens (unless `max_len` is None), a longer one dropped, or with `strict` an error."""
     if not rows:
         raise DataError(f"{name}: dataset is empty")
+    kept = []
     for i, row in enumerate(rows):
-        for field in text_fields:
+        for field in (f for f in text_fields if f not in may_be_empty):
             value = row[field]
             if value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
                 raise DataError(f"{name} row {i}: empty {field!r}")
         if max_len is not None and (n := n_tokens(tokenizer, row, text_fields)) > max_len:
-            raise DataError(f"{name} row {i}: {n} tokens, longer than data.max_len={max_len}")
+            if strict:
+                raise DataError(f"{name} row {i}: {n} tokens, longer than data.max_len={max_len}")
+            continue
+        kept.append(row)
+    if not kept:
+        raise DataError(f"{name}: every row is longer than data.max_len={max_len}; raise data.max_len")
+    return kept
 
 
 def write_split(out_dir: Path, split: str, rows: list[dict]) -> None:
@@ -217,6 +235,49 @@ def _pref_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
     }
 
 
+def _unpaired_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
+    """A KTO row: one response, rendered as a preference pair's are, and whether it is desirable."""
+    response = row[cfg.output_key]
+    prompt = row.get(cfg.input_key) or ""  # None where a mixed-in source lacks the prompt column
+    if isinstance(response, list):  # a conversation: the prompt is all but the last turn, unless input_key gives it
+        prompt = response[:-1] or prompt
+        response = response[-1]["content"]
+    if cfg.apply_chat_template and tokenizer.chat_template:
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        response = templated_response(tokenizer, messages, response)
+    else:
+        response = response + tokenizer.eos_token
+    desirable = data_values.as_boolean(row[cfg.label_key])
+    assert desirable is not None  # checked with the file's values
+    return {"prompt": render_prompt(tokenizer, prompt, cfg), "response": response, "desirable": desirable}
+
+
+def _pretrain_row(tokenizer, text: str, max_len: int) -> dict:
+    """sft.pretrain_mode: the text as it is, every token trained, cut to `max_len` tokens (OpenRLHF cuts
+    them too: plain text has no end token a cut could teach to skip)."""
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    while len(encoded["input_ids"]) > max_len:  # the cut text can tokenize otherwise at its end: cut until it fits
+        cut = encoded["offset_mapping"][max_len - 1][1]
+        if not 0 < cut < len(text):
+            break  # a token without a span of its own: left to the length check
+        text = text[:cut]
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return {"texts": [text], "train": [True]}
+
+
+def _prm_file_row(tokenizer, row: dict, cfg: DatasetConfig, placeholder: str, reward_tokens: tuple[str, str]) -> dict:
+    """A Math-Shepherd row as the PRM stage reads it: the whole text, its placeholders one token each."""
+    text = row[cfg.input_key]
+    labels = prm_rows.step_labels(text, row[cfg.label_key], placeholder, reward_tokens, (cfg.input_key, cfg.label_key))
+    placeholder_id = tokenizer(placeholder, add_special_tokens=False)["input_ids"][0]
+    found = tokenizer(text, add_special_tokens=False)["input_ids"].count(placeholder_id)
+    if found != len(labels):  # e.g. a placeholder merged with the text around it
+        raise DataError(f"the tokenizer reads {found} of the {len(labels)} step placeholders {placeholder!r} in "
+                        f"{cfg.input_key!r} as the placeholder token; put whitespace around them, or pick a "
+                        "prm.placeholder_token the tokenizer keeps whole")
+    return {"prompt": "", "response": text, "labels": labels}
+
+
 def templated_response(tokenizer, messages: list[dict], response: str) -> str:
     """`response` as the chat template renders it after `messages` (Mistral's leading space, Llama-3's
     trimming), up to the EOS where generation stops: the text SFT trains and the policy samples."""
@@ -225,42 +286,62 @@ def templated_response(tokenizer, messages: list[dict], response: str) -> str:
     return text[: text.index(eos) + len(eos)] if eos in text else text + eos
 
 
-def _checked_rows(ds, cfg: DatasetConfig, make, tokenizer, max_len: int, text_fields: tuple[str, ...]) -> list[dict]:
-    """`make(row)` for every row, each within `data.max_len` tokens; an error names the file and line
-    the row came from (its values were checked when its file was read)."""
+def _checked_rows(ds, cfg: DatasetConfig, make, tokenizer, max_len: int, text_fields: tuple[str, ...],
+                  strict: bool) -> list[dict]:
+    """`make(row)` for every row within `data.max_len` tokens: a longer one is dropped (OpenRLHF's datasets drop
+    or cut them: a cut response would teach stopping mid-answer with no end token, a cut pair compares cut
+    texts), or with `strict` an error. An error names the file and line the row came from (its values were
+    checked when its file was read)."""
     out = []
     for row in ds:
         try:
             made = make(row)
             if (n := n_tokens(tokenizer, made, text_fields)) > max_len:
-                raise DataError(f"{n} tokens, longer than data.max_len={max_len}")
+                if not strict:
+                    continue
+                raise DataError(f"{n} tokens, longer than data.max_len={max_len} (data.strict_lengths)")
         except DataError as exc:
             raise DataError(f"{data_files.locate(cfg, row)}: {exc}") from exc
         out.append(made)
     return out
 
 
-def file_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, list[dict]]]:
+def file_datasets(cfg: PipelineConfig, tokenizer, dropped: dict[str, int] | None = None) -> dict[str, dict[str, list[dict]]]:
     """Every dataset a `data.source: files` config names, rendered; rows are checked here, where
-    their file and line are known."""
+    their file and line are known. `dropped` gets each `<set>/<split>`'s count of rows over `data.max_len`."""
     out: dict[str, dict[str, list[dict]]] = {}
     data = cfg.data
+    pretrain = cfg.sft.pretrain_mode
+    for line in chat_template.warnings(cfg):
+        print(f"[data_prep] {line}", flush=True)
 
     def rendered(section: str, ds_cfg: DatasetConfig, name: str, make) -> dict[str, list[dict]]:
-        train, ev = data_files.load_mixed(ds_cfg, section, data_files.file_columns(section, ds_cfg), cfg.seed)
+        plain = pretrain and section == "sft"
+        columns = data_files.file_columns(section, ds_cfg, plain)
+        train, ev = data_files.load_mixed(ds_cfg, section, columns, cfg.seed, plain)
         data_files.require_eval(section, ds_cfg, train, ev)
-        return {split: _checked_rows(ds, ds_cfg, make, tokenizer, data.max_len, TEXT_FIELDS[name])
-                for split, ds in (("train", train), ("eval", ev))}
+        splits = {}
+        for split, ds in (("train", train), ("eval", ev)):
+            splits[split] = _checked_rows(ds, ds_cfg, make, tokenizer, data.max_len, text_fields(name, cfg),
+                                          data.strict_lengths)
+            if dropped is not None:
+                dropped[f"{name}/{split}"] = len(ds) - len(splits[split])
+        return splits
 
     if data.sft is not None:
         s = data.sft
-        out["sft_data"] = rendered(
-            "sft", s, "sft_data",
-            lambda r: sft_row(tokenizer, r[s.input_key], None if s.multiturn else r[s.output_key], s),
-        )
+        if pretrain:
+            make_sft = lambda r: _pretrain_row(tokenizer, r[s.input_key], data.max_len)  # noqa: E731
+        else:
+            make_sft = lambda r: sft_row(tokenizer, r[s.input_key], None if s.multiturn else r[s.output_key], s)  # noqa: E731
+        out["sft_data"] = rendered("sft", s, "sft_data", make_sft)
     if data.preference is not None:
         p = data.preference
-        out["pref_data"] = rendered("preference", p, "pref_data", lambda r: _pref_row(tokenizer, r, p))
+        make_pref = _unpaired_row if p.unpaired else _pref_row
+        out["pref_data"] = rendered("preference", p, "pref_data", lambda r: make_pref(tokenizer, r, p))
+    if data.prm is not None:
+        m, placeholder, reward_tokens = data.prm, cfg.prm.placeholder_token, cfg.prm.reward_tokens
+        out["prm_data"] = rendered("prm", m, "prm_data", lambda r: _prm_file_row(tokenizer, r, m, placeholder, reward_tokens))
     if data.prompts is not None:
         q = data.prompts
         prompts = rendered(
@@ -279,6 +360,16 @@ TEXT_FIELDS = {
     "prompts": ("prompt",),
     "eval_data": ("prompt",),
 }
+UNPAIRED_FIELDS = ("prompt", "response")
+MAY_BE_EMPTY = {"prm_data": ("prompt",)}  # a PRM row read from a file is all response (OpenRLHF's one text)
+
+
+def text_fields(name: str, cfg: PipelineConfig) -> tuple[str, ...]:
+    """The text fields of a dataset's rows (KTO's unpaired rows have one response)."""
+    preference = cfg.data.preference
+    if name == "pref_data" and cfg.data.source == "files" and preference is not None and preference.unpaired:
+        return UNPAIRED_FIELDS
+    return TEXT_FIELDS[name]
 
 
 # --- the stage -----------------------------------------------------------------------------------
@@ -286,7 +377,8 @@ TEXT_FIELDS = {
 
 def tokenizer_for(cfg: PipelineConfig):
     """The tokenizer every dataset is rendered with: the checkpoint's, or the tiny model's, trained on
-    the synthetic task's text. With synthetic (PRM) data it holds `prm.placeholder_token`."""
+    the synthetic task's text; its chat template replaced by `data.tokenizer_chat_template`'s. With PRM
+    rows data prep adds `prm.placeholder_token` to it (`add_placeholder_token`)."""
     if cfg.model.name_or_path:
         checkpoint_paths.validate(cfg.model.name_or_path)
         checkpoint.require_causal_lm(cfg.model.name_or_path, cfg.model)
@@ -298,12 +390,13 @@ def tokenizer_for(cfg: PipelineConfig):
         tokenizer = tiny_model.train_tokenizer(corpus, cfg.model.tiny.vocab_size)
     else:
         raise DataError("data.source=files needs model.name_or_path (the tiny model only knows the synthetic task)")
+    chat_template.apply(tokenizer, cfg)
     return tokenizer
 
 
-def build_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, list[dict]]]:
-    """Every dataset's splits as the stages read them, rendered with `tokenizer`."""
-    return synthetic_datasets(cfg, tokenizer) if cfg.data.source == "synthetic" else file_datasets(cfg, tokenizer)
+def build_datasets(cfg: PipelineConfig, tokenizer, dropped: dict[str, int] | None = None) -> dict[str, dict[str, list[dict]]]:
+    """Every dataset's splits as the stages read them, rendered with `tokenizer` (`dropped`: see file_datasets)."""
+    return synthetic_datasets(cfg, tokenizer) if cfg.data.source == "synthetic" else file_datasets(cfg, tokenizer, dropped)
 
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
@@ -318,9 +411,15 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         checkpoint.save(model, tokenizer, base_dir)
         print(f"[data_prep] built tokenizer ({len(tokenizer)} tokens) and model "
               f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params)", flush=True)
-    if cfg.data.source == "synthetic" and add_placeholder_token(tokenizer, cfg.prm.placeholder_token):
-        resize_base_model(cfg, tokenizer, base_dir)  # synthetic data has PRM rows
-    datasets_by_name = build_datasets(cfg, tokenizer)
+    changed = []  # what the saved tokenizer holds that the checkpoint's lacks
+    if has_prm_rows(cfg) and add_placeholder_token(tokenizer, cfg.prm.placeholder_token):
+        changed.append(f"prm.placeholder_token {cfg.prm.placeholder_token!r} added to the tokenizer, the embeddings resized")
+    if cfg.model.name_or_path and cfg.data.tokenizer_chat_template is not None:
+        changed.append("data.tokenizer_chat_template saved as the tokenizer's chat template")
+    if changed:  # the base model saved with its tokenizer: later stages and exported checkpoints take both
+        resize_base_model(cfg, tokenizer, base_dir, "; ".join(changed))
+    dropped: dict[str, int] = {}
+    datasets_by_name = build_datasets(cfg, tokenizer, dropped)
 
     outputs: dict[str, Path] = {"base_model": base_dir}
     metrics: dict[str, float] = {}
@@ -328,12 +427,19 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     max_len = cfg.data.max_len if cfg.data.source == "synthetic" else None
     for name, splits_of in datasets_by_name.items():
         for split, rows in splits_of.items():
-            check_rows(f"{name}/{split}", rows, tokenizer, max_len, TEXT_FIELDS[name])
+            splits_of[split] = check_rows(f"{name}/{split}", rows, tokenizer, max_len, text_fields(name, cfg),
+                                          cfg.data.strict_lengths, MAY_BE_EMPTY.get(name, ()) if cfg.data.source == "files" else ())
+            dropped[f"{name}/{split}"] = dropped.get(f"{name}/{split}", 0) + len(rows) - len(splits_of[split])
     for name, splits_of in datasets_by_name.items():  # written once every dataset is checked
         for split, rows in splits_of.items():
             write_split(ctx.output_dir / name, split, rows)
             metrics[f"rows/{name}/{split}"] = float(len(rows))
+            metrics[f"rows/{name}/{split}/dropped"] = float(dropped.get(f"{name}/{split}", 0))
         outputs[name] = ctx.output_dir / name
-    print("[data_prep] rows: " + ", ".join(f"{k.removeprefix('rows/')}={int(v)}" for k, v in metrics.items()), flush=True)
+    print("[data_prep] rows: " + ", ".join(f"{k.removeprefix('rows/')}={int(v)}" for k, v in metrics.items()
+                                           if not k.endswith("/dropped")), flush=True)
+    if over := {k: n for k, n in dropped.items() if n}:
+        print(f"[data_prep] dropped rows longer than data.max_len={cfg.data.max_len} (data.strict_lengths: true makes "
+              "them an error): " + ", ".join(f"{k}={n}" for k, n in over.items()), flush=True)
     ctx.log_metrics(metrics, 0)
     return StageResult(outputs=outputs, metrics=metrics)

@@ -15,15 +15,36 @@ CONVERSATION = "a list of {role, content} messages with at least one assistant t
 RESPONSE = "a string, or a list of {role, content} messages ending with the assistant's reply"
 NUMBER = "a number"
 LABEL = "a string or a number"
+STEP_LABELS = "a list of step labels (e.g. [\"+\", \"-\"]) or a string of them"
+BOOLEAN = "true or false (or 1 / 0)"
+TRUE_TEXT, FALSE_TEXT = ("true", "1"), ("false", "0")  # a CSV column is text: how a boolean reads there
 
 
-def value_kinds(section: str, cfg: DatasetConfig) -> dict[str, str]:
-    """Config field -> what the column it names must hold, for every column a dataset kind reads."""
+def value_kinds(section: str, cfg: DatasetConfig, pretrain: bool = False) -> dict[str, str]:
+    """Config field -> what the column it names must hold, for every column a dataset kind reads
+    (`pretrain`: sft.pretrain_mode's plain-text rows)."""
     if section == "sft":
+        if pretrain:
+            return {"input_key": TEXT}
         return {"input_key": CONVERSATION} if cfg.multiturn else {"input_key": PROMPT, "output_key": TEXT}
     if section == "preference":
+        if cfg.unpaired:
+            return {"input_key": PROMPT, "output_key": RESPONSE, "label_key": BOOLEAN}
         return {"input_key": PROMPT, "chosen_key": RESPONSE, "rejected_key": RESPONSE, "margin_key": NUMBER}
+    if section == "prm":
+        return {"input_key": TEXT, "label_key": STEP_LABELS}
     return {"input_key": PROMPT, "label_key": LABEL}
+
+
+def as_boolean(value) -> bool | None:
+    """A desirable label as a bool (true / false, 1 / 0, or their text); None for anything else."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in (*TRUE_TEXT, *FALSE_TEXT):
+        return value.strip().lower() in TRUE_TEXT
+    return None
 
 
 def problem(value, kind: str, required: bool = True) -> str | None:
@@ -31,8 +52,13 @@ def problem(value, kind: str, required: bool = True) -> str | None:
     An optional column may be null or empty (the row then has no such value)."""
     if _is_empty(value):
         return "is missing or empty; give it a value or remove the row" if required else None
+    if kind == BOOLEAN:
+        return None if as_boolean(value) is not None else f"must be {kind}, not {describe(value)}"
+    if kind == STEP_LABELS and isinstance(value, list):
+        bad = next((v for v in value if not isinstance(v, str)), None)
+        return None if bad is None else f"must be {kind}, not a list holding {describe(bad)}"
     if isinstance(value, str):
-        if kind in (TEXT, PROMPT, RESPONSE, LABEL):
+        if kind in (TEXT, PROMPT, RESPONSE, LABEL, STEP_LABELS):
             return None
         if kind == NUMBER:
             return None if _is_number_text(value) else f"must be {kind}, not {describe(value)}"

@@ -12,13 +12,13 @@ from operator import attrgetter
 from pathlib import Path
 
 from configs.errors import CheckpointError, ConfigError, PipelineError
-from configs.schema import DatasetConfig, PipelineConfig
-from stages import agent_file, reward_file
+from configs.schema import DatasetConfig, PipelineConfig, sections_with
+from stages import agent_file, chat_template, reward_file
 from stages.common import checkpoint_paths, moe, packing, vocabulary
 from stages.dag import BY_NAME, LORA_SECTIONS, STAGES, lora_of, pinned_away
 from stages.rl.layout import check_async, check_fits, resolve_layout
 
-AUX_LOSS_SECTIONS = ("sft", "rm", "prm", "dpo", "rl.actor")  # config sections with an aux_loss_coef
+AUX_LOSS_SECTIONS = sections_with("aux_loss_coef")  # config sections with an aux_loss_coef
 
 
 def check(cfg: PipelineConfig) -> None:
@@ -58,11 +58,13 @@ def check_inputs(cfg: PipelineConfig) -> None:
         return
     from stages import data_files  # HF datasets: only a config that reads files needs it here
 
-    for section in ("sft", "preference", "prompts"):
+    for section in ("sft", "preference", "prompts", "prm"):
         ds_cfg: DatasetConfig | None = getattr(cfg.data, section)
         if ds_cfg is None or not all(data_files.is_local(p) for p in ds_cfg.paths):
             continue
-        train, ev = data_files.load_mixed(ds_cfg, section, data_files.file_columns(section, ds_cfg), cfg.seed)
+        plain = section == "sft" and cfg.sft.pretrain_mode
+        columns = data_files.file_columns(section, ds_cfg, plain)
+        train, ev = data_files.load_mixed(ds_cfg, section, columns, cfg.seed, plain)
         data_files.require_eval(section, ds_cfg, train, ev)
 
 
@@ -167,4 +169,4 @@ def check_local_resources(cfg: PipelineConfig) -> None:
 
 
 # in the order they run; each raises its one-line error (flows/pre_run.py makes them one by one)
-CHECKS = (check_inputs, check_reward, check_distillation, check_conditional_sft, check_local_resources)
+CHECKS = (check_inputs, chat_template.check, check_reward, check_distillation, check_conditional_sft, check_local_resources)

@@ -13,8 +13,11 @@ from configs.errors import RewardError
 NAME = "reward_func"
 
 
-def resolve_func_path(func_path: str) -> Path:
+def resolve_func_path(func_path: str | None) -> Path:
     """As given if it exists (absolute or from the cwd), else relative to the configs/ package."""
+    if func_path is None:
+        raise RewardError("reward.source=func and no reward.func_path: set reward.func_path to a file defining "
+                          "reward_func(queries, prompts, labels), or reward.source to rm, prm or remote")
     given = Path(func_path).expanduser()
     if given.is_file():
         return given

@@ -20,8 +20,7 @@ from transformers import __version__ as transformers_version
 from configs.errors import CheckpointError, first_line
 from configs.schema import ModelConfig
 from stages.common.checkpoint_paths import resolve
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from stages.common.precision import torch_dtype
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
@@ -71,7 +70,7 @@ def load_causal_lm(path: str | Path, model_cfg: ModelConfig, precision: str = "f
     try:
         return AutoModelForCausalLM.from_pretrained(
             source,
-            dtype=DTYPES[precision],
+            dtype=torch_dtype(precision),
             attn_implementation=attn_implementation(model_cfg),
             trust_remote_code=model_cfg.trust_remote_code,
             **kwargs,

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from configs.schema import InfraConfig, TrainingConfig
+from stages.common.precision import resolve_precision
 
 RESUME_TAG = "latest"
 # every engine this process made and has not released: DeepSpeed's hooks keep an engine (and its model,
@@ -78,9 +79,10 @@ def engine_config(infra: InfraConfig, train: TrainingConfig, total_steps: int) -
             },
         }
     # else a constant learning rate: no scheduler (WarmupCosineLR would still spend a step at lr 0)
-    if infra.precision == "bf16":
+    precision = resolve_precision(infra.precision)
+    if precision == "bf16":
         config["bf16"] = {"enabled": True}
-    elif infra.precision == "fp16":
+    elif precision == "fp16":
         config["fp16"] = {"enabled": True}
     return config
 

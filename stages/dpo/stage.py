@@ -9,10 +9,12 @@ training and a resumed run reuses them. With `dpo.iterative.rounds` the training
 policy's own samples, round by round (stages/dpo/iterative.py); eval keeps the SFT reference.
 
 `dpo.loss` picks the objective (declared in configs/dpo_objectives.py): `sigmoid` (DPO; with
-`label_smoothing` > 0, cDPO), `ipo` (on length-averaged log-probs) or `kto` (each pair split into a
-desirable and an undesirable example; the KL reference point comes from mismatched prompt/completion
-pairs). Eval reports the implicit reward accuracy, margin and rewards on the held-out pairs for every
-objective.
+`label_smoothing` > 0, cDPO), `ipo` (on length-averaged log-probs) or `kto` (on unpaired examples: the
+rows of `data.preference.unpaired`, OpenRLHF's KTO data, or each pair split into a desirable and an
+undesirable example; the KL reference point comes from mismatched prompt/completion pairs). Eval reports
+the implicit reward accuracy, margin and rewards on the held-out pairs for every objective; on held-out
+unpaired examples, KTO's loss, the rewards of each kind and how often a desirable example outscores an
+undesirable one.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch.distributed as dist
 from transformers import AutoConfig, set_seed
 
 from configs.dpo_objectives import DPO_OBJECTIVES
+from configs.errors import DataError
 from configs.schema import DPOConfig
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe, packing, shared_prompt
 from stages.common.shared_prompt import MASKED_ATTENTION, attention_window
@@ -44,6 +47,19 @@ from stages.rewards.factory import build_scorer
 
 Seq = tuple[list[int], list[int]]  # prompt ids, response ids
 REFERENCE_FILE = "reference_logps.pt"
+
+
+def is_unpaired(rows: list[dict]) -> bool:
+    """`pref_data` written from `data.preference.unpaired`: one response each, desirable or not."""
+    return bool(rows) and "desirable" in rows[0]
+
+
+def encode_examples(tokenizer, rows: list[dict]) -> tuple[list[Seq], list[bool]]:
+    """Unpaired rows as (prompt, response) sequences, tokenized apart, and whether each is desirable."""
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    return [(ids(r["prompt"]), ids(r["response"])) for r in rows], [bool(r["desirable"]) for r in rows]
 
 
 def encode_pairs(tokenizer, rows: list[dict]) -> list[tuple[Seq, Seq]]:
@@ -158,16 +174,33 @@ class PairObjective:
         return moe.add_aux_loss(loss, aux, self.cfg.aux_loss_coef, logs), logs, int(batch["tokens"])
 
 
-class KTOObjective:
-    """KTO on unpaired examples: pair i gives example 2i (chosen, desirable) and 2i+1 (rejected,
-    undesirable). Example j's KL sequence is its prompt with the completion of example j+2 (another
-    prompt's); their log-ratios estimate the reference point z0."""
+def mismatched(examples: list[Seq], j: int, start: int) -> int:
+    """The example whose completion goes with example j's prompt in its KL sequence: the first from j + start
+    on, in order, that answers another prompt (OpenRLHF takes the next one in its micro-batch)."""
+    m = len(examples)
+    for step in range(start, start + m):
+        if examples[(j + step) % m][0] != examples[j][0]:
+            return (j + step) % m
+    return (j + start) % m  # every example answers one prompt: no mismatched completion exists
 
-    def __init__(self, cfg: DPOConfig, pairs: list[tuple[Seq, Seq]], pad_id: int, world: int):
+
+class KTOObjective:
+    """KTO on unpaired examples: `examples` (sequences and whether each is desirable), or `pairs` split,
+    pair i giving example 2i (chosen, desirable) and 2i+1 (rejected, undesirable). Example j's KL sequence
+    is its prompt with the completion of another prompt's example (`mismatched`: j+2 for split pairs, as
+    j+1 shares the prompt); their log-ratios estimate the reference point z0."""
+
+    def __init__(self, cfg: DPOConfig, pairs: list[tuple[Seq, Seq]], pad_id: int, world: int,
+                 examples: tuple[list[Seq], list[bool]] | None = None):
         self.cfg, self.pad_id, self.world, self.pairs = cfg, pad_id, world, pairs
-        examples = [seq for pair in pairs for seq in pair]
-        self.n_rows = m = len(examples)
-        self.sequences = examples + [(examples[j][0], examples[(j + 2) % m][1]) for j in range(m)]
+        if examples is None:
+            split = [seq for pair in pairs for seq in pair]
+            examples, start = (split, [j % 2 == 0 for j in range(len(split))]), 2
+        else:
+            start = 1
+        seqs, self.desirable = examples
+        self.n_rows = m = len(seqs)
+        self.sequences = seqs + [(seqs[j][0], seqs[mismatched(seqs, j, start)][1]) for j in range(m)]
 
     def sequence_ids(self, rows: list[int]) -> list[int]:
         return rows + [self.n_rows + j for j in rows]
@@ -178,11 +211,11 @@ class KTOObjective:
         kl = sequence_batch([self.sequences[j] for j in kl_idx], self.pad_id)
         batch.update({f"kl_{k}": v for k, v in kl.items()})
         batch["ref"], batch["ref_kl"] = ref[idx], ref[kl_idx]
-        batch["desirable"] = torch.tensor([j % 2 == 0 for j in idx])
+        batch["desirable"] = torch.tensor([self.desirable[j] for j in idx])
         return batch
 
-    def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
-        aux: list[torch.Tensor] | None = [] if self.cfg.aux_loss_coef else None
+    def terms(self, engine, batch: dict, aux: list | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per example: KTO's losses and implicit rewards; and the batch's reference point z0."""
         sums, _ = response_logps(engine, batch, aux, self.cfg.packing)
         with torch.no_grad():
             kl_batch = {k.removeprefix("kl_"): v for k, v in batch.items() if k.startswith("kl_")}
@@ -190,6 +223,11 @@ class KTOObjective:
         z0 = kto_reference_point(kl_sums, batch["ref_kl"], self._mean_over_ranks if self.world > 1 else None)
         losses, rewards = kto_loss(sums, batch["ref"], batch["desirable"], z0, self.cfg.beta,
                                    self.cfg.desirable_weight, self.cfg.undesirable_weight)
+        return losses, rewards, z0
+
+    def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
+        aux: list[torch.Tensor] | None = [] if self.cfg.aux_loss_coef else None
+        losses, rewards, z0 = self.terms(engine, batch, aux)
         good = batch["desirable"]
         logs = {"kl": float(z0)}
         if good.any():
@@ -226,6 +264,39 @@ def eval_pairs(engine, objective: PairObjective, ref: torch.Tensor, batch_size: 
         dist.all_reduce(sums)
     n = max(float(sums[-1]), 1.0)
     return {k: float(v) / n for k, v in zip(keys, sums[:-1])}
+
+
+def eval_examples(engine, objective: KTOObjective, ref: torch.Tensor, batch_size: int, rank: int, world: int) -> dict[str, float]:
+    """Held-out unpaired examples: KTO's loss and reference point, the mean implicit reward of the desirable
+    and of the undesirable ones and their margin, and reward_accuracy: the share of (desirable, undesirable)
+    pairs of examples the implicit reward orders right (the pair metric's counterpart)."""
+    sums = torch.zeros(3, dtype=torch.float64)  # loss*n, kl*n, n
+    mine: list[tuple[float, bool]] = []
+    for chunk, weight in eval_batches(list(range(objective.n_rows)), rank, world, batch_size):
+        batch = to_device(objective.collate(ref, chunk), engine.device)
+        losses, rewards, z0 = objective.terms(engine, batch)
+        n = len(chunk) * weight
+        sums += torch.tensor([float(losses.mean()) * n, float(z0) * n, n], dtype=torch.float64)
+        if weight:
+            mine += zip(rewards.tolist(), batch["desirable"].tolist())
+    shares = [mine]
+    if world > 1:
+        dist.all_reduce(sums)
+        shares = [mine] * world  # placeholders, each replaced by its rank's share
+        dist.all_gather_object(shares, mine)
+    scored = [item for share in shares for item in share]
+    good = torch.tensor([r for r, d in scored if d], dtype=torch.float64)
+    bad = torch.tensor([r for r, d in scored if not d], dtype=torch.float64)
+    n = max(float(sums[2]), 1.0)
+    out = {"loss": float(sums[0]) / n, "kl": float(sums[1]) / n}
+    if len(good):
+        out["desirable_reward"] = float(good.mean())
+    if len(bad):
+        out["undesirable_reward"] = float(bad.mean())
+    if len(good) and len(bad):
+        out["margin"] = out["desirable_reward"] - out["undesirable_reward"]
+        out["reward_accuracy"] = float((good[:, None] > bad[None, :]).double().mean())
+    return out
 
 
 def rows_trained_on(n_rows: int, d: DPOConfig, world: int, seed: int) -> list[int]:
@@ -279,9 +350,22 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
             return KTOObjective(d, pairs, pad_id, ctx.world_size)
         return PairObjective(d, pairs, pad_id, shared, window)
 
-    evaluation = PairObjective(d, encode_pairs(tokenizer, read_split(inputs["pref_data"], "eval")), pad_id, shared, window)
-    # offline: the preference pairs; iterative: none until each round samples its own
-    objective = None if d.iterative.rounds else make_objective(encode_pairs(tokenizer, read_split(inputs["pref_data"], "train")))
+    eval_rows = read_split(inputs["pref_data"], "eval")
+    unpaired = is_unpaired(eval_rows)
+    if unpaired and DPO_OBJECTIVES[d.loss].pairing != "examples":
+        raise DataError(f"dpo.loss={d.loss} trains on pairs, and pref_data holds unpaired rows (one response each): "
+                        "set dpo.loss=kto")
+    evaluation: PairObjective | KTOObjective
+    if unpaired:
+        evaluation = KTOObjective(d, [], pad_id, ctx.world_size, encode_examples(tokenizer, eval_rows))
+    else:
+        evaluation = PairObjective(d, encode_pairs(tokenizer, eval_rows), pad_id, shared, window)
+    # offline: the preference pairs (or KTO's unpaired rows); iterative: none until each round samples its own
+    objective = None
+    if not d.iterative.rounds:
+        train_rows = read_split(inputs["pref_data"], "train")
+        objective = (KTOObjective(d, [], pad_id, ctx.world_size, encode_examples(tokenizer, train_rows)) if unpaired
+                     else make_objective(encode_pairs(tokenizer, train_rows)))
 
     def precompute() -> dict[str, torch.Tensor]:
         reference = checkpoint.load_frozen_lm(inputs["sft_model"], cfg.model, cfg.infra.precision)
@@ -296,6 +380,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     model, signature = lora.load_for_training(inputs["sft_model"], cfg.model, d.lora, "dpo.lora")
 
     def evaluate(engine) -> dict[str, float]:
+        if isinstance(evaluation, KTOObjective):
+            return eval_examples(engine, evaluation, ref["eval"], d.micro_batch_size, ctx.rank, ctx.world_size)
         return eval_pairs(engine, evaluation, ref["eval"], d.micro_batch_size, ctx.rank, ctx.world_size)
 
     if objective is not None:

@@ -21,8 +21,9 @@ from transformers.utils import cached_file
 from transformers.utils import logging as hf_logging
 
 from configs.errors import CheckpointError, first_line
-from stages.common.checkpoint import DTYPES, default_device, load_tokenizer
+from stages.common.checkpoint import default_device, load_tokenizer
 from stages.common.checkpoint_paths import resolve, validate
+from stages.common.precision import torch_dtype
 from stages.common.tokenization import last_token_index, pad_batch
 from stages.rewards.base import RewardBatch, check_batch
 from stages.rewards.errors import RewardError
@@ -103,13 +104,13 @@ def load_reward_model(path: str | Path, device: str | None = None, precision: st
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the head's weights are "unused" by AutoModel on purpose
     try:
-        backbone = AutoModel.from_pretrained(source, dtype=DTYPES[precision])
+        backbone = AutoModel.from_pretrained(source, dtype=torch_dtype(precision))
     except Exception as exc:
         raise CheckpointError(f"{source}: cannot load the RM backbone ({type(exc).__name__}: {first_line(exc)})") from exc
     finally:
         hf_logging.set_verbosity(verbosity)
     tokenizer = load_tokenizer(source)
-    model = RewardModel(backbone, head.to(DTYPES[precision]), tokenizer, normalize,
+    model = RewardModel(backbone, head.to(torch_dtype(precision)), tokenizer, normalize,
                         float(getattr(config, "reward_mean", 0.0)), std)
     return model.to(device or default_device()).eval()
 

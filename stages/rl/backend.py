@@ -1,5 +1,5 @@
 """What the RL driver needs from whatever runs its workers: one typed interface, two implementations
-(Ray actors in the pipeline, `stages.rl.ray_backend.RayActors`; plain objects in this process,
+(Ray actors in the pipeline, `runtime.rl_actors.RayActors`; plain objects in this process,
 `stages.rl.in_process.InProcess`).
 
 Workers are called by method reference, `backend.call(worker.train, batch, step)`: the arguments are

@@ -2,7 +2,7 @@
 
 For a machine where Ray cannot go (a bare GPU box checked with `benchmarks/gpu_stages.py`) and for
 stepping through the stage in a debugger. The driver's code is the pipeline's (stages/rl/stage.py);
-only how it reaches its workers differs from stages/rl/ray_backend.py: a call runs when its result is
+only how it reaches its workers differs from runtime/rl_actors.py: a call runs when its result is
 first asked for, in this process, as a Ray call would have run by then.
 """
 

@@ -8,8 +8,9 @@ the pipeline's own models); writes `rl_model`, an HF checkpoint of the trained p
 `rl.save_every` steps the policy, critic and the driver's counters are checkpointed under the
 work dir; a re-run with the same fingerprint resumes there.
 
-The driver reaches its workers through a backend: Ray actors in the pipeline (`run`), or objects in
-this process (`run_in_process`: one rank per model, no Ray).
+The driver reaches its workers through a `Backend` (stages/rl/backend.py): Ray actors in the pipeline
+(`runtime.rl_driver.run`, the stage's entrypoint), or objects in this process (`run_in_process`: one rank per
+model, no Ray).
 """
 
 from __future__ import annotations
@@ -258,13 +259,6 @@ def sync_weights(actors: Actors) -> None:
     b.get([b.call(e.load_weights, whole) for e in actors.engines] + states[1:])
 
 
-def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
-    """The pipeline's RL stage: its workers are Ray actors on the cluster's placement groups."""
-    from stages.rl.ray_backend import RayActors
-
-    return run_with(RayActors(), ctx, inputs)
-
-
 def run_in_process(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     """The same stage with its workers as objects in this process, one rank each, no Ray."""
     from stages.rl.in_process import InProcess
@@ -341,7 +335,7 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
         actors.on_all([w.export for w in actors.policy], str(out))
     finally:
         # stopped (Ctrl-C): the flow is shutting Ray down, which ends the actors and their placement; no need to
-        # wait for them to close (a stop that comes mid-close: the Ray calls are gated, stages.common.ray_shutdown)
+        # wait for them to close (a stop that comes mid-close: the Ray calls are gated, runtime.ray_shutdown)
         if not ctx.should_stop():
             if actors is not None:
                 actors.close()

@@ -2,7 +2,7 @@
 reference model, the reward scorer, and HF rollout engines. The driver (stages/rl/stage.py) moves
 tensors between them; each worker holds one model and does one job, except with rl.rollout.engine=hybrid,
 where each policy rank also samples and holds the reference (verl's fused worker). They are plain
-classes: the pipeline runs each as a Ray actor (stages/rl/ray_backend.py), a one-process run as an
+classes: the pipeline runs each as a Ray actor (runtime/rl_actors.py), a one-process run as an
 object in the driver (stages/rl/in_process.py)."""
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ class CriticWorker(TrainerWorker):
         config.classifier_dropout = 0.0  # values must not change between experience making and training
         with checkpoint.new_head():
             model = AutoModelForTokenClassification.from_pretrained(
-                source, config=config, dtype=checkpoint.DTYPES[self.cfg.infra.precision],
+                source, config=config, dtype=checkpoint.torch_dtype(self.cfg.infra.precision),
                 attn_implementation=checkpoint.attn_implementation(self.cfg.model), **lora.load_kwargs(self.optim.lora, "rl.critic.lora"),
             )
         return lora.prepare(model, self.optim.lora, "TOKEN_CLS")[0]  # with LoRA: adapters plus the value head
@@ -413,14 +413,17 @@ def sample(model, tok, rl, prompt_ids: list[list[int]], seed: int, temperature: 
            top_p: float = 1.0) -> list[Sample]:
     """Samples at `temperature` (None: greedy) with HF `generate`, with each sampled token's log-prob;
     `rl.rollout.generate_batch_size` prompts per `generate` call (all of them when it is empty: one large call
-    beats several small ones on a CPU)."""
+    beats several small ones on a CPU). A response ends at the model's context window (`max_position_embeddings`)
+    if `max_new_tokens` would pass it, as vLLM's `max_model_len` ends it."""
     torch.manual_seed(seed)
-    config = sampling_config(tok, max_new_tokens, temperature, top_p, return_dict_in_generate=True, output_logits=True)
+    window = getattr(model.config, "max_position_embeddings", None)
     per_call = rl.rollout.generate_batch_size or len(prompt_ids)
     samples: list[Sample] = []
     for start in range(0, len(prompt_ids), per_call):
         chunk = prompt_ids[start : start + per_call]
         width = max(len(p) for p in chunk)
+        new_tokens = max_new_tokens if window is None else max(1, min(max_new_tokens, window - width))
+        config = sampling_config(tok, new_tokens, temperature, top_p, return_dict_in_generate=True, output_logits=True)
         input_ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in chunk])
         attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
         out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),

@@ -29,7 +29,7 @@ from stages import dag
 from tests.browser import mlflow_ui
 from tests.flow.conftest import CLI, cli_env
 
-pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a cluster, a browser install, two pipeline runs
 
 # the tiny preset cut to a few steps a stage: what is checked is where the work and its files go
 QUICK = [

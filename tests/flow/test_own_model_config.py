@@ -1,7 +1,8 @@
 """A new user's config: only `model`, `data` and `reward` sections, for a checkpoint of a hub family and
-OpenRLHF-format files. On this 2-core machine the schema's defaults must choose an RL layout that fits
-(hybrid, colocated), every stage must run to an eval table scored by the user's reward, and nothing may
-be left for a later stage to wait on."""
+OpenRLHF-format files. On this 2-core machine the schema's defaults (sized for real models: 2048-token rows,
+1024-token prompts and responses, precision auto) must choose an RL layout that fits (hybrid, colocated),
+drop and count a row over data.max_len rather than stop, sample no further than the model's context window,
+run every stage to an eval table scored by the user's reward, and leave nothing for a later stage to wait on."""
 
 import json
 
@@ -23,7 +24,10 @@ def lines(rows) -> str:
 def test_a_config_of_only_model_data_and_reward_runs_every_stage(cli, workdir):
     pairs = [(a, a % 5 + 1) for a in range(40)]
     ask = lambda a, b: f"What is {a} plus {b}?"  # noqa: E731
-    (workdir / "sft.jsonl").write_text(lines({"question": ask(a, b), "response": f"{a + b}"} for a, b in pairs))
+    sft_rows = [{"question": ask(a, b), "response": f"{a + b}"} for a, b in pairs]
+    # one row over the default data.max_len (2048 tokens): dropped and counted, not the end of the run
+    sft_rows.insert(7, {"question": ask(1, 2), "response": " ".join(["3"] * 2100)})
+    (workdir / "sft.jsonl").write_text(lines(sft_rows))
     (workdir / "prefs.jsonl").write_text(lines(
         {"prompt": ask(a, b), "chosen": [{"role": "assistant", "content": f"{a + b}"}],
          "rejected": [{"role": "assistant", "content": f"{a + b + 1}"}]} for a, b in pairs))
@@ -41,6 +45,8 @@ def test_a_config_of_only_model_data_and_reward_runs_every_stage(cli, workdir):
     done = cli("run", "--config", "mine.yaml")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "rl.rollout.engine=auto: rl.rollout.engine=hybrid, every group colocated" in done.stdout
+    assert "[data_prep] dropped rows longer than data.max_len=2048" in done.stdout
+    assert "(1 rows over data.max_len dropped)" in done.stdout  # the run's summary table, data_prep's row
     client = mlflow_client(workdir)
     experiment = client.get_experiment_by_name("rlhf-pipeline")
     (parent,) = client.search_runs([experiment.experiment_id], "tags.`rlhf.kind` = 'pipeline'")

@@ -11,7 +11,8 @@ the identical rerun are module fixtures, so each test also passes alone):
 5. `--only eval` with an input pinned to another stage's checkpoint runs just eval on it, without the
    pinned input's producer, on the `ray start --head` cluster named by `infra.ray_address`
 6. `rlhf serve` serves rlhf-pipeline/full and /stage; `prefect deployment run rlhf-pipeline/stage` with a
-   changed RM setting runs the RM on the cached stages it needs
+   changed RM setting runs the RM on the cached stages it needs; a full run with a bad reward file fails at
+   the checks `rlhf run` makes, before any stage
 """
 
 from __future__ import annotations
@@ -23,17 +24,23 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from uuid import UUID
 
 import mlflow
 import psutil
 import pytest
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import configs
 from artifacts import store
 from tests.flow.conftest import CLI, cli_env, mlflow_client, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first test pays the module's whole first run
+PREFECT = str(Path(sys.executable).parent / "prefect")
 
 
 @pytest.fixture(scope="module")
@@ -336,62 +343,115 @@ def test_a_pinned_input_runs_one_stage_on_the_cluster_named_in_the_config(ws, fi
     assert unknown.returncode == 2 and f"inputs.rl_model=runs:/{dpo.info.run_id}/nothing: run" in unknown.stderr
 
 
-def test_served_deployments_run_the_pipeline_and_one_stage(ws, first_run, tmp_path):
-    """`rlhf serve` starts a Prefect server and the MLflow UI and serves rlhf-pipeline/full and /stage;
-    `prefect deployment run` drives the stage one; stopping the serve stops both servers."""
+@dataclass
+class Served:
+    """`rlhf serve` running from the module's folder, with the Prefect server and MLflow UI it started."""
+
+    api: str
+    mlflow_port: int
+    env: dict[str, str]
+    log: Path
+    folder: Path
+
+    def deployment_run(self, name: str, *params: str) -> subprocess.CompletedProcess:
+        args = [a for p in params for a in ("-p", p)]
+        return subprocess.run([PREFECT, "deployment", "run", f"rlhf-pipeline/{name}", "--watch", *args], cwd=self.folder,
+                              env=self.env | {"PREFECT_API_URL": self.api}, capture_output=True, text=True, timeout=600)
+
+    @contextmanager
+    def client(self):
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: self.api}), get_client(sync_client=True) as client:
+            yield client
+
+
+@pytest.fixture(scope="module")
+def served(ws, tmp_path_factory):
+    """`rlhf serve` started once for the tests of the served deployments: a Prefect server and the MLflow UI
+    of its own, rlhf-pipeline/full and /stage served; stopping it stops both servers."""
     from flows.serve import answers
     from stages.common.dist_env import free_port
 
     prefect_port, mlflow_port = free_port(), free_port()
     env = cli_env(ws) | {"PREFECT_RUNNER_POLL_FREQUENCY": "1"}
     env.pop("PREFECT_API_URL", None)  # not the module's shared server: `rlhf serve` starts (and stops) its own
-    log = tmp_path / "serve.log"
+    folder = tmp_path_factory.mktemp("serve")
+    log = folder / "serve.log"
     with open(log, "w") as out:
         serve = subprocess.Popen([*CLI, "serve", "--prefect-port", str(prefect_port), "--mlflow-port", str(mlflow_port)],
                                  cwd=ws, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     api = f"http://127.0.0.1:{prefect_port}/api"
-
-    def deployment_run(name: str, *params: str) -> subprocess.CompletedProcess:
-        args = [a for p in params for a in ("-p", p)]
-        return subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "run", f"rlhf-pipeline/{name}",
-                               "--watch", *args], cwd=tmp_path, env=env | {"PREFECT_API_URL": api},
-                              capture_output=True, text=True, timeout=600)
-
     try:
         deadline = time.monotonic() + 240
         while "prefect deployment run" not in log.read_text() and time.monotonic() < deadline:
             assert serve.poll() is None, log.read_text()[-3000:]
             time.sleep(1)
         assert answers(f"{api}/health") and answers(f"http://127.0.0.1:{mlflow_port}/health"), log.read_text()[-3000:]
-
-        # the stage deployment: rm with a changed setting, on what the first run made (the full deployment runs
-        # through a work pool in tests/flow/test_cluster.py)
-        one = deployment_run("stage", 'only=["rm"]', 'overrides=["rm.max_steps=15"]')
-        assert one.returncode == 0 and "Completed" in one.stdout, one.stdout[-3000:] + log.read_text()[-3000:]
-        assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "ran"}
-        (rm,) = [r for r in stage_runs(ws, "rm") if r.data.params.get("rm.max_steps") == "15"]
-        assert rm.data.tags.get(store.TAG_STATUS) == store.COMPLETE
-
-        # prefect.yaml: the same two deployments, registered on a work pool for `prefect worker start --pool rlhf`
-        prefect = [str(Path(sys.executable).parent / "prefect")]
-        root = Path(__file__).resolve().parents[2]
-        for command in (["work-pool", "create", "rlhf", "--type", "process"], ["deploy", "--all"]):
-            done = subprocess.run([*prefect, *command], cwd=root, env=env | {"PREFECT_API_URL": api},
-                                  capture_output=True, text=True, timeout=300)
-            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        from prefect.client.orchestration import get_client
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-            for name in ("full", "stage"):
-                deployment = client.read_deployment_by_name(f"rlhf-pipeline/{name}")
-                assert deployment.work_pool_name == "rlhf", deployment
-                assert str(root) in str(deployment.pull_steps), deployment.pull_steps
+        yield Served(api, mlflow_port, env, log, folder)
     finally:
         serve.send_signal(signal.SIGTERM)  # the serve process itself: it must stop what it started
         serve.wait(timeout=90)
     assert not answers(f"{api}/health") and not answers(f"http://127.0.0.1:{mlflow_port}/health")
 
+
+def store_contents(ws) -> tuple[int, int]:
+    """(runs, registered model versions) in the module's MLflow store, every experiment."""
+    client = mlflow_client(ws)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return len(client.search_runs(experiments)) if experiments else 0, len(client.search_model_versions())
+
+
+def test_a_served_run_with_a_bad_reward_file_fails_at_once_and_runs_nothing(ws, served):
+    """A deployment's flow run makes the checks `rlhf run` makes before its first stage: a reward file that is
+    not there ends it Failed within seconds, its state message and logs holding the one line `rlhf run`
+    prints, with no stage task submitted and nothing written to MLflow. (Before the prefect.yaml part of the
+    next test, which moves the deployments to a work pool.)"""
+    with served.client() as client:
+        assert client.read_deployment_by_name("rlhf-pipeline/full").work_pool_name is None, "run after `prefect deploy`"
+    before = store_contents(ws)
+    started = time.monotonic()
+    result = served.deployment_run("full", 'overrides=["reward.func_path=missing.py"]')
+    took = time.monotonic() - started
+    print(f"prefect deployment run to Failed: {took:.1f} s")
+    assert result.returncode == 1 and "Flow run finished in state 'Failed'." in result.stdout, \
+        result.stdout[-3000:] + served.log.read_text()[-3000:]
+    assert took < 60
+    expected = f"reward.func_path=missing.py: no such file (looked from {ws} and from {Path(configs.__file__).parent})"
+    flow_run_id = UUID(re.search(r"UUID: (\S+)", result.stdout).group(1))
+    with served.client() as client:
+        flow_run = client.read_flow_run(flow_run_id)
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    assert flow_run.state.is_failed() and flow_run.state.message == expected
+    assert f"Finished in state Failed('{expected}')" in [log.message for log in logs]
+    assert tasks == []
+    assert store_contents(ws) == before
+
+
+def test_served_deployments_run_the_pipeline_and_one_stage(ws, first_run, served):
+    """`rlhf serve` starts a Prefect server and the MLflow UI and serves rlhf-pipeline/full and /stage;
+    `prefect deployment run` drives the stage one; stopping the serve stops both servers (`served`)."""
+    # the stage deployment: rm with a changed setting, on what the first run made (the full deployment runs
+    # through a work pool in tests/flow/test_cluster.py)
+    one = served.deployment_run("stage", 'only=["rm"]', 'overrides=["rm.max_steps=15"]')
+    assert one.returncode == 0 and "Completed" in one.stdout, one.stdout[-3000:] + served.log.read_text()[-3000:]
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "ran"}
+    (rm,) = [r for r in stage_runs(ws, "rm") if r.data.params.get("rm.max_steps") == "15"]
+    assert rm.data.tags.get(store.TAG_STATUS) == store.COMPLETE
+
+    # prefect.yaml: the same two deployments, registered on a work pool for `prefect worker start --pool rlhf`
+    root = Path(__file__).resolve().parents[2]
+    for command in (["work-pool", "create", "rlhf", "--type", "process"], ["deploy", "--all"]):
+        done = subprocess.run([PREFECT, *command], cwd=root, env=served.env | {"PREFECT_API_URL": served.api},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with served.client() as client:
+        for name in ("full", "stage"):
+            deployment = client.read_deployment_by_name(f"rlhf-pipeline/{name}")
+            assert deployment.work_pool_name == "rlhf", deployment
+            assert str(root) in str(deployment.pull_steps), deployment.pull_steps
 
 
 # --- faults ----------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ import ray
 from configs import load_config
 from configs.schema import InfraConfig
 from flows.ray_cluster import RaySession, drop_early, session_for, start_early
+from runtime.worker_pool import run_stage, stage_shape
 from stages import dag
-from stages.common.ray_workers import run_stage, stage_shape
 from stages.contract import StageContext, StageResult
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)

@@ -88,15 +88,17 @@ def test_a_store_without_room_is_one_line_and_left_unmade(cli, workdir, prefect_
 
 
 def test_a_full_disk_stops_run_before_anything_starts(cli, tmp_path):
-    """The state folder's disk is full already: one line, before Prefect's or MLflow's database is begun."""
+    """The state folder's disk is full already: one line, before the state folder, Prefect's or MLflow's
+    database is begun (`rlhf check` says the same)."""
     with tmpfs_mounts(tmp_path) as mount:
         disk = mount("64k")
         with open(disk / "filler", "wb") as filler, contextlib.suppress(OSError):
             filler.write(bytes(1 << 20))
-        result = cli("run", f"tracking.state_dir={disk / '.rlhf'}")
-        assert result.stderr.strip() == (f"error: no space left on device writing {disk / '.rlhf'} (0.0 MiB free): "
-                                          "free space and rerun to resume")
-        assert sorted(p.name for p in (disk / ".rlhf").iterdir()) == []
+        for command in ("run", "check"):
+            result = cli(command, f"tracking.state_dir={disk / '.rlhf'}")
+            assert result.stderr.strip() == (f"error: no space left on device writing {disk / '.rlhf'} (0.0 MiB free): "
+                                              "free space and rerun to resume")
+        assert not (disk / ".rlhf").exists()
 
 
 def running_runs(db: Path) -> int:

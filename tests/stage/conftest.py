@@ -7,8 +7,9 @@ import os
 import pytest
 
 from configs import load_config
+from runtime import resources
 from stages import data_prep
-from stages.common import dist_env, ray_workers
+from stages.common import dist_env
 from stages.contract import StageContext
 
 # Small enough that each stage runs in seconds; the flow tests run the real preset.
@@ -61,5 +62,5 @@ def prepared(fast_config, tmp_path_factory):
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A fresh local Ray cluster for the module (RL actors and rollout engines)."""
-    with ray_workers.local_cluster(num_cpus=2, log_to_driver=False):
+    with resources.local_cluster(num_cpus=2, log_to_driver=False):
         yield

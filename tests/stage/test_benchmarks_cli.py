@@ -9,7 +9,7 @@ pytest.importorskip("trl")
 
 from benchmarks.__main__ import main  # noqa: E402
 
-pytestmark = pytest.mark.slow  # minutes: whole benchmark runs of both systems
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # minutes: whole benchmark runs of both systems
 
 
 def test_sft_benchmark_reports_both_systems_and_their_ratio(tmp_path, capsys):

@@ -54,8 +54,8 @@ def test_same_seed_same_data_other_seed_other_data(prepared, fast_config, tmp_pa
     assert (other["sft_data"] / "train.jsonl").read_text() != (prepared["sft_data"] / "train.jsonl").read_text()
 
 
-def test_over_long_rows_fail_naming_dataset_and_row(tmp_path):
-    cfg = load_config(None, [*FAST, "data.max_len=20"])
+def test_over_long_rows_fail_naming_dataset_and_row_with_strict_lengths(tmp_path):
+    cfg = load_config(None, [*FAST, "data.max_len=20", "data.strict_lengths=true"])
     with pytest.raises(DataError, match=r"sft_data/train row 0: \d+ tokens, longer than data.max_len=20"):
         data_prep.run(make_ctx("data_prep", cfg, tmp_path), {})
 

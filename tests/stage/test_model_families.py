@@ -152,7 +152,7 @@ def test_a_system_prompt_over_the_length_limits_names_the_row(family):
                for r in data_prep.read_split(family.data["pref_data"], "train")]
     assert max(others) < min(with_system)
     with pytest.raises(DataError, match=rf"prompts.jsonl line \d+: \d+ tokens, longer than data.max_len={max(others)}"):
-        run_stage(family, data_prep, "data_prep_short", {}, [f"data.max_len={max(others)}"])
+        run_stage(family, data_prep, "data_prep_short", {}, [f"data.max_len={max(others)}", "data.strict_lengths=true"])
     first = next(i for i, r in enumerate(rows) if SYSTEM in r["prompt"])
     with pytest.raises(DataError, match=rf"prompts/train row {first}: prompt is \d+ tokens, over rl.rollout.prompt_max_len={max(others)}"):
         rl_stage.encode_prompts(tok, rows, max(others), "prompts/train")

@@ -8,8 +8,7 @@ import ray
 from ray.util import placement_group_table
 
 from configs import load_config
-from stages.common import ray_workers
-from stages.rl import stage as rl_stage
+from runtime import resources, rl_driver
 from tests.stage.conftest import make_ctx
 from tests.stage.test_rl_stage import LENGTH_REWARD, RL_FAST
 
@@ -22,7 +21,7 @@ GPU_LAYOUT = ["infra.gpus_per_worker=1", "rl.rollout.engine=hf", "rl.rollout.wei
 @pytest.fixture(scope="module")
 def logical_gpu_cluster():
     """Two CPUs and one GPU that Ray schedules and torch cannot see."""
-    with ray_workers.local_cluster(num_cpus=2, log_to_driver=False, num_gpus=1):
+    with resources.local_cluster(num_cpus=2, log_to_driver=False, num_gpus=1):
         assert ray.cluster_resources().get("GPU") == 1
         yield
 
@@ -35,7 +34,7 @@ def test_rl_on_a_gpu_layout_places_on_gpu_bundles_and_syncs_by_broadcast_over_gl
     logged = []
     ctx = make_ctx("rl", cfg, tmp_path, lambda metrics, step: logged.append((step, metrics)))
     inputs = {"sft_model": prepared["base_model"], "prompts": prepared["prompts"], "eval_data": prepared["eval_data"]}
-    result = rl_stage.run(ctx, inputs)
+    result = rl_driver.run(ctx, inputs)
 
     out = capfd.readouterr().out
     assert "[rl] weight sync: broadcast over a gloo group" in out, out[-2000:]

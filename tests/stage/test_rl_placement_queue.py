@@ -9,7 +9,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from configs import PipelineError, load_config
-from stages.rl.placement import Placement
+from runtime.rl_placement import Placement
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 

@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from configs import PipelineError, load_config
+from runtime import rl_driver
 from stages import prm
 from stages.contract import NodeInputs
 from stages.rl import stage as rl_stage
@@ -51,7 +52,7 @@ def run_rl(prepared, root, overrides, fail_at: int | None = None, extra_inputs=N
     ctx = make_ctx("rl", cfg, root, log)
     inputs = {"sft_model": prepared["base_model"], "prompts": prepared["prompts"], "eval_data": prepared["eval_data"],
               **(extra_inputs or {})}
-    return rl_stage.run(ctx, inputs), logged
+    return rl_driver.run(ctx, inputs), logged
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +136,8 @@ def test_hf_engine_in_calls_of_generate_batch_size_returns_every_prompt_in_order
     (which do not depend on the batch) come back the same, one per prompt, in the prompts' order."""
     import ray
 
+    from runtime.resources import actor_class
     from stages.common import checkpoint
-    from stages.common.ray_workers import actor_class
     from stages.data_prep import read_split
     from stages.rl.workers import HFRolloutEngine
 
@@ -283,9 +284,9 @@ def test_a_reward_func_that_never_returns_ends_the_stage_and_its_worker(tmp_path
     import psutil
     import ray
 
-    from stages.common.ray_workers import actor_class
+    from runtime.resources import actor_class
+    from runtime.rl_actors import RayActors
     from stages.rewards.errors import RewardError
-    from stages.rl.ray_backend import RayActors
     from stages.rl.workers import RewardWorker
 
     (tmp_path / "stuck.py").write_text(STUCK_REWARD)
@@ -312,7 +313,7 @@ def test_a_reward_file_that_fails_to_load_in_the_worker_is_the_users_error(tmp_p
 
     from flows import retries
     from flows.stage_task import unwrap
-    from stages.common.ray_workers import actor_class
+    from runtime.resources import actor_class
     from stages.rewards.errors import RewardError
     from stages.rl.workers import RewardWorker
 

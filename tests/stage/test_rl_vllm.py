@@ -10,12 +10,13 @@ from transformers import AutoModelForCausalLM
 
 from configs import load_config
 from flows import vllm_env
+from runtime import rollout_engines
+from runtime.vllm_engine import VLLMRolloutEngine, runtime_env
 from stages.contract import NodeInputs
-from stages.rl import rollout_engines
-from stages.rl.vllm_engine import VLLMRolloutEngine, runtime_env
 from tests.stage.test_rl_stage import run_rl
 
-pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
+pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow,
+              pytest.mark.timeout(1800)]  # the first test may build the vLLM environment
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@
 import pytest
 import ray
 
-from stages.common import dist_env, ray_workers
+from runtime import resources
+from stages.common import dist_env
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 
@@ -31,7 +32,7 @@ class ThreadProbe:
 
 
 def test_an_actor_sharing_its_cores_starts_with_their_thread_count(ray_cluster):
-    probe = ThreadProbe.options(num_cpus=1, **ray_workers.thread_env(2)).remote()
+    probe = ThreadProbe.options(num_cpus=1, **resources.thread_env(2)).remote()
     assert ray.get(probe.prepare.remote(2)) == (2, [])
 
 

@@ -1,4 +1,4 @@
-"""Stage workers kept between the stages of a flow run (`ray_workers.WorkerPool`) on a real local Ray
+"""Stage workers kept between the stages of a flow run (`worker_pool.WorkerPool`) on a real local Ray
 cluster: the next stage of the same shape runs in the same process, with a fresh torch.distributed
 group and a DeepSpeed engine that trains as in a fresh process; a failed stage's workers are not
 reused; an idle worker holds no CPUs while outside work (the RL stage's actors) needs them, and runs
@@ -18,8 +18,8 @@ import torch
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from configs.schema import InfraConfig, TrainingConfig
+from runtime.worker_pool import WorkerPool, run_stage
 from stages.common import deepspeed_engine
-from stages.common.ray_workers import WorkerPool, run_stage
 from stages.contract import StageContext, StageResult
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
@@ -71,6 +71,14 @@ def run(pool, ctx, func: str) -> dict:
     return run_stage(f"{HERE}:{func}", ctx, {}, INFRA, distributed=True, pool=pool).metrics
 
 
+def wait_until(done, what: str, within_s: float = 120.0) -> None:
+    """Poll `done()` until it holds; a regression fails here, naming what never happened, instead of hanging."""
+    deadline = time.monotonic() + within_s
+    while not done():
+        assert time.monotonic() < deadline, f"not within {within_s:g} s: {what}"
+        time.sleep(0.05)
+
+
 def test_the_next_stage_runs_in_the_same_worker_with_a_fresh_process_group_unless_one_failed(ray_cluster, ctx):
     pool = WorkerPool()
     first, second = run(pool, ctx, "train_one_step"), run(pool, ctx, "train_one_step")
@@ -105,8 +113,7 @@ def test_a_stage_waiting_for_the_cpus_takes_the_running_stages_workers(ray_clust
     results = {}
     first = threading.Thread(target=lambda: results.update(first=run(pool, ctx, "hold")))
     first.start()
-    while ray.available_resources().get("CPU", 0) > 0:  # until the first stage holds both CPUs
-        time.sleep(0.05)
+    wait_until(lambda: ray.available_resources().get("CPU", 0) == 0, "the first stage holds both CPUs")
     results["second"] = run(pool, ctx, "hold")
     first.join()
     assert results["second"]["pid"] == results["first"]["pid"]
@@ -128,8 +135,7 @@ def test_a_stage_waiting_for_its_reservation_gets_the_cpus_a_set_of_another_shap
         narrow = threading.Thread(daemon=True, target=lambda: results.update(
             narrow=run_stage(f"{HERE}:hold", ctx, {}, one_cpu, distributed=True, pool=pool).metrics))
         narrow.start()
-        while ray.available_resources().get("CPU", 0) > 0:  # until the 1-CPU stage holds the other CPU
-            time.sleep(0.05)
+        wait_until(lambda: ray.available_resources().get("CPU", 0) == 0, "the 1-CPU stage holds the other CPU")
     remove_placement_group(outside)  # the outside work ends while the 1-CPU stage still runs
     narrow.join(timeout=60)
     wide.join(timeout=60)

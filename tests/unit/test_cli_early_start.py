@@ -59,11 +59,11 @@ def test_the_rl_module_is_imported_once_a_stage_it_consumes_runs(cfg):
     every = {s.name for s in dag.STAGES}
     # the tiny preset's RL reads data prep's prompts and the SFT policy (its reward is a rule): rm running
     # says nothing about whether RL will
-    assert planned_preloads(cfg, every) == {"data_prep": {"stages.rl.stage"}, "sft": {"stages.rl.stage"}}
+    assert planned_preloads(cfg, every) == {"data_prep": {"runtime.rl_driver"}, "sft": {"runtime.rl_driver"}}
     with_rm = load_config(None, ["reward.source=rm", f"tracking.state_dir={cfg.tracking.state_dir}"])
-    assert planned_preloads(with_rm, every)["rm"] == {"stages.rl.stage"}
+    assert planned_preloads(with_rm, every)["rm"] == {"runtime.rl_driver"}
     assert planned_preloads(cfg, every - {"rl"}) == {}  # `--only` without RL, or RL pinned away
-    assert planned_preloads(cfg, {"rl", "sft"}) == {"sft": {"stages.rl.stage"}}  # data prep reused, not run
+    assert planned_preloads(cfg, {"rl", "sft"}) == {"sft": {"runtime.rl_driver"}}  # data prep reused, not run
 
 
 def test_a_preload_starts_with_the_first_stage_that_runs_and_only_once(cfg, monkeypatch):
@@ -72,10 +72,10 @@ def test_a_preload_starts_with_the_first_stage_that_runs_and_only_once(cfg, monk
     started = []
     monkeypatch.setattr(ray_cluster, "import_all", started.append)
     session = ray_cluster.RaySession(cfg.infra)
-    session.preload = {"data_prep": {"stages.rl.stage"}, "sft": {"stages.rl.stage"}}
+    session.preload = {"data_prep": {"runtime.rl_driver"}, "sft": {"runtime.rl_driver"}}
     session.start_preloads("sft")
     session.start_preloads("data_prep")
     session.start_preloads("eval")
     for thread in [t for t in threading.enumerate() if t.name == "preload-drivers"]:
         thread.join()
-    assert started == [["stages.rl.stage"]]
+    assert started == [["runtime.rl_driver"]]

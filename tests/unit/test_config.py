@@ -422,3 +422,12 @@ def test_without_a_base_the_defaults_are_for_pretrained_models(tmp_path):
     assert (cfg.sft.lr, cfg.rm.lr, cfg.prm.lr, cfg.dpo.lr) == (5e-6, 9e-6, 1e-6, 5e-7)
     assert (cfg.rl.actor.lr, cfg.rl.critic.lr) == (5e-7, 9e-6)
     assert load_config("tiny").dpo.lr == 5e-5
+
+
+def test_the_sections_with_a_router_loss_are_read_from_the_schema():
+    from configs.schema import sections_with
+    from stages.preflight import AUX_LOSS_SECTIONS
+
+    # every training stage and the RL policy and critic (the critic's is refused when set)
+    assert set(AUX_LOSS_SECTIONS) == {"sft", "rm", "prm", "dpo", "rs", "kd", "csft", "rl.actor", "rl.critic"}
+    assert sections_with("no_such_key") == ()

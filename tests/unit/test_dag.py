@@ -136,7 +136,7 @@ def test_sft_config_keys_values():
     subset = config_subset(PipelineConfig(), BY_NAME["sft"].config_keys)
     assert subset["model.attn_implementation"] == "auto"
     assert subset["infra.zero_stage"] == 2
-    assert subset["infra.precision"] == "fp32"
+    assert subset["infra.precision"] == "auto"
     assert subset["infra.num_workers"] == 1
     assert subset["sft"]["lr"] == 5e-6
 

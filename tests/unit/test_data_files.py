@@ -562,6 +562,24 @@ def test_check_rows_names_dataset_and_row_of_an_over_long_row(tok):
         data_prep.check_rows("sft_data/train", rows, tok, 64, ("texts",))
     assert str(err.value) == f"sft_data/train row 1: {n_tokens} tokens, longer than data.max_len=64"
     data_prep.check_rows("sft_data/train", rows[:1], tok, 64, ("texts",))  # the short row passes
+    assert data_prep.check_rows("sft_data/train", rows, tok, 64, ("texts",), strict=False) == rows[:1]  # dropped
+    with pytest.raises(DataError, match=r"^sft_data/train: every row is longer than data.max_len=64; raise data.max_len$"):
+        data_prep.check_rows("sft_data/train", rows[1:], tok, 64, ("texts",), strict=False)
+
+
+def test_an_over_long_file_row_is_dropped_and_counted_or_with_strict_lengths_an_error_naming_its_line(tok, model_dir, tmp_path):
+    rows = qa_rows(8)
+    rows[2]["output"] = "a" * 400
+    sft = write_jsonl(tmp_path / "sft.jsonl", rows)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 4)
+    cfg = files_config(model_dir, _sft_cfg(sft), _sft_cfg(prompts), max_len=64)
+    dropped: dict[str, int] = {}
+    out = data_prep.file_datasets(cfg, tok, dropped)
+    assert len(out["sft_data"]["train"]) + len(out["sft_data"]["eval"]) == 7
+    assert dropped["sft_data/train"] + dropped["sft_data/eval"] == 1 and dropped["prompts/train"] == 0
+    strict = files_config(model_dir, _sft_cfg(sft), _sft_cfg(prompts), max_len=64, strict_lengths=True)
+    with pytest.raises(DataError, match=rf"^{sft} line 3: \d+ tokens, longer than data.max_len=64 \(data.strict_lengths\)$"):
+        data_prep.file_datasets(strict, tok)
 
 
 def test_check_rows_empty_dataset_and_empty_field(tok):
@@ -671,6 +689,8 @@ def test_run_on_files_writes_every_dataset_and_a_base_model_pointer(model_dir, t
 
     assert result.metrics == {
         "rows/sft_data/train": 8.0, "rows/sft_data/eval": 2.0, "rows/prompts/train": 6.0, "rows/eval_data/eval": 2.0,
+        "rows/sft_data/train/dropped": 0.0, "rows/sft_data/eval/dropped": 0.0, "rows/prompts/train/dropped": 0.0,
+        "rows/eval_data/eval/dropped": 0.0,
     }
 
 
@@ -679,8 +699,8 @@ def test_run_rejects_an_over_long_row_naming_dataset_and_row(model_dir, tmp_path
     rows[3]["output"] = "long answer " * 20
     sft = write_jsonl(tmp_path / "sft.jsonl", rows)
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
-    cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.5}, max_len=32)
-    with pytest.raises(DataError, match=rf"^{sft} line 4: \d+ tokens, longer than data\.max_len=32$"):
+    cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.5}, max_len=32, strict_lengths=True)
+    with pytest.raises(DataError, match=rf"^{sft} line 4: \d+ tokens, longer than data\.max_len=32 \(data\.strict_lengths\)$"):
         run_stage(cfg, tmp_path)
     assert not (tmp_path / "out" / "sft_data").exists()
 

@@ -127,13 +127,19 @@ def test_dpo_kto_rm_and_prm_scripts():
     assert (cfg.dpo.lr, cfg.dpo.beta, cfg.dpo.loss, cfg.dpo.grad_accum_steps, cfg.data.max_len) == (5e-7, 0.1, "sigmoid", 256, 8192)
     assert cfg.data.sft is not None and cfg.data.sft.multiturn  # the chosen conversations stand in as SFT rows
     cfg, text = convert("v0.8.11_train_kto_llama.sh")
-    assert (cfg.dpo.loss, cfg.dpo.beta, cfg.dpo.lr, cfg.data.source) == ("kto", 0.1, 5e-7, "synthetic")
-    assert any(line.startswith("--dataset Dylan2048/ultrafeedback-unpaired-preferences: no counterpart yet: KTO here")
-               for line in not_mapped(text))
+    assert (cfg.dpo.loss, cfg.dpo.beta, cfg.dpo.lr, cfg.data.source) == ("kto", 0.1, 5e-7, "files")
+    kto = cfg.data.preference
+    assert kto is not None and kto.unpaired and kto.paths == ["Dylan2048/ultrafeedback-unpaired-preferences"]
+    assert (kto.input_key, kto.output_key, kto.label_key, kto.input_template) == ("instruction", "response", "score",
+                                                                                  "User: {}\nAssistant: ")
+    assert not any(line.startswith("--dataset") for line in not_mapped(text))
+    assert "off: data.preference.unpaired: KTO's rows, no pairs" in text  # the rm stage
     cfg, _ = convert("train_rm.sh")
     assert (cfg.rm.lr, cfg.rm.micro_batch_size, cfg.rm.grad_accum_steps, cfg.infra.zero_stage) == (9e-6, 1, 256, 3)
     cfg, _ = convert("v0.8.11_train_prm_mistral.sh")
     assert (cfg.prm.placeholder_token, cfg.prm.reward_tokens, cfg.prm.lr) == ("ки", ("+", "-"), 1e-6)
+    prm = cfg.data.prm
+    assert prm is not None and (prm.paths, prm.input_key, prm.label_key) == (["zhuzilin/Math-Shepherd"], "input", "value")
     assert (cfg.prm.eval_every, cfg.prm.save_every, cfg.prm.grad_accum_steps) == (100, 500, 32)
 
 
@@ -185,6 +191,26 @@ def test_label_smoothing_is_cdpo_and_yields_to_ipo():
     text, _ = converted(base + " --ipo", "b.sh")
     assert PipelineConfig.model_validate(yaml.safe_load(text)).dpo.loss == "ipo"
     assert "--label_smoothing 0.1: cDPO's label smoothing goes with the sigmoid loss, and --ipo is set (line 1)" in not_mapped(text)
+
+
+def test_pretrain_mode_and_the_chat_template_are_mapped():
+    base = "deepspeed --module openrlhf.cli.train_sft --pretrain m --input_key text --pretrain_mode"
+    template = " --tokenizer_chat_template '{% for m in messages %}{{ m.content }}{% endfor %}'"
+    cfg = PipelineConfig.model_validate(yaml.safe_load(converted(base + " --dataset d.jsonl" + template, "a.sh")[0]))
+    assert cfg.sft.pretrain_mode and cfg.data.sft is not None and cfg.data.sft.input_key == "text"
+    assert cfg.data.tokenizer_chat_template == "{% for m in messages %}{{ m.content }}{% endfor %}"
+    text, _ = converted(base, "b.sh")  # no dataset: the synthetic task has no plain text
+    assert not PipelineConfig.model_validate(yaml.safe_load(text)).sft.pretrain_mode
+    assert "--pretrain_mode: the script names no dataset, and the synthetic task standing in has no plain text (line 1)" \
+        in not_mapped(text)
+
+
+def test_a_kto_script_without_output_key_reads_conversations():
+    text, _ = converted("deepspeed --module openrlhf.cli.train_kto --pretrain m --dataset d --apply_chat_template", "k.sh")
+    cfg = PipelineConfig.model_validate(yaml.safe_load(text))
+    kto, sft = cfg.data.preference, cfg.data.sft
+    assert kto is not None and kto.unpaired and kto.output_key == kto.input_key == "input"
+    assert sft is not None and sft.multiturn and cfg.dpo.loss == "kto"
 
 
 def test_set_overrides_keys_of_the_result():

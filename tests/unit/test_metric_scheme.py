@@ -76,6 +76,9 @@ def test_run_names_before_the_outcome_and_for_stages_and_long_overrides():
     from flows.run_views import OVERRIDES_WIDTH, config_label, pipeline_run_name, stage_run_name
 
     assert pipeline_run_name(config_label("tiny", None)) == "tiny · running"
+    # what was asked is in the name: a reused-everything `--only rm` is not a whole cached run
+    assert pipeline_run_name(config_label("tiny", ["rm.lr=1e-4"], force=["sft"], only=["rm", "dpo"]),
+                             {"rm": "cached"}) == "tiny · all cached · --only rm,dpo --force sft rm.lr=1e-4"
     assert stage_run_name("sft", config_label("tiny", ["sft.lr=1e-3"])) == "sft · tiny · sft.lr=1e-3"
     config, overrides = config_label("tiny", [f"rl.key{i}=1" for i in range(20)])
     assert len(overrides) == OVERRIDES_WIDTH and overrides.endswith("…") and config == "tiny"

@@ -4,6 +4,7 @@ a local server (including a dead one and a slow one)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import time
 from pathlib import Path
@@ -116,9 +117,10 @@ def test_backoff_delays_double():
 
 def test_arithmetic_reward_from_the_configs_package(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # not found from the cwd, so found under configs/
-    path = resolve_func_path(RewardConfig().func_path)
+    arithmetic = RewardConfig(func_path="rewards/arithmetic.py")  # the tiny preset's
+    path = resolve_func_path(arithmetic.func_path)
     assert path == Path(configs.__file__).parent / "rewards" / "arithmetic.py"
-    scorer = build_scorer(RewardConfig())
+    scorer = build_scorer(arithmetic)
     assert isinstance(scorer, FunctionScorer) and isinstance(scorer, RewardSource)
     prompts = ["Compute 2+3\n", "Compute 5-7\n", "Answer: 4\n", "Compute 1+1\n", "Compute 9+0\n"]
     responses = ["2+3=5\nAnswer: 5<|end|>", "5-7=-2\nAnswer: -2", "no idea", "Answer: 3\nAnswer: 2", "Answer: 9"]
@@ -274,6 +276,12 @@ def make_test_app() -> FastAPI:
     app.state.calls = {"flaky": 0}
     app.state.last = None
     app.state.bodies = []
+    app.state.hits = collections.Counter()  # requests per path: a retry shows as a second hit
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        app.state.hits[request.url.path] += 1
+        return await call_next(request)
 
     @app.post("/get_reward")
     async def get_reward(request: Request) -> dict:
@@ -381,13 +389,12 @@ def test_remote_retries_5xx_then_succeeds(server):
     ],
 )
 def test_remote_bad_replies(server, path, expected):
-    base, _ = server
-    start = time.monotonic()
+    base, app = server
     with pytest.raises(RewardError) as err:
         RemoteScorer(f"{base}{path}", timeout_s=5, retries=3, backoff_s=1.0).score(PROMPTS, RESPONSES, LABELS)
     message = one_line_error(err)
     assert f"{base}{path}" in message and expected in message
-    assert time.monotonic() - start < 1.0  # none of these waits for a retry
+    assert app.state.hits[path] == 1  # a user error is not retried
 
 
 def test_remote_5xx_every_time_fails_after_retries_on_one_line(server):
@@ -416,11 +423,19 @@ def test_remote_down_server_fails_after_retries():
 
 
 def test_remote_slow_server_times_out_each_try(server):
-    base, _ = server
+    base, app = server
     start = time.monotonic()
     with pytest.raises(RewardError) as err:
         RemoteScorer(f"{base}/slow", timeout_s=0.3, retries=1, backoff_s=0.05).score(PROMPTS, RESPONSES, LABELS)
     elapsed = time.monotonic() - start
     message = one_line_error(err)
     assert f"{base}/slow" in message and "after 2 tries" in message and "Timeout" in message
-    assert elapsed < 1.5  # two 0.3 s tries, not two 2 s replies
+    assert app.state.hits["/slow"] == 2
+    assert elapsed < 3.9  # the two tries did not wait for the 2 s replies
+
+
+def test_no_reward_function_outside_the_tiny_preset_is_one_line_naming_reward_source():
+    assert RewardConfig().func_path is None
+    with pytest.raises(RewardError, match=r"^reward.source=func and no reward.func_path: set reward.func_path to a file "
+                                          r"defining reward_func\(queries, prompts, labels\), or reward.source to rm, prm or remote$"):
+        resolve_func_path(None)

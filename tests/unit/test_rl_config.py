@@ -5,9 +5,9 @@ import pytest
 from configs import ConfigError, load_config
 from configs.estimators import ESTIMATORS
 from configs.schema import RL_MOVED, RL_SECTIONS, InfraConfig, PipelineConfig, RLConfig, TrainingConfig
+from runtime.rl_placement import Slot, waves
 from stages.common.deepspeed_engine import engine_config
 from stages.rl.layout import group_sizes, pools
-from stages.rl.placement import Slot, waves
 
 GROUPED = [n for n, e in ESTIMATORS.items() if e.grouped]
 UNGROUPED = [n for n, e in ESTIMATORS.items() if not e.grouped]

@@ -7,7 +7,7 @@ import pytest
 import ray
 
 from configs import ConfigError, load_config
-from stages.rl import rollout_engines
+from runtime import rollout_engines
 
 
 def vllm_config(*extra: str):

@@ -4,7 +4,8 @@ started with them (`ray start --resources`), as the bundles ask for them and the
 import pytest
 
 from configs import PipelineError, load_config
-from stages.common.ray_workers import bundle, cluster_name, node_capacity, stage_shape
+from runtime.resources import bundle, cluster_name, node_capacity
+from runtime.worker_pool import stage_shape
 from stages.preflight import check_local_resources
 
 
@@ -47,15 +48,15 @@ def test_a_pin_on_the_local_cluster_is_one_line_before_anything_starts():
 def test_a_stage_waits_for_a_lost_node_only_as_long_as_node_wait_s(monkeypatch, capsys):
     """`infra.node_wait_s`: the size check looks again until the pinned nodes are back, then passes; with no
     wait, or when the wait runs out, it fails with its one line at once."""
-    from stages.common import ray_workers
+    from runtime import resources, worker_pool
 
     clusters = iter([[HEAD], [HEAD, node(alive=False, CPU=4, worker_node=4)], [HEAD, WORKER]])
-    monkeypatch.setattr(ray_workers.ray, "nodes", lambda: next(clusters))
-    monkeypatch.setattr(ray_workers, "NODE_POLL_S", 0.01)
+    monkeypatch.setattr(resources.ray, "nodes", lambda: next(clusters))
+    monkeypatch.setattr(resources, "NODE_POLL_S", 0.01)
     shape = (2, 1, 0, (("worker_node", 1),))
-    ray_workers.check_resources("sft", shape, wait_s=60)
+    worker_pool.check_resources("sft", shape, wait_s=60)
     assert "[ray] waiting up to 60 s (infra.node_wait_s)" in capsys.readouterr().out
-    monkeypatch.setattr(ray_workers.ray, "nodes", lambda: [HEAD])
+    monkeypatch.setattr(resources.ray, "nodes", lambda: [HEAD])
     for wait_s in (0, 0.05):
         with pytest.raises(PipelineError, match=r"stage sft needs 2 worker\(s\) x 1 CPU .* has 0 CPU"):
-            ray_workers.check_resources("sft", shape, wait_s=wait_s)
+            worker_pool.check_resources("sft", shape, wait_s=wait_s)

@@ -18,11 +18,11 @@ import ray
 
 from configs.errors import ConfigError
 from configs.schema import CPU_KV_CACHE_MIB, PipelineConfig
-from stages.common import ray_shutdown
-from stages.common.ray_workers import actor_class
+from runtime import ray_shutdown
+from runtime.resources import actor_class
+from runtime.rl_placement import Slot
+from runtime.vllm_engine import VLLMRolloutEngine, runtime_env
 from stages.contract import NodeInputs
-from stages.rl.placement import Slot
-from stages.rl.vllm_engine import VLLMRolloutEngine, runtime_env
 from stages.rl.workers import HFRolloutEngine
 
 if TYPE_CHECKING:
@@ -82,7 +82,8 @@ def vllm_options(cfg: PipelineConfig, cluster_gpus: float) -> dict:
     """`vllm.LLM` keyword arguments from the config."""
     rl = cfg.rl
     options = {
-        "dtype": DTYPES[cfg.infra.precision],
+        # auto: as the policy's ranks resolve it on the engines' nodes (bf16 on GPUs, fp32 on CPUs)
+        "dtype": DTYPES[cfg.infra.precision if cfg.infra.precision != "auto" else ("bf16" if cluster_gpus else "fp32")],
         "seed": cfg.seed,
         "max_model_len": rl.rollout.prompt_max_len + max(rl.rollout.generate_max_len, cfg.eval.max_new_tokens),
         "enable_prefix_caching": rl.rollout.enable_prefix_caching,

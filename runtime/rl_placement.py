@@ -23,8 +23,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from configs.errors import PipelineError
 from configs.schema import PipelineConfig
-from stages.common import ray_shutdown
-from stages.common.ray_workers import bundle, capacity_within, cluster_name, thread_env
+from runtime import ray_shutdown
+from runtime.resources import bundle, capacity_within, cluster_name, thread_env
 from stages.rl.layout import Role, bundles_needed, check_fits, group_sizes, hosts, pools
 
 

@@ -8,13 +8,12 @@ from typing import Any, ParamSpec, TypeVar, cast
 import ray
 
 from configs.schema import PipelineConfig
-from stages.common import ray_shutdown
-from stages.common.ray_workers import actor_class, capacity
+from runtime import ray_shutdown, rollout_engines
+from runtime.resources import actor_class, capacity
+from runtime.rl_placement import Placement, waves
 from stages.contract import NodeInputs
-from stages.rl import rollout_engines
 from stages.rl.backend import Ref, RolloutEngine
 from stages.rl.layout import Role, check_async, resolve_layout
-from stages.rl.placement import Placement, waves
 
 P = ParamSpec("P")
 R = TypeVar("R")
