@@ -49,7 +49,10 @@ stay as written (a number or switch the shell fills in is listed as not mapped: 
   as SFT rows, an SFT set's prompts with their responses as labels, a prompt set's labels as responses.
   A PPO script without `--label_key` has its prompts stand in for both (the label column, the SFT rows:
   name real ones before eval reads them). A PRM script's rows (`data.prm`) and a KTO script's
-  unpaired rows (`data.preference` with `unpaired: true`) stand in for SFT rows and prompts the same way.
+  unpaired rows stand in for SFT rows and prompts the same way. `train_kto` reads unpaired rows whatever
+  its flags (OpenRLHF has no switch for them): its dataset becomes `data.preference` with
+  `unpaired: true`, and `dpo.loss: kto`; without `--output_key` the input is a whole conversation, its
+  last turn the response.
 - **Batches.** OpenRLHF's `--train_batch_size` is global; here a DeepSpeed stage accumulates
   `grad_accum_steps` micro batches on each of `infra.num_workers` ranks (from `deepspeed --num_gpus` or
   `torchrun --nproc_per_node`, else 1). PPO's keeps its meaning (`rl.train_batch_size`).

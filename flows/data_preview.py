@@ -86,10 +86,9 @@ def preview(cfg: PipelineConfig, n: int, console: Console) -> None:
 
     tokenizer = tokenizer_for(cfg)
     placeholder = cfg.prm.placeholder_token
-    from stages.data_prep import add_placeholder_token, has_prm_rows
+    from stages.data_prep import add_prm_placeholder
 
-    if has_prm_rows(cfg):
-        add_placeholder_token(tokenizer, placeholder)
+    add_prm_placeholder(tokenizer, cfg)
     colour = console.is_terminal and not console.no_color
     legend = "green" if colour else "inside ⟦ ⟧"
     console.print(f"tokenizer: {tokenizer.name_or_path or 'the tiny model'} ({len(tokenizer)} tokens, chat template: "

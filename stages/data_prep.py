@@ -125,6 +125,20 @@ def has_prm_rows(cfg: PipelineConfig) -> bool:
     return cfg.data.source == "synthetic" or cfg.data.prm is not None
 
 
+def add_prm_placeholder(tokenizer, cfg: PipelineConfig) -> bool:
+    """`prm.placeholder_token` in the tokenizer where the data has PRM rows; True when it was added. In
+    rows read from files it must be a special token even where the tokenizer has it as a word: a word
+    merges with what stands before it (Math-Shepherd's ` ки` is another token than `ки` in a byte-level
+    BPE), a special token never does."""
+    if not has_prm_rows(cfg):
+        return False
+    token = cfg.prm.placeholder_token
+    if cfg.data.source == "files" and token not in tokenizer.get_added_vocab():
+        tokenizer.add_special_tokens({"extra_special_tokens": [token]}, replace_extra_special_tokens=False)
+        return True
+    return add_placeholder_token(tokenizer, token)
+
+
 def n_tokens(tokenizer, row: dict, text_fields: tuple[str, ...]) -> int:
     if "texts" in row:
         return len(encode_segments(tokenizer, row["texts"], row["train"])[0])
@@ -412,7 +426,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         print(f"[data_prep] built tokenizer ({len(tokenizer)} tokens) and model "
               f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params)", flush=True)
     changed = []  # what the saved tokenizer holds that the checkpoint's lacks
-    if has_prm_rows(cfg) and add_placeholder_token(tokenizer, cfg.prm.placeholder_token):
+    if add_prm_placeholder(tokenizer, cfg):
         changed.append(f"prm.placeholder_token {cfg.prm.placeholder_token!r} added to the tokenizer, the embeddings resized")
     if cfg.model.name_or_path and cfg.data.tokenizer_chat_template is not None:
         changed.append("data.tokenizer_chat_template saved as the tokenizer's chat template")

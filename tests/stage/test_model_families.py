@@ -15,6 +15,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from configs import DataError, load_config
+from runtime import rl_driver
 from stages import data_prep, evaluate, lora_merge, prm, reward_model, sft
 from stages.common import checkpoint, generation, shared_prompt
 from stages.common.tokenization import encode_segments
@@ -75,7 +76,7 @@ def family_overrides(name: str, model_dir, files) -> list[str]:
         "rl.max_steps=1", "rl.rollout.batch_size=2", "rl.rollout.n_samples_per_prompt=2", "rl.train_batch_size=4",
         "rl.micro_train_batch_size=4", "rl.rollout.micro_batch_size=4", "rl.rollout.generate_max_len=8", "rl.rollout.prompt_max_len=128",
         "rl.eval_every=1", "rl.save_every=1", "rl.rollout.engine=hybrid", "rl.placement.colocate_all=true", "rl.actor.lr=1e-3",
-        "eval.max_samples=4", "eval.samples_per_prompt=1", "eval.max_new_tokens=8", "eval.batch_size=4",
+        "eval.answer_pattern=Answer:\\s*(-?\\d+)", "eval.max_samples=4", "eval.samples_per_prompt=1", "eval.max_new_tokens=8", "eval.batch_size=4",
         "infra.cpus_per_worker=2", *aux,
     ]
 
@@ -252,7 +253,7 @@ def test_rl_log_probs_of_a_prompts_samples_in_one_row_equal_padded_rows(family):
 def test_rl_with_a_reward_func(family, ray_cluster):  # noqa: F811
     logged = []
     inputs = {"sft_model": family.data["base_model"], "prompts": family.data["prompts"], "eval_data": family.data["eval_data"]}
-    result = run_stage(family, rl_stage, "rl", inputs, logged=logged)
+    result = run_stage(family, rl_driver, "rl", inputs, logged=logged)
     assert type(AutoModelForCausalLM.from_pretrained(result.outputs["rl_model"])) is type(AutoModelForCausalLM.from_pretrained(family.model))
     assert {"train/reward", "actor/policy_loss"} <= logged_keys(logged)
     assert ("actor/aux_loss" in logged_keys(logged)) == (family.name in MOE)

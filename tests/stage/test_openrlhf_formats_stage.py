@@ -2,7 +2,7 @@
 Math-Shepherd file (`data.prm`, `ки` ending each step, `+` / `-` labels in Math-Shepherd's label string)
 labels the held-out steps, and KTO on unpaired rows (`data.preference.unpaired`: the correct solutions
 desirable, the flawed ones not) lifts the SFT policy's sampled held-out accuracy. Both start from one
-short SFT run on the synthetic task, shared by the module."""
+short SFT run on the synthetic task (one-digit operands), shared by the module."""
 
 from __future__ import annotations
 
@@ -13,17 +13,21 @@ import pytest
 
 from configs import load_config
 from stages import data_prep, evaluate, prm, sft, synthetic_task
+from stages.common import checkpoint
 from stages.data_prep import read_split
 from stages.dpo import stage as dpo
 from stages.rewards.factory import build_scorer
+from tests.model_families import FAMILIES, save_family_checkpoint
 from tests.stage.conftest import make_ctx
 
 pytestmark = pytest.mark.slow
 
 PH = "ки"
+# one-digit operands: the 0.86M model learns this task's arithmetic in a few hundred SFT steps (the preset's
+# operands up to 20 take 1200: benchmarks.md has that run)
 TASK = ["data.synthetic.num_train=2000", "data.synthetic.num_eval=100", "data.synthetic.num_prompts=40",
-        "eval.max_samples=100", "eval.samples_per_prompt=4"]
-SFT_STEPS, PRM_STEPS, KTO_STEPS = 800, 250, 100
+        "data.synthetic.max_operand=9", "eval.max_samples=100", "eval.samples_per_prompt=4"]
+SFT_STEPS, PRM_STEPS, KTO_STEPS = 400, 150, 100
 SFT = [f"sft.max_steps={SFT_STEPS}", f"sft.eval_every={SFT_STEPS}", f"sft.save_every={SFT_STEPS}"]
 
 
@@ -92,3 +96,29 @@ def test_kto_on_unpaired_rows_beats_sft_on_sampled_held_out_accuracy(task):
                for name, path in (("sft", task["sft_model"]), ("kto", result.outputs["dpo_model"]))}
     print(f"sampled held-out accuracy ({len(prompts)} prompts x 4): SFT {sampled['sft']:.3f}, KTO {sampled['kto']:.3f}")
     assert sampled["kto"] > sampled["sft"]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_math_shepherd_placeholders_are_one_token_each_in_every_family(family, tmp_path):
+    """` ки` after a word is another token than `ки` in a byte-level BPE: data prep makes the placeholder a
+    special token, so the prm stage finds every step of a file's rows whatever the family's tokenizer."""
+    rows = [{"input": f"Compute {a}+{b} Step 1: {a}+{b}={a + b} {PH}\nStep 2: Answer {a + b}. {PH}", "label": ["+", "+"]}
+            for a in range(4) for b in range(4)]
+    # a corpus where `ки` alone and ` ки` after a word are tokens of their own
+    corpus = [r["input"] for r in rows] * 10 + [PH] * 50 + ["Compute question answer + -"]
+    local = save_family_checkpoint(family, tmp_path / "model", corpus)
+    own = checkpoint.load_tokenizer(local)
+    assert len(own(PH, add_special_tokens=False)["input_ids"]) == 1
+    assert own(PH, add_special_tokens=False)["input_ids"][0] not in own(rows[0]["input"], add_special_tokens=False)["input_ids"]
+    qa = write_jsonl(tmp_path / "qa.jsonl", [{"input": f"{a}+1", "output": str(a + 1), "label": str(a + 1)} for a in range(8)])
+    cfg = load_config(None, [*TASK, "data.source=files", f"model.name_or_path={local}", f"data.sft.paths=[{qa}]",
+                             f"data.prompts.paths=[{qa}]", "data.sft.eval_ratio=0.5", "data.prompts.eval_ratio=0.5",
+                             "data.prm.paths=[" + write_jsonl(tmp_path / "shepherd.jsonl", rows) + "]", "data.prm.eval_ratio=0.25",
+                             f"prm.placeholder_token={PH}"])
+    made = data_prep.run(make_ctx("data_prep", cfg, tmp_path / "prep"), {}).outputs
+    tokenizer = checkpoint.load_tokenizer(made["base_model"])
+    placeholder = prm.single_token_id(tokenizer, PH, "prm.placeholder_token")
+    reward_ids = tuple(prm.single_token_id(tokenizer, t, "prm.reward_tokens") for t in ("+", "-"))
+    for i, row in enumerate(read_split(made["prm_data"], "train")):
+        ids, labels = prm.encode_prm_row(tokenizer, row, placeholder, reward_ids, ("+", "-"), f"row {i}")
+        assert sum(label != -100 for label in labels) == 2 and ids.count(placeholder) == 2

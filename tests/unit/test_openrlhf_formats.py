@@ -142,6 +142,10 @@ def test_with_data_prm_data_prep_makes_prm_data_and_the_prm_stage_runs(model_dir
     assert "prm_data" in dag.BY_NAME["data_prep"].outputs and dag.BY_NAME["prm"].wanted_inputs(cfg) == ("sft_model", "prm_data")
     assert "data.prm.paths" in dag.BY_NAME["data_prep"].local_sources
     assert data_prep.has_prm_rows(cfg) and not data_prep.has_prm_rows(files_config(model_dir, tmp_path))
+    from flows.from_openrlhf import stage_plan
+
+    assert stage_plan(cfg)["prm"] == "runs"
+    assert stage_plan(files_config(model_dir, tmp_path))["prm"] == "off: no PRM data (data.prm)"
 
 
 def test_prm_rows_are_one_text_each():
