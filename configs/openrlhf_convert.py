@@ -348,14 +348,11 @@ def datasets(c: Conversion) -> None:
             c.set("data.prompts.label_key", prompt, "no --label_key: the script's reward reads no labels, and the schema "
                                                     "needs a label column; the prompt stands in", "derived")
         if label is not None:
-            turns = {"input_key": prompt, "output_key": label}
-            why = "the prompts, their labels as responses (the schema needs SFT rows; eval reads them for perplexity)"
-        else:  # no responses at all: a stand-in that loads; chat prompts are conversations, text ones their own response
-            chat = c.value("data.prompts.apply_chat_template", False)
-            turns = {"input_key": prompt, "multiturn": True} if chat else {"input_key": prompt, "output_key": prompt}
-            why = ("a stand-in, the prompts themselves (the schema needs SFT rows; eval reads them for perplexity): "
-                   "name real SFT rows")
-        derive(c, "data.prompts", "data.sft", why, **turns)
+            derive(c, "data.prompts", "data.sft", "the prompts, their labels as responses (eval reads SFT rows for "
+                                                  "perplexity)", input_key=prompt, output_key=label)
+        else:  # no responses at all: no SFT rows (inputs.sft_model stands in for the sft stage)
+            c.notes["data"] = ("no SFT rows (data.sft): the script's prompts have no responses, so eval reports no "
+                               "perplexity; name SFT rows in data.sft for it")
 
 
 def unpaired_datasets(c: Conversion) -> None:

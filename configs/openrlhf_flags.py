@@ -305,7 +305,7 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--async_queue_size", "--train.async_queue_size"), (PPO,), why="no counterpart yet: async training runs one step ahead"),
         Flag(("--partial_rollout", "--train.partial_rollout_enable"), (PPO,), why=NOT_YET),
         Flag(("--agent_func_path", "--train.agent_func_path"), (PPO,), ("rl.agent.path",),
-             why="rewrite it as class Environment (docs/algorithms.md#multi-turn-agents)"),
+             why="an OpenRLHF agent file (AgentInstanceBase behind AgentExecutor) runs unchanged (docs/algorithms.md#multi-turn-agents)"),
         Flag(("--eval_n_samples_per_prompt", "--eval.n_samples_per_prompt"), (PPO,), ("eval.samples_per_prompt",), Number(integer=True)),
         Flag(("--eval_temperature", "--eval.temperature"), (PPO,), ("eval.sample_temperature",), Number()),
         Flag(("--best_metric_key", "--ckpt.best_metric_key"), (PPO,), why="eval.metric picks the champion among registered versions"),

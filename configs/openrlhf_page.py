@@ -44,11 +44,12 @@ stay as written (a number or switch the shell fills in is listed as not mapped: 
   or folder (MLflow URIs only), the SFT pin is shown commented out and sft runs, and the reward model is
   named by `reward.rm_paths`. `rlhf run` runs the whole DAG on the config (RL and eval included); the
   header's `--only` runs the script's stage alone.
-- **Data.** The schema needs SFT rows and prompts whenever the data comes from files. Those the script
-  does not name are derived from the one it does, and marked so: a preference set's chosen responses
-  as SFT rows, an SFT set's prompts with their responses as labels, a prompt set's labels as responses.
-  A PPO script without `--label_key` has its prompts stand in for both (the label column, the SFT rows:
-  name real ones before eval reads them). A PRM script's rows (`data.prm`) and a KTO script's
+- **Data.** The schema needs prompts whenever the data comes from files, and SFT rows unless
+  `inputs.sft_model` is pinned (eval reads them for perplexity). Those the script does not name are
+  derived from the one it does, and marked so: a preference set's chosen responses as SFT rows (its
+  chosen conversations as prompts, their last turn the label), an SFT set's prompts with their responses
+  as labels, a prompt set's labels as responses. A PPO script without `--label_key` has its prompts
+  stand in as labels and names no SFT rows (eval then reports no perplexity). A PRM script's rows (`data.prm`) and a KTO script's
   unpaired rows stand in for SFT rows and prompts the same way. `train_kto` reads unpaired rows whatever
   its flags (OpenRLHF has no switch for them): its dataset becomes `data.preference` with
   `unpaired: true`, and `dpo.loss: kto`; without `--output_key` the input is a whole conversation, its

@@ -119,7 +119,9 @@ class DataConfig(Section):
     source: Literal["synthetic", "files"] = Field("synthetic", description="synthetic: the arithmetic task; files: the "
                                                                        "sft, preference and prompts datasets")
     synthetic: SyntheticTaskConfig = SyntheticTaskConfig()
-    sft: DatasetConfig | None = Field(None, description="files: SFT rows (prompt, response)")
+    sft: DatasetConfig | None = Field(None, description="files: SFT rows (prompt, response); empty: a config that pins "
+                                                       "inputs.sft_model (OpenRLHF's PPO, RM and DPO start from one) "
+                                                       "and runs no other stage that trains on them")
     preference: DatasetConfig | None = Field(None, description="files: preference pairs for rm and dpo; empty: both skipped")
     prompts: DatasetConfig | None = Field(None, description="files: RL prompts with labels; eval's held-out prompts come from its eval split")
     prm: DatasetConfig | None = Field(None, description="files: PRM rows (Math-Shepherd's format): input_key the text with "
@@ -134,9 +136,9 @@ class DataConfig(Section):
                                                     "not dropped")
 
     @model_validator(mode="after")
-    def _files_need_sft(self) -> DataConfig:
-        if self.source == "files" and (self.sft is None or self.prompts is None):
-            raise ValueError("source: files needs at least data.sft and data.prompts")
+    def _files_need_prompts(self) -> DataConfig:
+        if self.source == "files" and self.prompts is None:
+            raise ValueError("source: files needs at least data.prompts (and data.sft, unless inputs.sft_model is pinned)")
         for name in ("sft", "prompts", "prm"):
             if (section := getattr(self, name)) is not None and section.unpaired:
                 raise ValueError(f"data.{name}.unpaired: only preference rows may be unpaired (data.preference.unpaired)")

@@ -132,14 +132,16 @@ def parked(c: Conversion) -> list[str]:
 def data_prep_outputs(cfg: PipelineConfig) -> set[str]:
     """What data_prep makes for `cfg` (stages/data_prep.py): the synthetic task every dataset; files the
     ones the config names."""
-    made = {"base_model", "sft_data", "prompts", "eval_data"}
+    made = {"base_model", "prompts", "eval_data"}
     if cfg.data.source == "synthetic":
-        return made | {"pref_data", "prm_data"}
-    return (made | ({"pref_data"} if cfg.data.preference is not None else set())
+        return made | {"sft_data", "pref_data", "prm_data"}
+    return (made | ({"sft_data"} if cfg.data.sft is not None else set())
+            | ({"pref_data"} if cfg.data.preference is not None else set())
             | ({"prm_data"} if cfg.data.prm is not None else set()))
 
 
-MISSING = {"pref_data": "no preference data (data.preference)",
+MISSING = {"sft_data": "no SFT data (data.sft)",
+           "pref_data": "no preference data (data.preference)",
            "prm_data": "no PRM data (data.prm)"}
 
 

@@ -59,7 +59,7 @@ def _checks(cfg: PipelineConfig, force: list[str], only: list[str]) -> list[Call
     store_file = sqlite_store.sqlite_path(uri)
     return [
         partial(dag.check_request, cfg, force, only),  # real stages and artifacts
-        *(partial(check_one, cfg) for check_one in preflight.CHECKS),  # files, model, reward, the layout on this machine
+        *(partial(check_one, cfg, only) for check_one in preflight.CHECKS),  # files, model, reward, the layout on this machine
         partial(_rollout_engine, cfg),
         partial(tracking.check_reachable, uri),  # MLflow alone retries a refused connection for minutes
         partial(sqlite_store.check, store_file) if store_file else lambda: None,  # a damaged store

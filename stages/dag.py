@@ -4,7 +4,7 @@ the config keys its result depends on, and how it runs. Flow, CLI and tests all 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from configs.reward_sources import consumed_model, own_models, path_keys
@@ -69,12 +69,21 @@ def paired_preferences(cfg) -> bool:
     return cfg.data.preference is None or not cfg.data.preference.unpaired
 
 
+def scored_by_reward(cfg) -> bool:
+    """RL's rollouts are scored by the reward section, not played as an agent's episodes (which give their own)."""
+    return not cfg.rl.agent.path
+
+
 def iterative_dpo(cfg) -> bool:
     return cfg.dpo.iterative.rounds > 0
 
 
+def both(first: Callable, second: Callable) -> Callable:
+    return lambda cfg: first(cfg) and second(cfg)
+
+
 def iterative_dpo_with(uses: Callable) -> Callable:
-    return lambda cfg: iterative_dpo(cfg) and uses(cfg)
+    return both(iterative_dpo, uses)
 
 
 REWARD_MODELS = own_models()  # the pipeline's own models a reward source may score with: reward_model, prm
@@ -131,7 +140,7 @@ STAGES: tuple[StageSpec, ...] = (
         entrypoint="stages.data_prep:run",
         inputs=(),
         outputs=("base_model", "sft_data", "pref_data", "prm_data", "prompts", "eval_data"),
-        optional_outputs=("pref_data", "prm_data"),
+        optional_outputs=("sft_data", "pref_data", "prm_data"),
         # sft.pretrain_mode renders the SFT rows as plain text; the reward tokens read PRM files' labels
         config_keys=("seed", "model", "data", "prm.placeholder_token", "prm.reward_tokens", "sft.pretrain_mode"),
         local_sources=("model.name_or_path", "data.sft.paths", "data.preference.paths", "data.prompts.paths",
@@ -181,11 +190,12 @@ STAGES: tuple[StageSpec, ...] = (
         entrypoint="runtime.rl_driver:run",
         plots_eval_series=True,
         inputs=("sft_model", "prompts", "eval_data", *REWARD_MODELS),
-        input_when=SCORES_WITH,
+        input_when={a: both(scored_by_reward, uses) for a, uses in SCORES_WITH.items()},
         outputs=("rl_model",),
         config_keys=("seed", "model.attn_implementation", "rl", "reward", "prm.step_separator", *RL_EVAL_KEYS,
                      "infra.zero_stage", "infra.precision"),
         local_sources=REWARD_FILES,
+        config_when=dict.fromkeys(("reward", "prm.step_separator", *REWARD_FILES), scored_by_reward),
         key_metric="eval/reward",
         summary="the RL policy: the SFT model trained on its own samples, scored by the reward section's source",
         driver=True,
@@ -270,7 +280,7 @@ STAGES: tuple[StageSpec, ...] = (
         inputs=("base_model", "sft_model", "rl_model", "dpo_model", *OPTIONAL_POLICIES, "sft_data", "eval_data",
                 *REWARD_MODELS),
         input_when={**SCORES_WITH, **OPTIONAL_POLICIES},
-        optional_inputs=("dpo_model", *OPTIONAL_POLICIES),
+        optional_inputs=("dpo_model", *OPTIONAL_POLICIES, "sft_data"),  # no SFT rows: no perplexity
         outputs=("eval_report",),
         # no prm.step_separator: a PRM scorer reads the separator it was trained with from its checkpoint
         config_keys=("seed", "model.attn_implementation", "eval", "reward"),
@@ -311,6 +321,11 @@ def needed_by(names: set[str] | list[str], cfg) -> set[str]:
 def pinned_away(spec: StageSpec, cfg) -> bool:
     """Every output of the stage is pinned to an existing artifact: it need not run."""
     return set(spec.outputs) <= set(cfg.inputs)
+
+
+def runs(spec: StageSpec, cfg, only: Sequence[str] = ()) -> bool:
+    """The stage runs in a request whose `--only` names `only` (every stage when empty), unless pinned away."""
+    return not pinned_away(spec, cfg) and (not only or spec.name in only)
 
 
 def check_pins(cfg) -> None:

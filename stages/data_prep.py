@@ -219,7 +219,10 @@ def synthetic_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, li
 
 
 def reference_answer(label, cfg: DatasetConfig) -> str:
-    """The label column's value, or with `label_pattern` the answer it names (GSM8K: `... #### 72` -> `72`)."""
+    """The label column's value (a conversation's: its last message), or with `label_pattern` the answer it names
+    (GSM8K: `... #### 72` -> `72`)."""
+    if isinstance(label, list):
+        label = label[-1]["content"]
     if cfg.label_pattern is None:
         return str(label)
     answer = extract_answer(str(label), cfg.label_pattern)

@@ -14,7 +14,7 @@ PROMPT = "a string or a list of {role, content} messages"
 CONVERSATION = "a list of {role, content} messages with at least one assistant turn"
 RESPONSE = "a string, or a list of {role, content} messages ending with the assistant's reply"
 NUMBER = "a number"
-LABEL = "a string or a number"
+LABEL = "a string, a number, or a list of {role, content} messages (the last one's content is the label)"
 STEP_LABELS = "a list of step labels (e.g. [\"+\", \"-\"]) or a string of them"
 BOOLEAN = "true or false (or 1 / 0)"
 TRUE_TEXT, FALSE_TEXT = ("true", "1"), ("false", "0")  # a CSV column is text: how a boolean reads there
@@ -64,6 +64,8 @@ def problem(value, kind: str, required: bool = True) -> str | None:
             return None if _is_number_text(value) else f"must be {kind}, not {describe(value)}"
     elif isinstance(value, list) and kind in (PROMPT, CONVERSATION, RESPONSE):
         return _chat_problem(value, kind)
+    elif isinstance(value, list) and kind == LABEL:  # a conversation's last turn as the label (a preference set's chosen)
+        return _chat_problem(value, PROMPT)
     elif isinstance(value, int | float) and not isinstance(value, bool) and kind in (NUMBER, LABEL):
         return None
     return f"must be {kind}, not {describe(value)}"

@@ -84,7 +84,8 @@ def evaluate_model(model_dir: Path, cfg, prompts: list[dict], sft_eval: list[dic
         sampled_correct = [[is_correct(r, label, e.answer_pattern) for r in group] for group, label in zip(drawn, labels)]
     rows = [encode_segments(tokenizer, r["texts"], r["train"]) for r in sft_eval]
     metrics = held_out_metrics(rewards, sampled, [len(ids) for ids in generated], correct, sampled_correct)
-    metrics["perplexity"] = perplexity(model, rows, e.batch_size, tokenizer.pad_token_id) if rows else float("nan")
+    if rows:  # no SFT rows (a config that pins inputs.sft_model and names no data.sft): no perplexity
+        metrics["perplexity"] = perplexity(model, rows, e.batch_size, tokenizer.pad_token_id)
     return metrics, samples
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from operator import attrgetter
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from configs.errors import CheckpointError, ConfigError, PipelineError
 from configs.schema import DatasetConfig, PipelineConfig, sections_with
 from stages import agent_file, chat_template, reward_file
 from stages.common import checkpoint_paths, moe, packing, vocabulary
-from stages.dag import BY_NAME, LORA_SECTIONS, STAGES, lora_of, pinned_away
+from stages.dag import BY_NAME, LORA_SECTIONS, STAGES, lora_of, runs
 from stages.rl.layout import check_async, check_fits, resolve_layout
 
 AUX_LOSS_SECTIONS = sections_with("aux_loss_coef")  # config sections with an aux_loss_coef
@@ -48,7 +49,7 @@ def with_rl_layout(cfg: PipelineConfig) -> PipelineConfig:
     return cfg if size is None else resolve_layout(cfg, *size)
 
 
-def check_inputs(cfg: PipelineConfig) -> None:
+def check_inputs(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
     """The model path, and each local dataset file of a `data.source: files` config (a hub dataset is
     read when the stage runs)."""
     if cfg.model.name_or_path:
@@ -68,23 +69,38 @@ def check_inputs(cfg: PipelineConfig) -> None:
         data_files.require_eval(section, ds_cfg, train, ev)
 
 
-def check_reward(cfg: PipelineConfig) -> None:
+def check_sft_rows(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
+    """A files config without `data.sft` runs no stage that trains on SFT rows (eval then reports no perplexity)."""
+    if cfg.data.source != "files" or cfg.data.sft is not None:
+        return
+    for spec in STAGES:
+        if ("sft_data" in spec.wanted_inputs(cfg) and "sft_data" not in spec.optional_inputs and runs(spec, cfg, only)
+                and (spec.run_when is None or spec.run_when(cfg))):
+            if spec.name == "sft":
+                raise ConfigError("data.sft is empty and the sft stage trains on it: name SFT rows in data.sft, or pin "
+                                  "inputs.sft_model to a checkpoint to start from (what an OpenRLHF PPO, RM or DPO "
+                                  "script's --pretrain is)")
+            raise ConfigError(f"data.sft is empty and the {spec.name} stage trains on its rows: name SFT rows in data.sft, "
+                              f"or set {spec.name}.enabled=false")
+
+
+def check_reward(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
     """The `reward_func` file, when the config has a stage that scores with it: found, compiled, and
     defining a `reward_func` the stages can call (a deterministic error here would otherwise fail the
     stage's reward actors after the cluster and the models are up)."""
-    scores = any("reward" in spec.wanted_config(spec.config_keys, cfg) and not pinned_away(spec, cfg) for spec in STAGES)
+    scores = any("reward" in spec.wanted_config(spec.config_keys, cfg) and runs(spec, cfg, only) for spec in STAGES)
     if scores and cfg.reward.source == "func":
         reward_file.check(reward_file.resolve_func_path(cfg.reward.func_path))
-    if cfg.rl.agent.path and not pinned_away(BY_NAME["rl"], cfg):
+    if cfg.rl.agent.path and runs(BY_NAME["rl"], cfg, only):
         agent_file.check(agent_file.resolve(cfg.rl.agent.path))
 
 
-def check_distillation(cfg: PipelineConfig) -> None:
+def check_distillation(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
     """`kd.teacher: path`: the teacher is a checkpoint, and where it and the student's model
     (`model.name_or_path`) are both local folders with a tokenizer.json, they share the tokenizer and
     vocabulary (else the kd stage checks the loaded tokenizers before it trains)."""
     kd = cfg.kd
-    if not kd.enabled or kd.teacher != "path" or pinned_away(BY_NAME["kd"], cfg):
+    if not kd.enabled or kd.teacher != "path" or not runs(BY_NAME["kd"], cfg, only):
         return
     teacher_path = kd.teacher_path
     if teacher_path is None:  # the config's validation pairs it with teacher: path
@@ -106,10 +122,10 @@ def check_distillation(cfg: PipelineConfig) -> None:
         raise CheckpointError(vocabulary.message(f"kd.teacher_path={kd.teacher_path}", f"model.name_or_path={student}", problem))
 
 
-def check_conditional_sft(cfg: PipelineConfig) -> None:
+def check_conditional_sft(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
     """Conditional SFT scores the SFT data with a reward model: `reward.rm_paths`, a pinned
     `inputs.reward_model`, or the one the rm stage trains, which needs preference data."""
-    if not cfg.csft.enabled or pinned_away(BY_NAME["csft"], cfg) or cfg.reward.rm_paths or "reward_model" in cfg.inputs:
+    if not cfg.csft.enabled or not runs(BY_NAME["csft"], cfg, only) or cfg.reward.rm_paths or "reward_model" in cfg.inputs:
         return
     if cfg.data.source == "files" and cfg.data.preference is None:
         raise ConfigError("csft.enabled: conditional SFT scores the SFT data with a reward model, and this pipeline has "
@@ -134,7 +150,7 @@ def check_model_family(cfg: PipelineConfig) -> None:
             packing.check(config, f"{section}.packing")
 
 
-def check_local_resources(cfg: PipelineConfig) -> None:
+def check_local_resources(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
     """A local Ray cluster has `infra.num_cpus` CPUs (default: all): training stages must fit in it; and
     this machine's GPUs: options that need CUDA (flash attention, QLoRA) fail here when it has none."""
     size = local_cluster(cfg)
@@ -163,10 +179,15 @@ def check_local_resources(cfg: PipelineConfig) -> None:
             f"infra.num_workers={cfg.infra.num_workers} x infra.cpus_per_worker={cfg.infra.cpus_per_worker} needs "
             f"{need} CPUs; the local Ray cluster has {have} (infra.num_cpus)"
         )
-    if not pinned_away(BY_NAME["rl"], cfg):
+    if runs(BY_NAME["rl"], cfg, only):
         check_fits(with_rl_layout(cfg), have, gpus, "the local Ray cluster (infra.num_cpus)")
         check_async(with_rl_layout(cfg))
 
 
-# in the order they run; each raises its one-line error (flows/pre_run.py makes them one by one)
-CHECKS = (check_inputs, chat_template.check, check_reward, check_distillation, check_conditional_sft, check_local_resources)
+def check_chat_template(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
+    chat_template.check(cfg)
+
+
+# in the order they run, each given the config and `--only`'s stages (empty: every stage); each raises its one-line
+# error (flows/pre_run.py makes them one by one)
+CHECKS = (check_inputs, check_chat_template, check_sft_rows, check_reward, check_distillation, check_conditional_sft, check_local_resources)

@@ -7,7 +7,8 @@ What `step` receives, as in OpenRLHF: `observation_text` (the episode so far: th
 earlier action and feedback), `action_text` (the policy's answer), `label`, `sampling_params` (None here:
 sampling is set by `rl.rollout`). What it returns: `rewards` (this turn's; an episode's reward is their
 sum, as OpenRLHF's), `environment_feedback` (appended to the context, masked out of the loss), `done`, and
-optionally `scores` and `extra_logs`."""
+optionally `scores` and `extra_logs`. As in OpenRLHF's executor, an episode's score is its last step's `scores`
+(else its return; dynamic filtering reads it) and its logs are its last step's `extra_logs`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from configs.errors import RewardError
+from stages.rewards.base import mean_logs
 
 
 class AgentInstanceBase(ABC):
@@ -58,6 +60,8 @@ class InstanceEnvironment:
         self.instance, self.where = instance, where
         self.text: str = ""
         self.label: str | None = None
+        self.score: float | None = None  # the last step's `scores`
+        self.logs: dict[str, float] = {}  # the last step's `extra_logs`, each a float
 
     async def reset(self, prompt: str, label: str | None) -> str:
         result = await self.instance.reset({"observation": prompt, "label": label})
@@ -80,5 +84,9 @@ class InstanceEnvironment:
                               "be a str")
         reward = as_float(result["rewards"], "rewards", self.where)
         done = bool(result.get("done", False))
+        if result.get("scores") is not None:
+            self.score = as_float(result["scores"], "scores", self.where)
+        if "extra_logs" in result:
+            self.logs = mean_logs(result["extra_logs"], self.where)
         self.text += action + feedback
         return reward, feedback, done

@@ -116,3 +116,8 @@ class Episodes:
         results = self._run([lambda env=self.envs[i], o=o, a=a: env.step(o, a)
                              for i, o, a in zip(episodes, observations, actions)], "step")
         return [turn_result(r, self.where("step")) for r in results]
+
+    def outcomes(self) -> list[tuple[float | None, dict[str, float]]]:
+        """Each episode's score and logs, where its environment gives them (an OpenRLHF agent's last `scores`
+        and `extra_logs`); (None, {}) for an `Environment`, whose episodes are scored by their return."""
+        return [(env.score, env.logs) if isinstance(env, InstanceEnvironment) else (None, {}) for env in self.envs]

@@ -110,7 +110,21 @@ def run_episodes(actors: Playing, tokenizer, texts: list[str], labels: list[str 
             break
     samples = [Sample(contexts[i], response[i], log_probs[i], trained[i], ends[i]) for i in every]
     returns = torch.tensor([sum(r) for r in rewards], dtype=torch.float32)
-    return samples, RewardBatch(rewards=returns, step_rewards=rewards)
+    outcomes = hosts.call(lambda w: w.agent_outcomes, every, indexed=False)
+    return samples, episode_batch(returns, rewards, outcomes)
+
+
+def episode_batch(returns: torch.Tensor, step_rewards: list[list[float]],
+                  outcomes: list[tuple[float | None, dict[str, float]]]) -> RewardBatch:
+    """The episodes' rewards (their returns) with the scores and logs their environments gave: an episode
+    without a score is filtered on its return; a log is the mean over the episodes that have it."""
+    scores = None
+    if any(score is not None for score, _ in outcomes):
+        scores = torch.tensor([r if score is None else score for r, (score, _) in zip(returns.tolist(), outcomes)],
+                              dtype=torch.float32)
+    keys = dict.fromkeys(k for _, logs in outcomes for k in logs)
+    logs = {k: sum(v[k] for _, v in outcomes if k in v) / sum(k in v for _, v in outcomes) for k in keys}
+    return RewardBatch(rewards=returns, step_rewards=step_rewards, extra_logs=logs, scores=scores)
 
 
 def turns(samples: list[Sample]) -> float:

@@ -355,10 +355,13 @@ class RewardWorker(Worker):
         from stages.rewards.factory import build_scorer
 
         os.chdir(cwd)  # a relative reward.func_path means what it meant to the user
-        self.scorer = build_scorer(cfg.reward, {name: given.path(name) for name in models})
+        # an agent's episodes give their own rewards: the reward section then scores nothing here
         self.episodes = agent.Episodes(agent.resolve(cfg.rl.agent.path)) if cfg.rl.agent.path else None
+        self.scorer = None if self.episodes else build_scorer(cfg.reward, {name: given.path(name) for name in models})
 
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]):
+        if self.scorer is None:
+            raise RuntimeError("a reward worker with rl.agent.path scores no rollouts; the agent's episodes give the rewards")
         return self.scorer.score(prompts, responses, labels)
 
     def agent_reset(self, prompts: list[str], labels: list[str | None]) -> list[str]:
@@ -366,6 +369,9 @@ class RewardWorker(Worker):
 
     def agent_step(self, episodes: list[int], observations: list[str], actions: list[str]) -> list[tuple[float, str, bool]]:
         return self.held_episodes().step(episodes, observations, actions)
+
+    def agent_outcomes(self) -> list[tuple[float | None, dict[str, float]]]:
+        return self.held_episodes().outcomes()
 
     def held_episodes(self) -> agent.Episodes:
         if self.episodes is None:

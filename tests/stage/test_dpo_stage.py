@@ -245,10 +245,11 @@ def test_first_rounds_reference_is_the_starting_policy(iterative, prepared):
     saved = torch.load(root / "work" / "rounds" / "round0.pt")
     model = AutoModelForCausalLM.from_pretrained(prepared["base_model"]).eval()
     chosen = [c for c, _ in saved["pairs"]]
-    batch = dpo.sequence_batch(chosen, 0)
-    with torch.no_grad():
-        expected, _ = dpo.response_logps(model, batch)
-    assert torch.allclose(saved["ref"][: len(chosen)], expected, atol=1e-4)
+    with torch.no_grad():  # each sequence alone, unpadded: the sum of its response tokens' log-probs
+        for value, (prompt, response) in zip(saved["ref"][: len(chosen)], chosen):
+            ids = torch.tensor([prompt + response])
+            logps = model(input_ids=ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+            assert float(value) == pytest.approx(float(logps[len(prompt) - 1 :].sum()), abs=1e-4)
 
 
 @pytest.mark.slow

@@ -352,22 +352,38 @@ def test_dataset_needs_paths_and_template_placeholder():
     assert DatasetConfig(paths=["a"], input_template="User: {}\nAssistant: ").input_template == "User: {}\nAssistant: "
 
 
-def test_files_source_without_sft_fails():
+def test_files_source_without_prompts_fails():
     with pytest.raises(ConfigError) as exc:
         load_config("tiny", ["data.source=files"])
     msg = str(exc.value)
     assert msg.startswith("override 'data.source=files': data: ")
-    assert "source: files needs at least data.sft and data.prompts" in msg
+    assert "source: files needs at least data.prompts (and data.sft, unless inputs.sft_model is pinned)" in msg
 
 
-def test_files_source_with_prompts_but_no_sft_fails():
-    with pytest.raises(ConfigError) as exc:
-        load_config("tiny", ["data.prompts.paths=[b.jsonl]", "data.source=files"])
-    assert "source: files needs at least data.sft and data.prompts" in str(exc.value)
+def test_without_sft_rows_no_stage_that_trains_on_them_runs(tmp_path):
+    """data.sft may be left out where inputs.sft_model is pinned; a stage that would train on SFT rows is then a
+    one-line error before the run, and eval runs without them (no perplexity)."""
+    from stages import dag, preflight
+
+    rows = tmp_path / "p.jsonl"
+    rows.write_text("".join(f'{{"input": "{a}+1", "label": "{a + 1}"}}\n' for a in range(10)))
+    files = ["data.source=files", f"data.prompts.paths=[{rows}]", "reward.source=func", "reward.func_path=rewards/arithmetic.py"]
+    cfg = load_config(None, files)
+    with pytest.raises(ConfigError, match=r"^data.sft is empty and the sft stage trains on it: name SFT rows in data.sft, "
+                                          r"or pin inputs.sft_model to a checkpoint"):
+        preflight.check_sft_rows(cfg)
+    preflight.check_sft_rows(cfg, only=["data_prep", "rl"])  # --only leaves sft out
+    pinned = load_config(None, [*files, f"inputs.sft_model={tmp_path}"])
+    preflight.check_sft_rows(pinned)
+    assert "sft_data" in dag.BY_NAME["eval"].optional_inputs
+    with pytest.raises(ConfigError, match=r"^data.sft is empty and the kd stage trains on its rows: name SFT rows in "
+                                          r"data.sft, or set kd.enabled=false$"):
+        preflight.check_sft_rows(load_config(None, [*files, f"inputs.sft_model={tmp_path}", "kd.enabled=true",
+                                                    "kd.teacher=rl"]))
 
 
 def test_files_source_with_sft_but_no_prompts_fails():
-    with pytest.raises(ConfigError, match="needs at least data.sft and data.prompts"):
+    with pytest.raises(ConfigError, match="needs at least data.prompts"):
         load_config("tiny", ["data.source=files", "data.sft.paths=[a.jsonl]"])
 
 

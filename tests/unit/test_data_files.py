@@ -315,7 +315,8 @@ def write_lines(path: Path, *lines: str) -> Path:
         ("preference", {"input_key": "prompt"}, ['{"prompt": {"text": "q"}, "chosen": "good", "rejected": "bad"}'],
          "line 1: 'prompt' (data.preference.input_key) must be a string or a list of {role, content} messages, not an object"),
         ("prompts", {}, ['{"input": "q", "label": true}'],
-         "line 1: 'label' (data.prompts.label_key) must be a string or a number, not the boolean true"),
+         "line 1: 'label' (data.prompts.label_key) must be a string, a number, or a list of {role, content} messages (the "
+         "last one's content is the label), not the boolean true"),
     ],
 )
 def test_a_value_of_the_wrong_type_names_file_line_key_and_type(tmp_path, section, kw, lines, message):

@@ -86,6 +86,57 @@ def test_openrlhf_agent_func_plays_episodes_of_several_turns(tokenizer):  # noqa
         assert s.trained[answer : answer + k + 1] == [0] * k + [1]
 
 
+SHAPED_AGENT = """
+import torch
+from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
+
+
+class AgentInstance(AgentInstanceBase):
+    def __init__(self, *args, **kwargs):
+        self.turn = 0
+
+    async def reset(self, states, **kwargs):
+        self.correct = states["label"] == "1"
+        return {"observation": states["observation"]}
+
+    async def step(self, states, **kwargs):
+        self.turn += 1
+        done = self.turn == 2
+        out = {"rewards": torch.tensor(0.25), "environment_feedback": "" if done else " again: ", "done": done,
+               "extra_logs": {"turn": torch.tensor([float(self.turn)] * 3)}}
+        if done and self.correct:
+            out["scores"] = 1.0  # a score apart from the shaped reward, on the last turn only
+        return out
+
+
+class AgentExecutor(MultiTurnAgentExecutor):
+    def __init__(self):
+        super().__init__(AgentInstance)
+"""
+
+
+def test_an_agents_scores_and_extra_logs_are_its_last_steps(tmp_path, tokenizer):  # noqa: F811
+    """OpenRLHF's executor keeps the last step's `scores` (else the episode's summed reward) for dynamic
+    filtering, and the last step's `extra_logs` for the log; here they reach the rollout's reward batch."""
+    path = tmp_path / "agent_func.py"
+    path.write_text(SHAPED_AGENT)
+    cfg = load_config(None, [f"rl.agent.path={path}", "rl.agent.max_turns=4"])
+    _, scored = run_episodes(Actors(cfg, ScriptedEngine(tokenizer, ["1"] * 4)), tokenizer, [PROMPT] * 3, ["1", "2", "1"],
+                             cfg, 0, 1.0, 5)
+    assert scored.rewards.tolist() == [0.5, 0.5, 0.5]  # two turns of 0.25 each
+    assert scored.scores is not None and scored.scores.tolist() == [1.0, 0.5, 1.0]  # no score: the return
+    assert scored.filter_values().tolist() == [1.0, 0.5, 1.0]
+    assert scored.extra_logs == {"turn": 2.0}  # the last step's, not the mean over the turns (1.5)
+
+
+def test_the_example_agents_scores_are_its_last_reward(tokenizer):  # noqa: F811
+    cfg = load_config(None, [f"rl.agent.path={EXAMPLES / 'agent_func.py'}", "rl.agent.max_turns=5"])
+    _, scored = run_episodes(Actors(cfg, ScriptedEngine(tokenizer, ["1"] * 5)), tokenizer, [PROMPT] * 4, ["1"] * 4, cfg, 0, 1.0, 5)
+    last = torch.tensor([steps[-1] for steps in scored.step_rewards])
+    assert scored.scores is not None and torch.equal(scored.scores, last)
+    assert scored.extra_logs == {"dummy_scores": pytest.approx(float(last.mean()))}
+
+
 def test_an_agent_step_without_rewards_is_one_line_naming_the_file(tmp_path, tokenizer):  # noqa: F811
     bad = tmp_path / "agent_func.py"
     bad.write_text((EXAMPLES / "agent_func.py").read_text().replace('"rewards": reward,', ""))

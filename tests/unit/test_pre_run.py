@@ -29,7 +29,7 @@ def test_the_tiny_preset_has_no_problem_and_nothing_is_written(tmp_path):
 
 def test_problems_are_every_failed_check_in_order_and_check_raises_the_first():
     cfg = load_config(None, BAD)
-    found = list(pre_run.problems(cfg, [], ["evall"]))
+    found = list(pre_run.problems(cfg, [], ["evall", "rl"]))
     assert [type(p) for p in found] == [ConfigError, RewardError, PipelineError]
     assert str(found[0]).startswith("--only evall: unknown stage")
     assert str(found[1]).startswith("reward.func_path=missing.py: no such file")
@@ -41,11 +41,11 @@ def test_problems_are_every_failed_check_in_order_and_check_raises_the_first():
 def test_check_makes_no_check_after_the_first_that_fails(monkeypatch):
     made = []
 
-    def failing(cfg):
+    def failing(cfg, only):
         made.append("failing")
         raise PipelineError("the first problem")
 
-    monkeypatch.setattr(preflight, "CHECKS", (failing, lambda cfg: made.append("later")))
+    monkeypatch.setattr(preflight, "CHECKS", (failing, lambda cfg, only: made.append("later")))
     with pytest.raises(PipelineError, match="^the first problem$"):
         pre_run.check(load_config(None, []))
     assert made == ["failing"]

@@ -47,8 +47,8 @@ def test_an_optional_input_is_used_when_upstream_made_it_and_dropped_otherwise()
 
 
 def test_a_missing_required_output_is_an_error():
-    with pytest.raises(PipelineError, match=r"stage sft needs sft_data \(from data_prep\)"):
-        resolve_inputs(dag.BY_NAME["sft"], {"data_prep": data_prep_outcome(("base_model",))}, PipelineConfig())
+    with pytest.raises(PipelineError, match=r"stage sft needs base_model \(from data_prep\)"):
+        resolve_inputs(dag.BY_NAME["sft"], {"data_prep": data_prep_outcome(("sft_data",))}, PipelineConfig())
 
 
 def test_config_subset_of_an_unset_section_is_none():

@@ -1,0 +1,139 @@
+"""OpenRLHF's own launch scripts (tests/data/openrlhf_scripts, from its examples/scripts) converted by `rlhf
+from-openrlhf` and run with `rlhf run`, as a user of OpenRLHF would bring them: the hub names pointed at small
+local stand-ins of the same family and format with `--set` (the suite's Llama-3 and Qwen2 checkpoints; files
+shaped like OpenOrca, OpenRLHF's preference mixture, its prompt collection and dapo-math-17k), sizes scaled
+down, and the device flags a GPU cluster needs turned into this machine's. Each runs the stages the converted
+config says are the script's (`--only`, read from the config's own header), with OpenRLHF's `reward_func.py`
+and `agent_func.py` (tests/data/openrlhf_examples) as they ship."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from flows.from_openrlhf import converted
+from tests.flow.conftest import mlflow_client
+from tests.model_families import save_family_checkpoint
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+DATA = Path(__file__).parent.parent / "data"
+SCRIPTS, EXAMPLES = DATA / "openrlhf_scripts", DATA / "openrlhf_examples"
+
+# what a 2-core machine without a GPU needs of a GPU script, whatever it trains
+CPU = ["model.attn_implementation=sdpa", "infra.gpus_per_worker=0", "infra.precision=fp32", "infra.zero_stage=2",
+       "data.max_len=256"]
+RL = ["rl.rollout.batch_size=2", "rl.rollout.n_samples_per_prompt=2", "rl.train_batch_size=4",
+      "rl.micro_train_batch_size=2", "rl.rollout.micro_batch_size=4", "rl.rollout.prompt_max_len=96",
+      "rl.rollout.generate_max_len=8", "rl.actor.num_workers=1", "rl.placement.ref_num_workers=1",
+      "rl.rollout.engine=hybrid", "rl.rollout.num_engines=1", "rl.placement.colocate_all=true"]
+
+
+def steps(section: str) -> list[str]:
+    return [f"{section}.{key}" for key in ("max_steps=2", "grad_accum_steps=1", "eval_every=2", "save_every=2")]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """Local stand-ins for the scripts' hub models and datasets, in their formats."""
+    root = tmp_path_factory.mktemp("openrlhf_local")
+    pairs = [(a, a % 7 + 1) for a in range(1, 41)]
+    ask = lambda a, b: f"What is {a} plus {b}?"  # noqa: E731
+    user = lambda a, b: [{"role": "user", "content": ask(a, b)}]  # noqa: E731
+    files = {
+        # Open-Orca/OpenOrca: id, system_prompt, question, response
+        "openorca": write_jsonl(root / "openorca.jsonl", [{"id": str(i), "system_prompt": "", "question": ask(a, b),
+                                                          "response": f"{a + b}"} for i, (a, b) in enumerate(pairs)]),
+        # OpenRLHF/preference_dataset_mixture2_and_safe_pku: chosen / rejected conversations
+        "preference": write_jsonl(root / "preference.jsonl", [
+            {"chosen": [*user(a, b), {"role": "assistant", "content": f"{a + b}"}],
+             "rejected": [*user(a, b), {"role": "assistant", "content": f"{a + b + 1}"}]} for a, b in pairs]),
+        # OpenRLHF/prompt-collection-v0.1: context_messages, no label
+        "prompt_collection": write_jsonl(root / "prompts.jsonl", [{"context_messages": user(a, b)} for a, b in pairs]),
+        # zhuzilin/dapo-math-17k: prompt (a conversation) and label
+        "dapo": write_jsonl(root / "dapo.jsonl", [{"prompt": user(a, b), "label": str(a + b)} for a, b in pairs]),
+    }
+    corpus = [f"{ask(a, b)} {a + b}" for a, b in pairs] * 3
+    models = {family: save_family_checkpoint(family, root / family, corpus) for family in ("llama3", "qwen2")}
+    return {"root": root, "files": files, "models": models}
+
+
+def run_script(cli, workdir: Path, prefect_server: str, monkeypatch, script: str, sets: list[str]):
+    """The script converted with `sets`, then `rlhf run` of the stages the config's header names; the parent run."""
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server)
+    text, _ = converted((SCRIPTS / script).read_text(), script, sets, "converted.yaml")
+    (workdir / "converted.yaml").write_text(text)
+    only = re.search(r"^# The script's stage alone: rlhf run --config converted.yaml --only (\S+)$", text, re.M)
+    assert only is not None, text[:2000]
+    done = cli("run", "--config", "converted.yaml", "--only", only.group(1))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    client = mlflow_client(workdir)
+    experiment = client.get_experiment_by_name("rlhf-pipeline")
+    (parent,) = client.search_runs([experiment.experiment_id], "tags.`rlhf.kind` = 'pipeline'")
+    statuses = {k.removeprefix("stage."): v.split()[0] for k, v in parent.data.tags.items() if k.startswith("stage.")}
+    assert {s: statuses.get(s) for s in only.group(1).split(",")} == dict.fromkeys(only.group(1).split(","), "ran")
+    return client, parent
+
+
+def stage_run(client, parent, stage: str):
+    return client.get_run(parent.data.tags[f"stage.{stage}"].split()[1])
+
+
+def test_train_sft_sh(cli, workdir, prefect_server, monkeypatch, local):
+    openorca = local["files"]["openorca"]
+    client, parent = run_script(cli, workdir, prefect_server, monkeypatch, "train_sft.sh", [
+        *CPU, f"model.name_or_path={local['models']['llama3']}", f"data.sft.paths=[{openorca}]",
+        f"data.prompts.paths=[{openorca}]", *steps("sft")])
+    sft = stage_run(client, parent, "sft")
+    assert sft.data.params["sft.packing"] == "True" and "eval/loss" in sft.data.metrics  # --ds.packing_samples
+
+
+def test_train_rm_sh(cli, workdir, prefect_server, monkeypatch, local):
+    preference, model = local["files"]["preference"], local["models"]["llama3"]
+    client, parent = run_script(cli, workdir, prefect_server, monkeypatch, "train_rm.sh", [
+        *CPU, f"model.name_or_path={model}", f"inputs.sft_model={model}", f"data.sft.paths=[{preference}]",
+        f"data.preference.paths=[{preference}]", f"data.prompts.paths=[{preference}]", *steps("rm")])
+    assert "eval/accuracy" in stage_run(client, parent, "rm").data.metrics
+
+
+def test_train_dpo_llama_sh(cli, workdir, prefect_server, monkeypatch, local):
+    preference, model = local["files"]["preference"], local["models"]["llama3"]
+    client, parent = run_script(cli, workdir, prefect_server, monkeypatch, "train_dpo_llama.sh", [
+        *CPU, f"model.name_or_path={model}", f"inputs.sft_model={model}", f"data.sft.paths=[{preference}]",
+        f"data.preference.paths=[{preference}]", f"data.prompts.paths=[{preference}]", *steps("dpo")])
+    dpo = stage_run(client, parent, "dpo")
+    assert dpo.data.params["dpo.beta"] == "0.1" and "eval/reward_accuracy" in dpo.data.metrics  # --model.beta 0.1
+
+
+def test_train_ppo_with_reward_fn_sh(cli, workdir, prefect_server, monkeypatch, local):
+    """OpenRLHF's reward_func.py as it ships: its `extra_logs` become the RL run's metrics. The prompt collection
+    has no responses, so the config names no SFT rows (inputs.sft_model stands in for sft)."""
+    model = local["models"]["llama3"]
+    client, parent = run_script(cli, workdir, prefect_server, monkeypatch, "train_ppo_with_reward_fn.sh", [
+        *CPU, *RL, "rl.max_steps=1", "rl.critic.num_workers=1", f"model.name_or_path={model}", f"inputs.sft_model={model}",
+        f"data.prompts.paths=[{local['files']['prompt_collection']}]", f"reward.func_path={EXAMPLES / 'reward_func.py'}"])
+    rl = stage_run(client, parent, "rl")
+    assert {"train/reward", "reward/dummy_scores", "critic/value_loss"} <= set(rl.data.metrics), sorted(rl.data.metrics)
+
+
+def test_train_reinforce_baseline_ray_agent_async_sh(cli, workdir, prefect_server, monkeypatch, local):
+    """OpenRLHF's agent_func.py as it ships (an AgentInstanceBase of 1-3 steps): two RL steps of multi-turn
+    episodes, no reward section needed (the agent gives the rewards)."""
+    dapo = local["files"]["dapo"]
+    model = local["models"]["qwen2"]
+    client, parent = run_script(cli, workdir, prefect_server, monkeypatch, "train_reinforce_baseline_ray_agent_async.sh", [
+        *CPU, *RL, "rl.max_steps=2", "rl.rollout.weight_sync=object_store", "rl.agent.max_turns=4",
+        f"model.name_or_path={model}", f"inputs.sft_model={model}", f"data.sft.paths=[{dapo}]", f"data.prompts.paths=[{dapo}]",
+        f"rl.agent.path={EXAMPLES / 'agent_func.py'}"])
+    rl = stage_run(client, parent, "rl")
+    turns = client.get_metric_history(rl.info.run_id, "rollout/turns")
+    assert len(turns) == 2 and all(t.value > 1 for t in turns), [t.value for t in turns]
+    assert "reward/dummy_scores" in rl.data.metrics  # the agent's extra_logs
