@@ -519,8 +519,19 @@ class AlgorithmConfig(Section):
     dynamic_filtering: bool = Field(False, description="drop groups whose scores are all equal (DAPO)")
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong penalty over the last this many tokens; 0: off")
     overlong_penalty_factor: float = Field(1.0, ge=0.0, description="DAPO overlong penalty at the last token")
-    rollout_is_cap: float | None = Field(None, gt=0, description="truncated importance weights against the engine's log-probs; "
-                                                                f"empty: none, or {ASYNC_IS_CAP:g} with rl.rollout.async_train")
+    policy_loss_type: Literal["ppo", "gspo"] = Field(
+        "ppo", description="OpenRLHF's --actor.policy_loss_type: ppo clips each token's ratio; gspo the sequence's (the "
+                           "geometric mean of its tokens' ratios), its loss averaged per sequence (seq_mean_token_mean)")
+    rollout_is_cap: float | None = Field(None, gt=0, description="importance weights against the engine's log-probs, their "
+                                                                "upper threshold (OpenRLHF's --algo.advantage."
+                                                                "is_correction_threshold's second value); empty: none, or "
+                                                                f"{ASYNC_IS_CAP:g} with rl.rollout.async_train")
+    rollout_is_floor: float = Field(0.0, ge=0.0, description="their lower threshold (is_correction_threshold's first value; "
+                                                            "OpenRLHF's default is 0.5)")
+    rollout_is_type: Literal["tis", "icepop", "seq-mask-tis"] = Field(
+        "tis", description="OpenRLHF's --algo.advantage.is_correction_type: tis clamps each token's weight to [floor, cap]; "
+                           "icepop zeroes a token's outside it; seq-mask-tis zeroes a sequence whose geometric-mean weight "
+                           "lies outside it. With gspo the sequence ratio itself is taken against the engine's log-probs")
     recompute_old_log_probs: bool = Field(
         True, description="the policy recomputes the old log-probs; false: the engine's sampled log-probs stand in "
                           "(one policy forward pass less per rollout; exact only where the engine computes as the trainer: "
@@ -535,6 +546,12 @@ class AlgorithmConfig(Section):
         if self.rollout_is_cap is not None and not self.recompute_old_log_probs:
             raise ValueError("rl.algorithm.rollout_is_cap weighs the recomputed old log-probs against the engine's: it needs "
                              "rl.algorithm.recompute_old_log_probs: true")
+        if self.rollout_is_cap is not None and self.rollout_is_floor >= self.rollout_is_cap:
+            raise ValueError(f"rl.algorithm.rollout_is_floor={self.rollout_is_floor:g} must be below rl.algorithm."
+                             f"rollout_is_cap={self.rollout_is_cap:g}")
+        if self.policy_loss_type == "gspo" and self.loss_aggregation not in (None, "seq_mean_token_mean"):
+            raise ValueError(f"rl.algorithm.policy_loss_type=gspo averages its loss per sequence (seq_mean_token_mean, as "
+                             f"OpenRLHF's); leave rl.algorithm.loss_aggregation empty, not {self.loss_aggregation}")
         return self
 
     @property
@@ -551,6 +568,8 @@ class AlgorithmConfig(Section):
 
     @property
     def aggregation(self) -> str:
+        if self.policy_loss_type == "gspo":
+            return "seq_mean_token_mean"
         return self.loss_aggregation or self.estimator.aggregation
 
 

@@ -96,6 +96,23 @@ def initialize(model: torch.nn.Module, config: dict[str, Any]):
     return engine
 
 
+def step(engine) -> float | None:
+    """`engine.step()`; at an optimizer step, the 2-norm of the step's gradients before clipping (None between
+    accumulation micro-steps, or where nothing measures it). DeepSpeed's ZeRO and mixed-precision optimizers
+    compute it; its plain fp32 path does not, and there each rank holds the whole averaged gradients, so they
+    are measured here before the step clears them."""
+    boundary = engine.is_gradient_accumulation_boundary()
+    own = None
+    if boundary and not engine.zero_optimization() and not (engine.bfloat16_enabled() or engine.fp16_enabled()):
+        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+        own = float(torch.nn.utils.get_total_norm(grads)) if grads else None
+    engine.step()
+    if not boundary:
+        return None
+    norm = engine.get_global_grad_norm() if own is None else own
+    return None if norm is None else float(norm)
+
+
 def release_engines() -> int:
     """Destroy every engine this process still holds, so that the next stage run in it (a pooled Ray
     worker, or one process running stage after stage) starts with the memory free. Returns how many are

@@ -135,8 +135,8 @@ def train_loop(
             batch = {k: v.to(engine.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             loss, logs, tokens = loss_fn(engine, batch)
             engine.backward(loss)
-            engine.step()
-            for key, value in {"loss": loss.item(), **logs}.items():
+            norm = deepspeed_engine.step(engine)
+            for key, value in {"loss": loss.item(), **logs, **({"grad_norm": norm} if norm is not None else {})}.items():
                 window.setdefault(key, []).append(value)
             n_tokens += tokens
         done = step + 1

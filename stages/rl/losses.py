@@ -19,6 +19,8 @@ import torch
 from configs.estimators import LossAggregation
 
 KLEstimator = Literal["k1", "k2", "k3"]
+PolicyLossType = Literal["ppo", "gspo"]
+ISCorrection = Literal["tis", "icepop", "seq-mask-tis"]
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -99,12 +101,32 @@ def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: K
     return kl.clamp(-10, 10)
 
 
+def policy_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor,
+                 loss_type: PolicyLossType = "ppo") -> torch.Tensor:
+    """The importance ratio the surrogate clips, per token.
+
+    ppo: each token's own ratio. gspo (Zheng et al., 2025): the sequence's, the geometric mean of its tokens'
+    ratios (exp of the mean log-ratio over its valid tokens), on every valid token and 0 on padding.
+    The log-ratio is clamped to [-20, 20] before `exp`, as OpenRLHF's PPO ratio is (its GSPO ratio is not:
+    the two differ only beyond a ratio of e^20, where an unclamped one overflows float32 from about 88 on).
+    """
+    log_ratio = log_probs - old_log_probs
+    if loss_type == "ppo":
+        return log_ratio.clamp(-20, 20).exp()
+    if loss_type == "gspo":
+        mask = mask.to(log_ratio.dtype)
+        seq = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        return seq.clamp(-20, 20).exp().unsqueeze(-1) * mask
+    raise ValueError(f"unknown policy loss type {loss_type!r}")
+
+
 def policy_loss(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
+    loss_type: PolicyLossType = "ppo",
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.2,
     dual_clip: float | None = None,
@@ -113,15 +135,17 @@ def policy_loss(
     is_weights: torch.Tensor | None = None,
     units: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO clipped surrogate with separate low/high epsilon (DAPO's clip-higher) and optional dual clip.
+    """PPO clipped surrogate with separate low/high epsilon (DAPO's clip-higher) and optional dual clip, on
+    the token ratios (`loss_type` ppo) or GSPO's sequence ratios (`policy_ratio`; OpenRLHF aggregates GSPO
+    per sequence: pass `seq_mean_token_mean`).
 
     The log-ratio is clamped to [-20, 20] before `exp`, as OpenRLHF's: an unbounded ratio overflows
     to inf from about 88 on, and inf x 0 on a masked position would make the loss NaN.
-    `is_weights` (optional) multiplies the per-token loss: the truncated importance weights of the
-    trainer's old log-probs against the rollout engine's. `units`: see `aggregate`.
+    `is_weights` (optional) multiplies the per-token loss: the importance weights of the trainer's old
+    log-probs against the rollout engine's (`rollout_is_weights`). `units`: see `aggregate`.
     Returns (loss, clip fraction).
     """
-    ratio = (log_probs - old_log_probs).clamp(-20, 20).exp()
+    ratio = policy_ratio(log_probs, old_log_probs, mask, loss_type)
     surr1 = ratio * advantages
     surr2 = ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * advantages
     clipped = torch.min(surr1, surr2)
@@ -166,10 +190,26 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperatur
     return log_p.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
 
 
-def truncated_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, cap: float) -> torch.Tensor:
-    """min(pi_old / pi_rollout, cap): corrects for the rollout engine sampling from slightly different
-    numbers than the trainer computes (TIS)."""
-    return (old_log_probs - rollout_log_probs).exp().clamp(max=cap).detach()
+def rollout_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor,
+                       mode: ISCorrection, low: float, high: float) -> torch.Tensor:
+    """Per-token weights w = pi_old / pi_rollout that correct for the rollout engine sampling from slightly
+    different numbers than the trainer computes (OpenRLHF's `--algo.advantage.is_correction_type`), no gradient:
+
+    tis: w clamped to [low, high] (truncated importance sampling).
+    icepop: w where low <= w <= high, else 0 (a token far off is dropped, not clipped).
+    seq-mask-tis: w (unclamped, as OpenRLHF's code) for the sequences whose geometric-mean ratio over their
+    valid tokens lies in [low, high]; 0 on every token of the others.
+    """
+    log_ratio = (old_log_probs - rollout_log_probs).detach()
+    weights = log_ratio.exp()
+    if mode == "tis":
+        return weights.clamp(low, high)
+    if mode == "icepop":
+        return weights * ((weights >= low) & (weights <= high))
+    if mode == "seq-mask-tis":
+        seq = masked_mean(log_ratio, mask, dim=-1).exp()
+        return weights * ((seq >= low) & (seq <= high)).unsqueeze(-1)
+    raise ValueError(f"unknown importance-sampling correction {mode!r}")
 
 
 class AdaptiveKLController:

@@ -26,9 +26,10 @@ from stages.rl.losses import (
     approx_kl,
     entropy_from_logits,
     log_probs_from_logits,
+    masked_mean,
     policy_loss,
+    rollout_is_weights,
     step_units,
-    truncated_is_weights,
     value_loss,
 )
 
@@ -97,9 +98,11 @@ def train_steps(engine, micros: list[dict[str, torch.Tensor]], accum: int, world
         for micro in group:
             loss, metrics = loss_fn(micro, units)
             engine.backward(loss)
-            engine.step()
+            norm = deepspeed_engine.step(engine)
             for k, v in metrics.items():
                 logs.setdefault(k, []).append(v)
+            if norm is not None:  # one per optimizer step (`actor/grad_norm`, `critic/grad_norm`)
+                logs.setdefault("grad_norm", []).append(norm)
     return logs
 
 
@@ -295,15 +298,20 @@ def actor_loss(model, batch: dict[str, torch.Tensor], rl, units: torch.Tensor | 
     aux: list[torch.Tensor] | None = [] if aux_loss_coef else None
     log_probs, entropy = token_log_probs(model, batch, rl.rollout.temperature, with_entropy=True,
                                          entropy_grad=bool(rl.algorithm.entropy_coef), aux=aux, layout=row_layout(rl, model, aux))
-    is_weights = None
-    if rl.importance_cap is not None:
-        is_weights = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], rl.importance_cap)
+    algorithm, old, is_weights = rl.algorithm, batch["old_log_probs"], None
+    if rl.importance_cap is not None and algorithm.policy_loss_type == "gspo":
+        old = batch["rollout_log_probs"]  # OpenRLHF's GSPO takes its sequence ratio against the engine's log-probs
+    elif rl.importance_cap is not None:
+        is_weights = rollout_is_weights(old, batch["rollout_log_probs"], mask, algorithm.rollout_is_type,
+                                        algorithm.rollout_is_floor, rl.importance_cap)
     loss, clip_frac = policy_loss(
-        log_probs, batch["old_log_probs"], batch["advantages"], mask,
+        log_probs, old, batch["advantages"], mask, loss_type=algorithm.policy_loss_type,
         clip_eps_low=rl.algorithm.eps_clip_low, clip_eps_high=rl.algorithm.eps_clip_high, dual_clip=rl.algorithm.dual_clip,
         aggregation=rl.algorithm.aggregation, max_len=rl.rollout.generate_max_len, is_weights=is_weights, units=units,
     )
     metrics = {"policy_loss": loss.item(), "clip_frac": clip_frac.item()}
+    if is_weights is not None:  # how much of the batch the correction keeps: 1 where engine and trainer agree
+        metrics["is_weight_mean"] = masked_mean(is_weights, mask).item()
     ent = aggregate(entropy, mask, "token_mean", units=units)
     metrics["entropy"] = ent.item()
     if rl.algorithm.entropy_coef:

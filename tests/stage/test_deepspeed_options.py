@@ -106,3 +106,18 @@ def test_engines_start_without_compiling_deepspeeds_kernels():
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "built successfully" not in done.stdout
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
+def test_the_step_reports_the_gradients_norm_before_clipping(zero_stage):
+    """y = w . x has gradient x. Two micro-steps of x = (3, 4) and (9, 12) average to (6, 8): norm 10, whatever
+    `grad_clip` (1) then does to them; no norm between the two. ZeRO's optimizers compute it, stage 0's is measured."""
+    deepspeed_engine.init_distributed()
+    train = TrainingConfig(lr=1e-2, micro_batch_size=1, grad_accum_steps=2, grad_clip=1.0, warmup_ratio=0.0, min_lr_ratio=1.0)
+    engine = deepspeed_engine.initialize(torch.nn.Linear(2, 1, bias=False),
+                                         deepspeed_engine.engine_config(InfraConfig(zero_stage=zero_stage), train, 2))
+    norms = []
+    for x in ([3.0, 4.0], [9.0, 12.0]):
+        engine.backward(engine(torch.tensor([x])).sum())
+        norms.append(deepspeed_engine.step(engine))
+    assert norms[0] is None and norms[1] == pytest.approx(10.0, rel=1e-5)

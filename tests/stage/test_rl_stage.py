@@ -222,6 +222,33 @@ def test_async_training_samples_one_update_behind_and_weighs_those_samples(grpo_
     assert {"eval/accuracy", "eval/reward"} <= set(result.metrics)
 
 
+def test_gspo_trains_another_policy_than_ppos_clip_from_the_same_samples(grpo, grpo_args, prepared, tmp_path):
+    """rl.algorithm.policy_loss_type=gspo (OpenRLHF's --actor.policy_loss_type gspo): the same seed draws the same
+    step-1 samples, and the sequence-level ratio trains other weights; each optimizer step logs its gradient norm."""
+    result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.algorithm.policy_loss_type=gspo"])
+    ppo_result, ppo_logged = grpo
+    gspo_steps = [m for _, m in logged if "train/reward" in m]
+    ppo_steps = [m for _, m in ppo_logged if "train/reward" in m]
+    assert gspo_steps[0]["train/reward"] == ppo_steps[0]["train/reward"]
+    assert all(m["actor/grad_norm"] > 0 for m in gspo_steps + ppo_steps)
+    ours, theirs = (load_file(r.outputs["rl_model"] / "model.safetensors") for r in (result, ppo_result))
+    assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) > 1e-6
+
+
+@pytest.mark.parametrize("mode", ["icepop", "seq-mask-tis"])  # tis, async training's default: the test above
+def test_each_importance_correction_weighs_the_stale_samples_of_async_training(grpo_args, prepared, tmp_path, mode):
+    """Async training's step-2 samples come from the weights one update back. With a band of 0.999 to 1.001
+    icepop zeroes the tokens whose weight lies outside it and seq-mask-tis the sequences, so their mean weight
+    falls (tis would clamp them into it: a mean near 1)."""
+    _, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.rollout.async_train=true", "rl.eval_every=2",
+                                            "rl.placement.colocate_all=false", "rl.placement.colocate_models=true",
+                                            "infra.cpus_per_worker=1", f"rl.algorithm.rollout_is_type={mode}",
+                                            "rl.algorithm.rollout_is_floor=0.999", "rl.algorithm.rollout_is_cap=1.001"])
+    weights = {s: m["actor/is_weight_mean"] for s, m in logged if "train/reward" in m}
+    assert weights[1] == pytest.approx(1.0, abs=1e-3)  # on-policy: every weight in the band
+    assert weights[2] < 0.9, weights
+
+
 def test_killed_rl_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(grpo, grpo_args, prepared, tmp_path):
     """Killed at step 2 (after the step-1 checkpoint; `rl.save_every=1`), the rerun resumes there and ends
     on the weights of the module's uninterrupted GRPO run, with the same settings."""

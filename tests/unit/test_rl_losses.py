@@ -15,8 +15,9 @@ from stages.rl.losses import (
     loss_units,
     masked_mean,
     policy_loss,
+    policy_ratio,
+    rollout_is_weights,
     step_units,
-    truncated_is_weights,
     value_loss,
 )
 
@@ -189,10 +190,70 @@ def test_policy_loss_is_finite_when_only_padding_is_extreme(mode):
     assert log_probs.grad[:, 1:].eq(0).all()
 
 
-def test_truncated_is_weights():
-    old = torch.zeros(2)
-    rollout = torch.log(torch.tensor([0.25, 2.0]))  # ratios 4 and 0.5
-    assert truncated_is_weights(old, rollout, cap=2.0).tolist() == pytest.approx([2.0, 0.5])
+# pi_old / pi_rollout per token: row 0's geometric mean is 1.5^(1/3) = 1.145, row 1's (0.1 x 1)^(1/2) = 0.316
+IS_RATIOS = torch.tensor([[4.0, 0.25, 1.5], [0.1, 1.0, 1.0]])
+IS_MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
+
+
+@pytest.mark.parametrize(("mode", "expected"), [
+    ("tis", [[2.0, 0.5, 1.5], [0.5, 1.0, 1.0]]),  # clamped to [0.5, 2]
+    ("icepop", [[0.0, 0.0, 1.5], [0.0, 1.0, 1.0]]),  # outside [0.5, 2]: 0
+    ("seq-mask-tis", [[4.0, 0.25, 1.5], [0.0, 0.0, 0.0]]),  # row 1's mean 0.316 < 0.5: the whole row 0
+])
+def test_rollout_is_weights_by_hand(mode, expected):
+    old = torch.zeros(2, 3, requires_grad=True)
+    weights = rollout_is_weights(old, -IS_RATIOS.log(), IS_MASK, mode, low=0.5, high=2.0)
+    assert weights.flatten().tolist() == pytest.approx(sum(expected, []), rel=1e-6)
+    assert not weights.requires_grad  # a weight, not a path for the gradient
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("tis", [[5.0, 0.5]]), ("icepop", [[0.0, 0.0]]), ("seq-mask-tis", [[0.0, 0.0]])])
+def test_rollout_is_weights_at_ratios_of_e_to_the_30(mode, expected):
+    """e^30 and e^-30 are finite in float32; each mode bounds, drops or masks them (row mean 0: seq-mask keeps
+    the row's geometric mean of 1 in range, so here a row of two e^30 tokens is used)."""
+    log_ratio = torch.tensor([[30.0, -30.0]]) if mode == "tis" else torch.tensor([[30.0, 30.0]])
+    weights = rollout_is_weights(log_ratio, torch.zeros(1, 2), torch.ones(1, 2), mode, low=0.5, high=5.0)
+    assert weights.flatten().tolist() == pytest.approx(sum(expected, [])) and torch.isfinite(weights).all()
+
+
+def test_gspo_ratio_is_the_geometric_mean_of_the_token_ratios():
+    log_ratio = torch.tensor([[0.05, 0.05, 7.0], [-0.1, 3.0, 3.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    ratio = policy_ratio(log_ratio, torch.zeros(2, 3), mask, "gspo")
+    # padding neither counts nor gets a ratio
+    assert ratio.flatten().tolist() == pytest.approx([math.exp(0.05), math.exp(0.05), 0.0, math.exp(-0.1), 0.0, 0.0])
+    assert policy_ratio(log_ratio, torch.zeros(2, 3), mask, "ppo")[0].tolist() == pytest.approx(
+        [math.exp(0.05), math.exp(0.05), math.exp(7.0)], rel=1e-6)
+
+
+def test_gspo_loss_and_gradient_by_hand():
+    """Row 0: log-ratios 0.05, 0.05 (ratio r0 = e^0.05, inside the clip) and advantage 1; row 1: one token at
+    -0.1 (r1 = e^-0.1) and advantage -1. Per sequence: -r0 and r1; their mean is the loss. d/d(log p) of
+    row 0's tokens: -r0 x 1/2 (the mean over its 2 tokens) x 1/2 (over 2 sequences); of row 1's: r1 / 2."""
+    log_probs = torch.tensor([[0.05, 0.05, 0.0], [-0.1, 0.0, 0.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
+    loss, clip_frac = policy_loss(log_probs, torch.zeros(2, 3), adv, mask, loss_type="gspo", aggregation="seq_mean_token_mean")
+    r0, r1 = math.exp(0.05), math.exp(-0.1)
+    assert loss.item() == pytest.approx((-r0 + r1) / 2, rel=1e-6)
+    loss.backward()
+    assert log_probs.grad.flatten().tolist() == pytest.approx([-r0 / 4, -r0 / 4, 0.0, r1 / 2, 0.0, 0.0], rel=1e-6)
+    assert clip_frac.item() == 0.0
+
+
+@pytest.mark.parametrize(("log_ratio", "adv", "expected"), [
+    (30.0, 1.0, -1.2),  # clipped at 1 + eps
+    (30.0, -1.0, math.exp(20)),  # unclipped on the pessimistic side, at the clamp's e^20
+    (-30.0, 1.0, -math.exp(-20)),
+    (-30.0, -1.0, 0.8),  # clipped at 1 - eps
+])
+def test_gspo_at_ratios_of_e_to_the_30(log_ratio, adv, expected):
+    log_probs = torch.full((1, 2), log_ratio, requires_grad=True)
+    loss, _ = policy_loss(log_probs, torch.zeros(1, 2), torch.full((1, 2), adv), torch.ones(1, 2), loss_type="gspo",
+                          aggregation="seq_mean_token_mean")
+    loss.backward()
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert log_probs.grad.eq(0).all()  # beyond the clamp and the clip, no gradient, and no NaN
 
 
 def test_policy_loss_seq_mean_aggregation():
