@@ -126,8 +126,8 @@ def convert(call: TrainerCall, origin: str) -> Conversion:
         elif isinstance(value, dict):
             for key, v in value.items():
                 c.set(key, v, source, use=use)
-        elif isinstance(row.value, Pair) and row.value.pick is None and isinstance(value, tuple):
-            for key, v in zip(keys, value):
+        elif isinstance(row.value, Pair) and isinstance(value, tuple):
+            for key, v in (zip(keys, value) if len(keys) > 1 else [(keys[0], list(value))]):
                 c.set(key, v, source, use=use)
         else:
             for key in keys:

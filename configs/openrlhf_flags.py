@@ -86,11 +86,9 @@ NO_DYNAMIC_BATCH = "batches by token count are not supported: batches count rows
 NO_MUON = "the Muon optimizer is not supported: AdamW only"
 NO_VLM = "VLM (image) training is not supported"
 NO_SLEEP = "no counterpart yet: engines and models are not put to sleep between phases"
-BETAS = "no counterpart yet: AdamW's betas are fixed at (0.9, 0.95), OpenRLHF's default"
 EPS = "no counterpart yet: AdamW's eps is 1e-8, OpenRLHF's default"
 REENTRANT = "no counterpart yet: checkpointing is non-reentrant"
-SCHEDULE = Choice({"cosine_with_min_lr": Why("the pipeline's schedule: linear warm-up, cosine decay to min_lr_ratio"),
-                   "constant": 1.0, "constant_with_warmup": 1.0})
+SCHEDULE = Choice({name: name for name in ("cosine_with_min_lr", "linear", "constant_with_warmup", "constant")})
 DTYPES = Choice({"bf16": "bf16", "fp16": "fp16"})
 ATTENTION = Choice({"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager",
                         "flash_attention_3": Why("flash_attention_3 is not supported (auto, sdpa, eager, flash_attention_2)")})
@@ -173,9 +171,9 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--min_lr_ratio",), (SFT, RM, DPO), ("{model}.min_lr_ratio",), Number()),
         Flag(("--actor.min_lr_ratio",), (PPO,), ("rl.actor.min_lr_ratio",), Number()),
         Flag(("--critic.min_lr_ratio",), (PPO,), ("rl.critic.min_lr_ratio",), Number()),
-        Flag(("--lr_scheduler",), ALL, ("{model}.min_lr_ratio",), SCHEDULE),
-        Flag(("--actor.lr_scheduler",), (PPO,), ("rl.actor.min_lr_ratio",), SCHEDULE),
-        Flag(("--critic.lr_scheduler",), (PPO,), ("rl.critic.min_lr_ratio",), SCHEDULE),
+        Flag(("--lr_scheduler",), ALL, ("{model}.lr_scheduler",), SCHEDULE),
+        Flag(("--actor.lr_scheduler",), (PPO,), ("rl.actor.lr_scheduler",), SCHEDULE),
+        Flag(("--critic.lr_scheduler",), (PPO,), ("rl.critic.lr_scheduler",), SCHEDULE),
         Flag(("--max_norm",), ALL, ("{model}.grad_clip",), Number()),
         Flag(("--actor.max_norm",), (PPO,), ("rl.actor.grad_clip",), Number()),
         Flag(("--critic.max_norm",), (PPO,), ("rl.critic.grad_clip",), Number()),
@@ -183,8 +181,10 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--l2",), (PPO,), ("{model}.weight_decay",), Number()),
         Flag(("--actor.adam.weight_decay",), (PPO,), ("rl.actor.weight_decay",), Number()),
         Flag(("--critic.adam.weight_decay",), (PPO,), ("rl.critic.weight_decay",), Number()),
-        Flag(("--adam_betas", "--adam.betas"), TRAINING, why=BETAS),
-        Flag(("--adam_betas", "--actor.adam.betas", "--critic.adam.betas"), (PPO,), why=BETAS),
+        Flag(("--adam_betas", "--adam.betas"), TRAINING, ("{model}.adam_betas",), Pair()),
+        Flag(("--adam_betas",), (PPO,), ("rl.actor.adam_betas", "rl.critic.adam_betas"), Pair(whole=True)),
+        Flag(("--actor.adam.betas",), (PPO,), ("rl.actor.adam_betas",), Pair()),
+        Flag(("--critic.adam.betas",), (PPO,), ("rl.critic.adam_betas",), Pair()),
         Flag(("--adam.eps",), TRAINING, why=EPS),
         Flag(("--actor.adam.eps", "--critic.adam.eps"), (PPO,), why=EPS),
         Flag(("--optim", "--muon.lr", "--muon.momentum", "--muon.nesterov", "--muon.no_nesterov", "--muon.ns_steps"),

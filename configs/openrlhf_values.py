@@ -135,16 +135,22 @@ class Why:
 
 @dataclass(frozen=True)
 class Pair(Value):
-    """nargs=2 numbers: both (to the row's two keys), or the one at `pick`."""
+    """nargs=2 numbers: one each to the row's two keys, both as a list to its one key (or to each key, `whole`),
+    or the one at `pick`."""
 
     pick: int | None = None
+    whole: bool = False
 
     def described(self) -> str:
-        return "two numbers, to the two keys" if self.pick is None else ("the lower" if self.pick == 0 else "the upper") + " of two numbers"
+        if self.pick is not None:
+            return ("the lower" if self.pick == 0 else "the upper") + " of two numbers"
+        return "two numbers, as a list to each key" if self.whole else "two numbers, to the two keys (or as a list to one)"
 
     def convert(self, words: tuple[str, ...]) -> object:
         both = two_numbers(words)
-        return both if self.pick is None else both[self.pick]
+        if self.pick is not None:
+            return both[self.pick]
+        return list(both) if self.whole else both
 
 
 @dataclass(frozen=True)

@@ -222,11 +222,31 @@ class OptimConfig(Section):
     one OpenRLHF's example scripts use for a pretrained model; the tiny preset states its own."""
 
     lr: float = Field(5e-6, gt=0, description="peak learning rate (AdamW)")
+    lr_scheduler: Literal["cosine_with_min_lr", "linear", "constant_with_warmup", "constant"] = Field(
+        "cosine_with_min_lr", description="OpenRLHF's --lr_scheduler: linear warm-up, then cosine decay to min_lr_ratio, "
+                                          "linear decay to 0, or a constant lr (constant: no warm-up either)")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine decay floor as a share of lr (1.0 with no warm-up: constant)")
-    warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0, description="share of the steps spent warming the lr up linearly")
+    warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0, description="share of the steps spent warming the lr up linearly "
+                                                                 "(OpenRLHF's --lr_warmup_ratio)")
+    adam_betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW's betas (OpenRLHF's --adam_betas)")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW's decoupled weight decay")
     grad_clip: float = Field(1.0, gt=0, description="the gradients' global norm is clipped to this")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass to save memory")
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"each of AdamW's betas must be in [0, 1), got {list(betas)}")
+        return betas
+
+    @property
+    def constant_lr(self) -> bool:
+        """The schedule keeps the lr at `lr` from the first step: no scheduler is built."""
+        if self.lr_scheduler == "constant":
+            return True
+        return self.warmup_ratio == 0 and (self.lr_scheduler == "constant_with_warmup" or
+                                           (self.lr_scheduler == "cosine_with_min_lr" and self.min_lr_ratio == 1))
 
 
 class TrainingConfig(OptimConfig):

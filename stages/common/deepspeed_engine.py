@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from configs.schema import InfraConfig, TrainingConfig
+from configs.schema import InfraConfig, OptimConfig, TrainingConfig
 from stages.common.precision import resolve_precision
 
 RESUME_TAG = "latest"
@@ -49,9 +49,25 @@ def zero_config(infra: InfraConfig) -> dict[str, Any]:
     return zero
 
 
+def scheduler_config(train: OptimConfig, total_steps: int) -> dict[str, Any] | None:
+    """DeepSpeed's scheduler for `train.lr_scheduler` (HF's names, as OpenRLHF takes them); None for a constant lr
+    (a scheduler would still spend its first step at lr 0). DeepSpeed's warm-up lasts at least one step."""
+    if train.constant_lr:
+        return None
+    warmup = max(1, int(train.warmup_ratio * total_steps))
+    if train.lr_scheduler == "cosine_with_min_lr":
+        return {"type": "WarmupCosineLR", "params": {"total_num_steps": max(total_steps, 1), "warmup_num_steps": warmup,
+                                                     "warmup_min_ratio": 0.0, "cos_min_ratio": train.min_lr_ratio,
+                                                     "warmup_type": "linear"}}
+    ramp = {"warmup_min_lr": 0.0, "warmup_max_lr": train.lr, "warmup_num_steps": warmup, "warmup_type": "linear"}
+    if train.lr_scheduler == "constant_with_warmup":
+        return {"type": "WarmupLR", "params": ramp}
+    return {"type": "WarmupDecayLR", "params": {"total_num_steps": max(total_steps, 1), **ramp}}  # linear
+
+
 def engine_config(infra: InfraConfig, train: TrainingConfig, total_steps: int) -> dict[str, Any]:
-    """The DeepSpeed JSON config: AdamW (torch's fused implementation, which runs on CPU and GPU) and
-    warm-up + cosine decay (none when the config asks for neither)."""
+    """The DeepSpeed JSON config: AdamW (torch's fused implementation, which runs on CPU and GPU) and the
+    learning-rate schedule (`scheduler_config`)."""
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": train.grad_accum_steps,
@@ -59,7 +75,7 @@ def engine_config(infra: InfraConfig, train: TrainingConfig, total_steps: int) -
         "zero_optimization": zero_config(infra),
         "optimizer": {
             "type": "AdamW",
-            "params": {"lr": train.lr, "weight_decay": train.weight_decay, "betas": [0.9, 0.95], "torch_adam": True,
+            "params": {"lr": train.lr, "weight_decay": train.weight_decay, "betas": list(train.adam_betas), "torch_adam": True,
                        "fused": True},  # one kernel for all tensors (TRL's adamw_torch_fused): faster steps
         },
         # with offload, DeepSpeed's CPU Adam (a compiled op) is faster, but torch's runs everywhere
@@ -67,18 +83,9 @@ def engine_config(infra: InfraConfig, train: TrainingConfig, total_steps: int) -
         "steps_per_print": 10**9,  # progress is ours; keep DeepSpeed's own log quiet
         "wall_clock_breakdown": False,
     }
-    if train.warmup_ratio > 0 or train.min_lr_ratio < 1:
-        config["scheduler"] = {
-            "type": "WarmupCosineLR",
-            "params": {
-                "total_num_steps": max(total_steps, 1),
-                "warmup_num_steps": max(1, int(train.warmup_ratio * total_steps)),  # DeepSpeed requires >= 1
-                "warmup_min_ratio": 0.0,
-                "cos_min_ratio": train.min_lr_ratio,
-                "warmup_type": "linear",
-            },
-        }
-    # else a constant learning rate: no scheduler (WarmupCosineLR would still spend a step at lr 0)
+    scheduler = scheduler_config(train, total_steps)
+    if scheduler is not None:
+        config["scheduler"] = scheduler
     precision = resolve_precision(infra.precision)
     if precision == "bf16":
         config["bf16"] = {"enabled": True}

@@ -20,8 +20,7 @@ def fixed_keys(rl) -> set[str]:
     if rl.rollout.engine == "hybrid":
         fixed.add("time/weight_sync")
     for group in ("actor", "critic"):
-        optim = getattr(rl, group)
-        if optim.warmup_ratio == 0 and optim.min_lr_ratio == 1:  # no schedule: a constant learning rate
+        if getattr(rl, group).constant_lr:
             fixed.add(f"{group}/lr")
     return fixed
 

@@ -121,3 +121,23 @@ def test_the_step_reports_the_gradients_norm_before_clipping(zero_stage):
         engine.backward(engine(torch.tensor([x])).sum())
         norms.append(deepspeed_engine.step(engine))
     assert norms[0] is None and norms[1] == pytest.approx(10.0, rel=1e-5)
+
+
+@pytest.mark.parametrize(("scheduler", "expected"), [
+    # DeepSpeed steps its scheduler after each optimizer step: the k-th lr read is the schedule at iteration k-1.
+    # Warm-up of 2 steps (warmup_ratio 0.5 of 4) rises linearly 0, 0.5, then 1; linear decays over the 2 left
+    ("constant_with_warmup", [0.0, 0.5, 1.0, 1.0]),
+    ("linear", [0.0, 0.5, 1.0, 0.5]),
+    ("constant", [1.0, 1.0, 1.0, 1.0]),  # no warm-up either, as HF's constant
+])
+def test_each_lr_scheduler_follows_its_schedule_and_adam_takes_the_betas(scheduler, expected):
+    deepspeed_engine.init_distributed()
+    train = TrainingConfig(lr=1.0, micro_batch_size=1, warmup_ratio=0.5, lr_scheduler=scheduler, adam_betas=(0.8, 0.99))
+    engine = deepspeed_engine.initialize(torch.nn.Linear(2, 1), deepspeed_engine.engine_config(InfraConfig(zero_stage=0), train, 4))
+    lrs = []
+    for _ in range(4):
+        engine.backward(engine(torch.ones(1, 2)).sum())
+        engine.step()
+        lrs.append(engine.get_lr()[0])
+    assert lrs == pytest.approx(expected)
+    assert engine.optimizer.param_groups[0]["betas"] == (0.8, 0.99)

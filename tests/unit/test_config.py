@@ -139,7 +139,7 @@ def test_unknown_key_in_override_names_override_and_key():
         load_config("tiny", ["sft.lrr=1"])
     msg = str(exc.value)
     assert msg.startswith("override 'sft.lrr=1': unknown key 'sft.lrr'")
-    assert "lr, min_lr_ratio" in msg  # lists what the section does have
+    assert "lr, lr_scheduler, min_lr_ratio" in msg  # lists what the section does have
 
 
 def test_unknown_top_level_section_in_override():

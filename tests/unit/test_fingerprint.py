@@ -88,8 +88,10 @@ def re_hex(text: str) -> bool:
 
 SFT_DEFAULTS = {
     "lr": 5e-6,
+    "lr_scheduler": "cosine_with_min_lr",
     "min_lr_ratio": 0.1,
     "warmup_ratio": 0.05,
+    "adam_betas": [0.9, 0.95],
     "weight_decay": 0.0,
     "epochs": 1,
     "max_steps": None,
