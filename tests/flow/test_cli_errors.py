@@ -297,7 +297,7 @@ def test_check_with_a_layout_that_cannot_fit_the_local_cluster_is_one_line(cli, 
 
 
 def test_check_lists_every_failed_check_where_run_stops_at_the_first(cli, workdir):
-    request = ("--only", "evall", "reward.func_path=missing.py", "infra.num_workers=4", "infra.num_cpus=2")
+    request = ("--only", "evall,rl", "reward.func_path=missing.py", "infra.num_workers=4", "infra.num_cpus=2")
     unknown_stage = ("error: --only evall: unknown stage (stages: data_prep, sft, rm, prm, rl, dpo, rs, kd, csft, "
                      "lora_merge, eval)")
     checked = cli("check", *request)
