@@ -331,7 +331,7 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--entropy_loss_coef", "--actor.entropy_coef"), (PPO,), ("rl.algorithm.entropy_coef",), Number()),
         Flag(("--dynamic_filtering", "--algo.dynamic_filtering_enable"), (PPO,), ("rl.algorithm.dynamic_filtering",), Switch()),
         Flag(("--dynamic_filtering_reward_range", "--algo.dynamic_filtering_range"), (PPO,),
-             why="no counterpart yet: groups whose scores are all equal are dropped (for 0/1 rewards, the range 0 1)"),
+             ("rl.algorithm.dynamic_filtering_range",), Pair(), needs=("--dynamic_filtering", "--algo.dynamic_filtering_enable")),
         Flag(("--enable_vllm_is_correction",), (PPO,), ("rl.algorithm.rollout_is_cap",), Switch(value=2.0),
              why="truncated importance weights, capped at OpenRLHF's threshold (2 unless given)"),
         Flag(("--algo.advantage.is_correction_enable",), (PPO,), ("rl.algorithm.rollout_is_cap",), Switch(value=5.0),
@@ -359,7 +359,7 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--overlong_buffer_len", "--reward.overlong_buffer_len"), (PPO,), ("rl.algorithm.overlong_buffer_len",), Number(integer=True)),
         Flag(("--overlong_penalty_factor", "--reward.overlong_penalty_factor"), (PPO,), ("rl.algorithm.overlong_penalty_factor",), Number()),
         Flag(("--stop_properly_penalty_coef", "--reward.stop_properly_penalty_coef"), (PPO,),
-             why="no counterpart yet: a truncated response keeps its reward"),
+             ("rl.algorithm.stop_properly_penalty_coef",), Number()),
     )),
     ("Checkpoints, logging and the launcher", (
         Flag(("--save_path", "--ckpt.output_dir"), ALL, why=CHECKPOINTS),

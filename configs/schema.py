@@ -539,6 +539,13 @@ class AlgorithmConfig(Section):
     dynamic_filtering: bool = Field(False, description="drop groups whose scores are all equal (DAPO)")
     overlong_buffer_len: int = Field(0, ge=0, description="DAPO overlong penalty over the last this many tokens; 0: off")
     overlong_penalty_factor: float = Field(1.0, ge=0.0, description="DAPO overlong penalty at the last token")
+    stop_properly_penalty_coef: float | None = Field(
+        None, le=1.0, description="ProRL (OpenRLHF's --reward.stop_properly_penalty_coef): a response cut at "
+                                  "rl.rollout.generate_max_len without its end token gets its reward times this (0 to 1), "
+                                  "or this itself (below 0); applied after the overlong penalty; empty: off")
+    dynamic_filtering_range: tuple[float, float] | None = Field(
+        None, description="with dynamic_filtering, keep the groups whose mean score lies strictly inside this range "
+                          "(OpenRLHF's --algo.dynamic_filtering_range); empty: drop the groups whose scores are all equal")
     policy_loss_type: Literal["ppo", "gspo"] = Field(
         "ppo", description="OpenRLHF's --actor.policy_loss_type: ppo clips each token's ratio; gspo the sequence's (the "
                            "geometric mean of its tokens' ratios), its loss averaged per sequence (seq_mean_token_mean)")
@@ -566,6 +573,11 @@ class AlgorithmConfig(Section):
         if self.rollout_is_cap is not None and not self.recompute_old_log_probs:
             raise ValueError("rl.algorithm.rollout_is_cap weighs the recomputed old log-probs against the engine's: it needs "
                              "rl.algorithm.recompute_old_log_probs: true")
+        if self.dynamic_filtering_range is not None:
+            low, high = self.dynamic_filtering_range
+            if not self.dynamic_filtering or low >= high:
+                raise ValueError(f"rl.algorithm.dynamic_filtering_range={[low, high]} needs dynamic_filtering: true and "
+                                 "a lower bound below the upper one")
         if self.rollout_is_cap is not None and self.rollout_is_floor >= self.rollout_is_cap:
             raise ValueError(f"rl.algorithm.rollout_is_floor={self.rollout_is_floor:g} must be below rl.algorithm."
                              f"rollout_is_cap={self.rollout_is_cap:g}")

@@ -63,6 +63,22 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, facto
     return (-excess / buffer_len * factor).clamp(max=0.0)
 
 
+def stop_properly_penalty(scores: torch.Tensor, truncated: torch.Tensor, coef: float) -> torch.Tensor:
+    """ProRL's penalty on a response cut at the length limit (`truncated`, no end token): its reward times
+    `coef` for 0 <= coef <= 1, or `coef` itself for coef < 0 (a fixed negative reward); others unchanged."""
+    if coef > 1:
+        raise ValueError(f"stop_properly_penalty_coef must be in [0, 1] or negative, got {coef}")
+    penalized = scores * coef if coef >= 0 else torch.full_like(scores, coef)
+    return torch.where(truncated, penalized, scores)
+
+
+def groups_in_range(scores: torch.Tensor, n: int, low: float, high: float) -> torch.Tensor:
+    """[n_groups] bool: groups whose mean score lies strictly between `low` and `high` (OpenRLHF's
+    dynamic_filtering_range; for 0/1 scores, (0, 1) keeps the groups that are neither all right nor all wrong)."""
+    mean = _groups(scores, n).mean(-1)
+    return (mean > low) & (mean < high)
+
+
 def varied_groups(scores: torch.Tensor, n: int, eps: float = 1e-6) -> torch.Tensor:
     """[n_groups] bool: groups whose scores are not all equal (DAPO dynamic sampling keeps only these,
     since a group of equal scores has zero advantage under every group estimator)."""

@@ -39,7 +39,7 @@ from stages.data_prep import read_split
 from stages.eval_metrics import by_prompt, held_out_metrics
 from stages.rewards.base import RewardBatch, concat
 from stages.rl import weight_sync, workers
-from stages.rl.advantages import compute_advantages, overlong_penalty, varied_groups
+from stages.rl.advantages import compute_advantages, groups_in_range, overlong_penalty, stop_properly_penalty, varied_groups
 from stages.rl.backend import Backend, Ref, RolloutEngine, Sampler, one
 from stages.rl.episodes import run_episodes, turns
 from stages.rl.experience import (
@@ -412,7 +412,8 @@ def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStre
                 scored = score(actors.backend, actors.reward, [p.text for p in flat], responses, [p.label for p in flat], cfg.reward)
         groups = [(samples[i * n : (i + 1) * n], picked[i], _slice(scored, i * n, (i + 1) * n)) for i in range(want)]
         if rl.algorithm.dynamic_filtering:
-            keep = varied_groups(scored.filter_values(), n).tolist()  # OpenRLHF's `scores` where the source gives them
+            values, bounds = scored.filter_values(), rl.algorithm.dynamic_filtering_range  # OpenRLHF's `scores` where given
+            keep = (varied_groups(values, n) if bounds is None else groups_in_range(values, n, *bounds)).tolist()
             spare += [g for g, k in zip(groups, keep) if not k]
             groups = [g for g, k in zip(groups, keep) if k]
             filtered += keep.count(False)
@@ -479,6 +480,9 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     penalty = torch.zeros_like(scores)
     if rl.algorithm.overlong_buffer_len:
         penalty = overlong_penalty(lengths, rl.rollout.generate_max_len, rl.algorithm.overlong_buffer_len, rl.algorithm.overlong_penalty_factor)
+    if rl.algorithm.stop_properly_penalty_coef is not None:  # after the overlong penalty, as OpenRLHF's
+        truncated = torch.tensor([not s.response_ids or s.response_ids[-1] != tokenizer.eos_token_id for s in samples])
+        penalty = stop_properly_penalty(scores + penalty, truncated, rl.algorithm.stop_properly_penalty_coef) - scores
     shaped, dense = scores + penalty, None  # clipped after the group baseline, as OpenRLHF's
     if scored.step_rewards is not None and not rl.algorithm.estimator.grouped:
         # process rewards (or a multi-turn episode's turn rewards) go on the tokens that end each step (each

@@ -275,6 +275,18 @@ def test_dynamic_filtering_replaces_groups_whose_scores_are_all_equal(prepared, 
     assert result.outputs["rl_model"].is_dir()
 
 
+def test_a_filtering_range_keeps_groups_of_equal_scores_and_truncated_responses_are_penalised(prepared, tmp_path):
+    """The untrained model's rule rewards are all 0: a dynamic_filtering_range of (-1, 1) keeps every group (mean 0
+    inside it), where the all-equal rule above drops them all; with 3 tokens to answer in, responses are cut
+    before their end token and ProRL's coefficient -1 becomes their reward (rollout/score, the shaped mean)."""
+    _, logged = run_rl(prepared, tmp_path, ["rl.algorithm.dynamic_filtering=true", "rl.algorithm.dynamic_filtering_range=[-1,1]",
+                                            "rl.algorithm.stop_properly_penalty_coef=-1", "rl.rollout.generate_max_len=3",
+                                            "rl.max_steps=1"])
+    (step,) = [m for _, m in logged if "train/reward" in m]
+    assert step["rollout/filtered_groups"] == 0 and step["train/reward"] == 0.0
+    assert -1.0 <= step["rollout/score"] < 0.0
+
+
 def test_actor_groups_that_do_not_fit_the_cluster_fail_with_one_line(prepared, tmp_path):
     with pytest.raises(PipelineError, match=r"stage rl needs 8 CPU .* the Ray cluster has 2 CPU .*rl.placement.colocate_all: true"):
         run_rl(prepared, tmp_path, ["rl.placement.colocate_all=false"])

@@ -13,8 +13,10 @@ from stages.rl.advantages import (
     gae,
     group_mean_baseline,
     group_normalized,
+    groups_in_range,
     overlong_penalty,
     rloo_baseline,
+    stop_properly_penalty,
     token_rewards,
     varied_groups,
     whiten,
@@ -155,3 +157,25 @@ def test_reward_clip_without_a_group_clips_the_score():
 def test_group_estimators_take_no_discount(estimator):
     with pytest.raises(ValueError, match="gamma must be 1"):
         compute_advantages(estimator, torch.tensor([1.0, 0.0]), torch.ones(2, 2), 2, gamma=0.9)
+
+
+def test_groups_in_range_keep_a_mean_strictly_inside():
+    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.2, 0.2, 0.2])  # means 1/3, 1, 0, 0.2
+    assert groups_in_range(scores, 3, 0.0, 1.0).tolist() == [True, False, False, True]
+    assert groups_in_range(scores, 3, 0.25, 1.0).tolist() == [True, False, False, False]
+    # a group of one sample: its own score is its mean
+    assert groups_in_range(torch.tensor([0.5, 1.0]), 1, 0.0, 1.0).tolist() == [True, False]
+    assert groups_in_range(torch.ones(4), 2, 0.0, 1.0).tolist() == [False, False]  # every group filtered
+
+
+@pytest.mark.parametrize(("coef", "expected"), [
+    (0.5, [1.0, 0.5, -0.25, 0.0]),  # a truncated reward scaled, the others kept
+    (0.0, [1.0, 0.0, 0.0, 0.0]),
+    (-0.5, [1.0, -0.5, -0.5, 0.0]),  # below 0: the truncated ones' reward is the coefficient itself
+])
+def test_stop_properly_penalty_by_hand(coef, expected):
+    scores = torch.tensor([1.0, 1.0, -0.5, 0.0])
+    truncated = torch.tensor([False, True, True, False])
+    assert stop_properly_penalty(scores, truncated, coef).tolist() == pytest.approx(expected)
+    with pytest.raises(ValueError, match="must be in \\[0, 1\\] or negative, got 1.5"):
+        stop_properly_penalty(scores, truncated, 1.5)
