@@ -435,7 +435,9 @@ class RewardConfig(Section):
     """Where rewards come from for later stages (one scorer interface over all sources)."""
 
     source: Annotated[str, REWARD_SOURCES] = Field("func", description=REWARD_SOURCES.described())
-    rm_paths: list[str] = Field(default_factory=list, description="RM checkpoints, combined by mean; empty: the pipeline's own")
+    rm_paths: list[str] = Field(default_factory=list, description="RM checkpoints, combined by rm_combine; empty: the pipeline's own")
+    rm_combine: Literal["sum", "mean"] = Field("sum", description="several RMs' rewards summed (OpenRLHF's, for several "
+                                                                 "--reward.model_name_or_path) or averaged")
     prm_path: str | None = Field(None, description="PRM checkpoint; empty: the pipeline's own")
     prm_aggregate: Literal["min", "mean", "last"] = Field("min", description="how a PRM's step scores make a response's reward")
     func_path: str | None = Field(None, description="a file defining reward_func(queries, prompts, labels); relative paths are "

@@ -21,7 +21,7 @@ def reward_models(cfg: RewardConfig, own: Path | str | None) -> RewardSource:
     paths: list[str | Path] = [*cfg.rm_paths] or ([own] if own is not None else [])
     if not paths:
         raise RewardError("reward.source=rm: no reward model (reward.rm_paths is empty and the pipeline has none of its own)")
-    return RewardModelScorer(paths, cfg.batch_size)
+    return RewardModelScorer(paths, cfg.batch_size, combine=cfg.rm_combine)
 
 
 def process_reward_model(cfg: RewardConfig, own: Path | str | None) -> RewardSource:

@@ -144,23 +144,25 @@ def _load_head(source: str, prefix: str) -> torch.nn.Linear:
 
 
 class RewardModelScorer:
-    """One or more RMs; their (each normalized as its config says) rewards are averaged."""
+    """One or more RMs; their rewards (each normalized as its config says) summed, as OpenRLHF combines several,
+    or averaged (`combine`)."""
 
     def __init__(self, paths: list[str | Path], batch_size: int = 32, device: str | None = None,
-                 precision: str = "fp32") -> None:
+                 precision: str = "fp32", combine: str = "sum") -> None:
         if not paths:
             raise RewardError("no reward model to score with (empty list of RM paths)")
         self.paths = [str(p) for p in paths]
-        self.batch_size = batch_size
+        self.batch_size, self.combine = batch_size, combine
         self.models = [load_reward_model(p, device, precision) for p in paths]
 
     def score_queries(self, queries: list[str]) -> torch.Tensor:
         """One reward per query text (prompt + response as one string), float32 on the CPU."""
-        return self._mean(lambda m: m.score_pairs([""] * len(queries), queries, self.batch_size))
+        return self._combined(lambda m: m.score_pairs([""] * len(queries), queries, self.batch_size))
 
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]) -> RewardBatch:
         check_batch(prompts, responses, labels)
-        return RewardBatch(rewards=self._mean(lambda m: m.score_pairs(prompts, responses, self.batch_size)))
+        return RewardBatch(rewards=self._combined(lambda m: m.score_pairs(prompts, responses, self.batch_size)))
 
-    def _mean(self, rewards_of: Callable[[RewardModel], torch.Tensor]) -> torch.Tensor:
-        return torch.stack([rewards_of(m) for m in self.models]).mean(0)
+    def _combined(self, rewards_of: Callable[[RewardModel], torch.Tensor]) -> torch.Tensor:
+        each = torch.stack([rewards_of(m) for m in self.models])
+        return each.sum(0) if self.combine == "sum" else each.mean(0)

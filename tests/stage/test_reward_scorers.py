@@ -102,13 +102,14 @@ def test_rm_scorer_matches_sequence_classification(tok, rms):
     assert (other - got).abs().max() < 1e-6
 
 
-def test_several_rms_are_averaged(tok, rms):
+def test_several_rms_are_summed_as_openrlhf_does_or_averaged(tok, rms):
     queries = texts(tok)
     a = RewardModelScorer([rms["a"]]).score_queries(queries)
     b = RewardModelScorer([rms["b"]]).score_queries(queries)
-    both = build_scorer(RewardConfig(source="rm", rm_paths=[str(rms["a"]), str(rms["b"])]))
     assert not torch.allclose(a, b)
-    assert (both.score_queries(queries) - (a + b) / 2).abs().max() < 1e-6
+    for combine, expected in (("sum", a + b), ("mean", (a + b) / 2)):
+        both = build_scorer(RewardConfig(source="rm", rm_paths=[str(rms["a"]), str(rms["b"])], rm_combine=combine))
+        assert (both.score_queries(queries) - expected).abs().max() < 1e-6
 
 
 def test_normalized_rm(tok, rms):
