@@ -268,7 +268,7 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--actor_init_on_gpu",), (PPO,), why=NOT_YET),
         Flag(("--deepspeed_enable_sleep", "--ds.enable_sleep"), (PPO,), why=NO_SLEEP),
         Flag(("--save_value_network", "--critic.save_value_network"), (PPO,), why="no counterpart yet: the critic is not kept"),
-        Flag(("--freezing_actor_steps", "--critic.freezing_steps"), (PPO,), why=NOT_YET),
+        Flag(("--freezing_actor_steps", "--critic.freezing_steps"), (PPO,), ("rl.critic.freezing_steps",), Number(integer=True)),
         Flag(("--freeze_visual_encoder", "--actor.freeze_visual_encoder"), (PPO,), why=NO_VLM),
     )),
     ("RL: rollout", (

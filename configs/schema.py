@@ -461,6 +461,13 @@ class RLModelConfig(OptimConfig):
     lora: LoRAConfig = LoRAConfig()
 
 
+class CriticConfig(RLModelConfig):
+    """The critic (advantage_estimator: gae): an RL model that may train alone first."""
+
+    freezing_steps: int = Field(0, ge=0, description="the first this many RL steps train the critic only, the policy "
+                                                     "left as it is (OpenRLHF's --critic.freezing_steps)")
+
+
 CPU_KV_CACHE_MIB = 512  # vLLM on CPU would otherwise reserve most of the RAM
 # descriptions of the estimators' options, from their registry
 UNGROUPED = ", ".join(e.name for e in ESTIMATORS.values() if not e.grouped)
@@ -653,7 +660,7 @@ class RLConfig(Section):
     (prompts x samples) except `rollout.batch_size`, which counts prompts, as in OpenRLHF."""
 
     actor: RLModelConfig = RLModelConfig(lr=5e-7)
-    critic: RLModelConfig = RLModelConfig(lr=9e-6)
+    critic: CriticConfig = CriticConfig(lr=9e-6)
     rollout: RolloutConfig = RolloutConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     placement: PlacementConfig = PlacementConfig()
@@ -712,6 +719,9 @@ class RLConfig(Section):
                              "agent (rl.agent.path) steps its environment between turns: set one of them off")
         if self.critic.aux_loss_coef:
             raise ValueError("rl.critic.aux_loss_coef: the value loss takes no router loss; set rl.actor.aux_loss_coef")
+        if self.critic.freezing_steps and not algorithm.needs_critic:
+            raise ValueError(f"rl.critic.freezing_steps={self.critic.freezing_steps} warms up a critic, and "
+                             f"advantage_estimator={algorithm.advantage_estimator} has none; use gae or set it to 0")
         if algorithm.overlong_buffer_len >= rollout.generate_max_len:
             raise ValueError("rl.algorithm.overlong_buffer_len must be smaller than rl.rollout.generate_max_len")
         return self

@@ -313,7 +313,8 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
             with timer("experience"):
                 batch, logs = make_experience(actors, tokenizer, samples, scored, cfg, kl_ctl.value)
             with timer("training"):
-                logs |= train(actors, batch, step, rl.algorithm.use_kl_loss)
+                # the critic's warm-up (critic.freezing_steps): the policy waits for it
+                logs |= train(actors, batch, step, rl.algorithm.use_kl_loss, train_policy=step >= rl.critic.freezing_steps)
             with timer("weight_sync"):
                 sync_weights(actors)
             kl_ctl.update(logs["kl"], rl.rollout.batch_size * n)
@@ -348,18 +349,21 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
     return StageResult(outputs={"rl_model": out}, metrics=metrics)
 
 
-def train(actors: Actors, batch: dict[str, torch.Tensor], step: int, use_kl_loss: bool) -> dict[str, float]:
-    """One rollout batch through the policy ranks and, at the same time, the critic ranks."""
+def train(actors: Actors, batch: dict[str, torch.Tensor], step: int, use_kl_loss: bool,
+          train_policy: bool = True) -> dict[str, float]:
+    """One rollout batch through the policy ranks (unless `train_policy` is off) and, at the same time, the
+    critic ranks."""
     keys = ("input_ids", "attention_mask", "action_mask")
     kl_keys = ("ref_log_probs", "kl_coef") if use_kl_loss and actors.ref else ()
     actor_batch = {k: batch[k] for k in (*keys, "old_log_probs", "advantages", "rollout_log_probs", *kl_keys)}
-    calls: dict[Role, Callable[[], list[Ref[Any]]]] = {
-        Role.ACTOR: lambda: on_shards(actors, [w.train for w in actors.policy], actor_batch, step)}
+    calls: dict[Role, Callable[[], list[Ref[Any]]]] = {}
+    if train_policy:
+        calls[Role.ACTOR] = lambda: on_shards(actors, [w.train for w in actors.policy], actor_batch, step)
     if actors.critic:
         critic_batch = {k: batch[k] for k in (*keys, "values", "returns")}
         calls[Role.CRITIC] = lambda: on_shards(actors, [w.train for w in actors.critic], critic_batch, step)
     results = in_waves(actors, calls)
-    logs = {f"actor/{k}": v for k, v in results[Role.ACTOR][0].items()}  # rank-averaged by the workers
+    logs = {f"actor/{k}": v for k, v in results[Role.ACTOR][0].items()} if train_policy else {}  # rank-averaged
     if actors.critic:
         logs |= {f"critic/{k}": v for k, v in results[Role.CRITIC][0].items()}
     return logs

@@ -150,8 +150,8 @@ class TrainerWorker(Worker):
         model = self.load_model(model_path)
         rl = cfg.rl
         self.grad_accum = rl.train_batch_size // (rl.micro_train_batch_size * self.world)
-        train = TrainingConfig(**optim.model_dump(exclude={"num_workers"}),
-                               micro_batch_size=rl.micro_train_batch_size, grad_accum_steps=self.grad_accum)
+        shared_fields = {k: v for k, v in optim.model_dump().items() if k in TrainingConfig.model_fields}  # not num_workers
+        train = TrainingConfig(**shared_fields, micro_batch_size=rl.micro_train_batch_size, grad_accum_steps=self.grad_accum)
         optimizer_steps = total_steps * rl.max_epochs * (rl.rollout.batch_size * rl.rollout.n_samples_per_prompt // rl.train_batch_size)
         self.engine = build_engine(model, cfg.infra, train, optimizer_steps)
         # shared rows pay when a micro-batch holds whole groups: shuffle a prompt's samples together

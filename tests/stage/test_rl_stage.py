@@ -287,6 +287,19 @@ def test_a_filtering_range_keeps_groups_of_equal_scores_and_truncated_responses_
     assert -1.0 <= step["rollout/score"] < 0.0
 
 
+def test_while_the_critic_warms_up_the_policy_is_left_as_it_was(prepared, length_reward, tmp_path):
+    """rl.critic.freezing_steps (OpenRLHF's --critic.freezing_steps) covering the whole run: the critic trains,
+    the policy's weights come out as the SFT model's."""
+    result, logged = run_rl(prepared, tmp_path, ["rl.algorithm.advantage_estimator=gae", "rl.critic.freezing_steps=1",
+                                                 f"reward.func_path={length_reward}", "rl.max_steps=1"])
+    (step,) = [m for _, m in logged if "train/reward" in m]
+    assert step["critic/value_loss"] > 0 and step["critic/grad_norm"] > 0
+    assert not any(k.startswith("actor/") for k in step)
+    before = load_file(prepared["base_model"] / "model.safetensors")
+    after = load_file(result.outputs["rl_model"] / "model.safetensors")
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+
 def test_actor_groups_that_do_not_fit_the_cluster_fail_with_one_line(prepared, tmp_path):
     with pytest.raises(PipelineError, match=r"stage rl needs 8 CPU .* the Ray cluster has 2 CPU .*rl.placement.colocate_all: true"):
         run_rl(prepared, tmp_path, ["rl.placement.colocate_all=false"])
