@@ -114,9 +114,8 @@ def policy_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: tor
     if loss_type == "ppo":
         return log_ratio.clamp(-20, 20).exp()
     if loss_type == "gspo":
-        mask = mask.to(log_ratio.dtype)
-        seq = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        return seq.clamp(-20, 20).exp().unsqueeze(-1) * mask
+        seq = masked_mean(log_ratio, mask, dim=-1)
+        return seq.clamp(-20, 20).exp().unsqueeze(-1) * mask.to(log_ratio.dtype)
     raise ValueError(f"unknown policy loss type {loss_type!r}")
 
 
