@@ -151,7 +151,7 @@ def stage_plan(cfg: PipelineConfig) -> dict[str, str]:
     for spec in dag.STAGES[1:]:
         wanted = [a for a in spec.wanted_inputs(cfg) if a not in cfg.inputs and a not in spec.optional_inputs]
         missing = [a for a in wanted if a not in made]
-        if spec.run_when is not None and not spec.run_when(cfg):
+        if not spec.asked_for(cfg):
             plan[spec.name] = f"off: {spec.off_because}"
         elif dag.pinned_away(spec, cfg):
             pins = ", ".join(f"inputs.{a}" for a in spec.outputs)

@@ -62,7 +62,7 @@ class NothingToDo(Exception):
 def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome], cfg: PipelineConfig,
                    pins: dict[str, store.ArtifactRef] | None = None) -> dict[str, store.ArtifactRef]:
     """The artifacts the stage consumes: its upstream stages' outputs, or the pinned ones (`inputs.*`)."""
-    if spec.run_when is not None and not spec.run_when(cfg):
+    if not spec.asked_for(cfg):
         raise NothingToDo("not asked for by the config")
     available = {name: ref for outcome in upstream.values() for name, ref in outcome.outputs.items()} | (pins or {})
     wanted = [name for name in spec.wanted_inputs(cfg) if name in available or name not in spec.optional_inputs]

@@ -44,6 +44,10 @@ class StageSpec:
     scores_models: bool = False
     plots_eval_series: bool = False  # its `eval/*` series are drawn as a plot on its run (the held-out curve of RL)
 
+    def asked_for(self, cfg) -> bool:
+        """The config turns the stage on (`run_when`), whatever its inputs."""
+        return self.run_when is None or self.run_when(cfg)
+
     def wanted_inputs(self, cfg) -> tuple[str, ...]:
         return tuple(name for name in self.inputs if name not in self.input_when or self.input_when[name](cfg))
 

@@ -75,7 +75,7 @@ def check_sft_rows(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
         return
     for spec in STAGES:
         if ("sft_data" in spec.wanted_inputs(cfg) and "sft_data" not in spec.optional_inputs and runs(spec, cfg, only)
-                and (spec.run_when is None or spec.run_when(cfg))):
+                and spec.asked_for(cfg)):
             if spec.name == "sft":
                 raise ConfigError("data.sft is empty and the sft stage trains on it: name SFT rows in data.sft, or pin "
                                   "inputs.sft_model to a checkpoint to start from (what an OpenRLHF PPO, RM or DPO "
