@@ -124,6 +124,33 @@ def test_train_ppo_with_reward_fn_sh(cli, workdir, prefect_server, monkeypatch, 
     assert {"train/reward", "reward/dummy_scores", "critic/value_loss"} <= set(rl.data.metrics), sorted(rl.data.metrics)
 
 
+@pytest.fixture(scope="module")
+def reward_model(local):
+    """A stand-in for OpenRLHF/Llama-3-8b-rm-700k in its format: the Llama-3 backbone with a one-output linear
+    head `score`, what AutoModelForSequenceClassification(num_labels=1) saves and OpenRLHF's reward models are."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    source, path = local["models"]["llama3"], local["root"] / "llama3-rm"
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1, pad_token_id=tokenizer.pad_token_id)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_train_ppo_ray_hybrid_engine_sh(cli, workdir, prefect_server, monkeypatch, local, reward_model):
+    """PPO scored by a pinned reward model (`--reward.model_name_or_path`): RL runs on it without an rm stage."""
+    model = local["models"]["llama3"]
+    client, parent = run_script(cli, workdir, prefect_server, monkeypatch, "train_ppo_ray_hybrid_engine.sh", [
+        *CPU, *RL, "rl.max_steps=1", "rl.critic.num_workers=1", "rl.placement.reward_num_workers=1",
+        f"model.name_or_path={model}", f"inputs.sft_model={model}", f"inputs.reward_model={reward_model}",
+        f"data.prompts.paths=[{local['files']['prompt_collection']}]"])
+    assert "stage.rm" not in parent.data.tags or parent.data.tags["stage.rm"].startswith("skipped")
+    rl = stage_run(client, parent, "rl")
+    assert rl.data.params["reward.source"] == "rm" and str(reward_model) in rl.data.tags["rlhf.input.reward_model"]
+    assert {"train/reward", "critic/value_loss"} <= set(rl.data.metrics), sorted(rl.data.metrics)
+
+
 def test_train_reinforce_baseline_ray_agent_async_sh(cli, workdir, prefect_server, monkeypatch, local):
     """OpenRLHF's agent_func.py as it ships (an AgentInstanceBase of 1-3 steps): two RL steps of multi-turn
     episodes, no reward section needed (the agent gives the rewards)."""

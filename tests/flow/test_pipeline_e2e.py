@@ -3,8 +3,8 @@ the identical rerun are module fixtures, so each test also passes alone):
 
 1. killed during SFT, then re-run: SFT resumes from its last checkpoint, nothing half-written is published
 2. the SFT model beats the base model on held-out accuracy; the GRPO policy beats the SFT model
-   on sampled held-out accuracy, and so does DPO (iterative DPO's and PPO-with-a-PRM's learning are measured,
-   not tested here: docs/benchmarks.md; their mechanics are in tests/stage)
+   on sampled held-out accuracy, and so does DPO; PPO on the pipeline's PRM raises its reward with bounded KL;
+   iterative DPO's own samples get better round by round
 3. the MLflow store holds the runs, params, loss curves and a loadable registered checkpoint
 4. a second identical run is all cached; `--force dpo` reruns DPO though nothing changed, and eval
    follows it
@@ -51,11 +51,15 @@ def ws(tmp_path_factory, prefect_server):
 OFF_IN_THE_PRESET = ("rs", "kd", "csft")  # training methods the tiny preset leaves off: skipped in every run here
 
 
-def stage_statuses(ws) -> dict[str, str]:
-    """`{"sft": "ran", ...}` from the newest pipeline run's tags, less the stages the preset leaves off."""
+def newest_pipeline_run(ws):
     client = mlflow_client(ws)
     exp = client.get_experiment_by_name("rlhf-pipeline")
-    parent = client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'", order_by=["attributes.start_time DESC"])[0]
+    return client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'", order_by=["attributes.start_time DESC"])[0]
+
+
+def stage_statuses(ws) -> dict[str, str]:
+    """`{"sft": "ran", ...}` from the newest pipeline run's tags, less the stages the preset leaves off."""
+    parent = newest_pipeline_run(ws)
     statuses = {k.removeprefix("stage."): v.split()[0] for k, v in parent.data.tags.items() if k.startswith("stage.")}
     for name in OFF_IN_THE_PRESET:
         assert statuses.pop(name, "skipped") == "skipped", name
@@ -98,8 +102,10 @@ def assert_gone(processes, within_s: float) -> None:
 
 @pytest.fixture(scope="module")
 def first_run(ws) -> dict:
-    """The scenario every other test builds on, run once per module (so any test also runs alone): `rlhf run`
-    killed during SFT, what the kill left, then the rerun that finishes the pipeline."""
+    """The scenario every other test builds on, run once per module (so any test also runs alone, and in any
+    order): `rlhf run` killed during SFT, what the kill left, the rerun that finishes the pipeline, and an
+    identical run after it, all cached. The ids of what they made are kept here, so a test finds them
+    whatever the tests before it added to the store."""
     proc = subprocess.Popen([*CLI, "run"], cwd=ws, env=cli_env(ws), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     deadline = time.monotonic() + 300
@@ -123,7 +129,25 @@ def first_run(ws) -> dict:
     seen["killed_sft_versions"] = mlflow_client(ws).search_model_versions("name = 'rlhf-sft'")
     seen["rerun"] = run_cli(ws, "run", timeout=1500)  # the rest of SFT and every other stage of the preset
     seen["statuses"] = stage_statuses(ws)
+    seen["cold_parent"] = newest_pipeline_run(ws).info.run_id
+    seen["complete"] = {stage: [r.info.run_id for r in stage_runs(ws, stage) if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+                        for stage in ("sft", "rm", "prm", "rl", "dpo", "eval")}
+    seen["sft_runs_before_cached"] = len(stage_runs(ws, "sft"))
+    seen["cached"] = run_cli(ws, "run")
+    seen["cached_statuses"] = stage_statuses(ws)
+    seen["cached_parent"] = newest_pipeline_run(ws).info.run_id
+    seen["sft_runs_after_cached"] = len(stage_runs(ws, "sft"))
     return seen
+
+
+def made(ws, first_run, stage: str):
+    """The one complete run of `stage` the first run made."""
+    (run_id,) = first_run["complete"][stage]
+    return mlflow_client(ws).get_run(run_id)
+
+
+def versions_of(ws, name: str, run) -> list:
+    return mlflow_client(ws).search_model_versions(f"name = '{name}' and run_id = '{run.info.run_id}'")
 
 
 def test_killed_during_sft_then_resumed(first_run):
@@ -143,36 +167,27 @@ def test_killed_during_sft_then_resumed(first_run):
                                      "dpo": "ran", "lora_merge": "skipped", "eval": "ran"}
 
 
-@pytest.fixture(scope="module")
-def cached_rerun(ws, first_run) -> dict:
-    """The same `rlhf run` again, once per module."""
-    sft_runs = len(stage_runs(ws, "sft"))
-    return {"sft_runs_before": sft_runs, "result": run_cli(ws, "run")}
-
-
 def test_sft_beats_base_on_held_out_accuracy(ws, first_run):
-    (eval_run,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    eval_run = made(ws, first_run, "eval")
     base, sft = eval_run.data.metrics["base/accuracy"], eval_run.data.metrics["sft/accuracy"]
     print(f"held-out accuracy: base {base:.3f}, sft {sft:.3f}")
     assert sft >= base + 0.2
 
 
 def test_grpo_beats_sft_on_sampled_held_out_accuracy(ws, first_run):
-    (eval_run,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
-    m = eval_run.data.metrics
+    m = made(ws, first_run, "eval").data.metrics
     print("held-out accuracy (greedy / sampled at T=1): "
           + ", ".join(f"{k} {m[f'{k}/accuracy']:.3f} / {m[f'{k}/sampled_accuracy']:.3f}" for k in ("base", "sft", "rl")))
     assert m["rl/sampled_accuracy"] >= m["sft/sampled_accuracy"] + 0.10
     assert m["rl/accuracy"] >= m["sft/accuracy"] - 0.05  # sharpening the samples does not cost greedy accuracy
-    (rl_run,) = [r for r in stage_runs(ws, "rl") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    rl_run = made(ws, first_run, "rl")
     history = mlflow_client(ws).get_metric_history(rl_run.info.run_id, "train/reward")
     assert sorted(m.step for m in history) == list(range(1, 31))  # one point per rollout step of the preset
 
 
 def test_dpo_beats_sft_on_sampled_held_out_accuracy_and_reports_reward_accuracy(ws, first_run):
-    (eval_run,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
-    m = eval_run.data.metrics
-    (dpo_run,) = [r for r in stage_runs(ws, "dpo") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    m = made(ws, first_run, "eval").data.metrics
+    dpo_run = made(ws, first_run, "dpo")
     d = dpo_run.data.metrics
     print(f"dpo: held-out accuracy greedy {m['dpo/accuracy']:.3f} / sampled {m['dpo/sampled_accuracy']:.3f} "
           f"(sft {m['sft/accuracy']:.3f} / {m['sft/sampled_accuracy']:.3f}); eval reward accuracy {d['eval/reward_accuracy']:.3f}, "
@@ -181,8 +196,50 @@ def test_dpo_beats_sft_on_sampled_held_out_accuracy_and_reports_reward_accuracy(
     assert m["dpo/accuracy"] >= m["sft/accuracy"] - 0.05
     assert d["eval/reward_accuracy"] >= 0.9 and d["eval/margin"] > 0
     assert {"eval/reward_accuracy", "eval/chosen_reward", "eval/rejected_reward", "train/margin"} <= set(d)
-    (version,) = mlflow_client(ws).search_model_versions("name = 'rlhf-dpo'")
-    assert version.run_id == dpo_run.info.run_id
+    assert len(versions_of(ws, "rlhf-dpo", dpo_run)) == 1
+
+
+# PPO (critic, GAE, the KL penalty in the reward) scored by the pipeline's own PRM, per step (min of its step scores)
+PPO_ON_THE_PRM = ("reward.source=prm", "rl.algorithm.advantage_estimator=gae", "rl.algorithm.use_kl_loss=false",
+                  "rl.algorithm.init_kl_coef=0.05", "rl.algorithm.kl_estimator=k1", "rl.max_steps=9", "rl.eval_every=9",
+                  "eval.samples_per_prompt=0")
+
+
+def test_ppo_with_the_pipelines_prm_raises_the_reward_with_bounded_kl(ws, first_run):
+    """`--only rl` with the PRM as the reward source: RL runs on the cached SFT policy and the cached PRM (the
+    reward model is not needed, so it is not asked for), and PPO raises the PRM's reward."""
+    result = run_cli(ws, "run", "--only", "rl", *PPO_ON_THE_PRM)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "prm": "cached", "rl": "ran"}
+    client = mlflow_client(ws)
+    (run,) = [r for r in stage_runs(ws, "rl") if r.data.params.get("reward.source") == "prm"
+              and r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    assert made(ws, first_run, "prm").info.run_id in run.data.tags[store.TAG_INPUT_PREFIX + "prm"]
+    reward = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "train/reward"), key=lambda m: m.step)]
+    kl = [m.value for m in client.get_metric_history(run.info.run_id, "train/kl")]
+    first, last = sum(reward[:3]) / 3, sum(reward[-3:]) / 3
+    print(f"PPO with the PRM: mean reward, first 3 steps {first:.3f}, last 3 steps {last:.3f}; max KL {max(kl):.4f}")
+    assert len(reward) == 9 and last > first
+    assert max(kl) < 0.2
+
+
+def test_iterative_dpo_samples_better_answers_round_by_round(ws, first_run):
+    """`--only dpo` with three rounds of 25 steps: each round samples 4 answers to 128 prompts from the current
+    policy, ranks them by the rule reward and trains on best-vs-worst pairs. The share of correct answers in the
+    policy's own samples rises round by round (a 6-round run read 0.58, 0.69, 0.76, 0.78, 0.84, 0.86:
+    docs/benchmarks.md); 512 answers a round put the standard error of a difference near 0.03."""
+    result = run_cli(ws, "run", "--only", "dpo", "dpo.iterative.rounds=3", "dpo.max_steps=75",
+                     "dpo.iterative.prompts_per_round=128")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "dpo": "ran"}
+    assert "[dpo] round 3/3: 128 prompts x 4 samples" in result.stdout
+    (online,) = [r for r in stage_runs(ws, "dpo") if r.data.params["dpo.iterative.rounds"] == "3"
+                 and r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    rounds = sorted(mlflow_client(ws).get_metric_history(online.info.run_id, "round/reward_mean"), key=lambda m: m.step)
+    print("iterative DPO, the policy's own samples' reward by round: " + ", ".join(f"{m.value:.3f}" for m in rounds))
+    assert [m.step for m in rounds] == [0, 25, 50]
+    assert rounds[-1].value >= rounds[0].value + 0.08
+    assert len(versions_of(ws, "rlhf-dpo", online)) == 1
 
 
 def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, first_run, tmp_path, monkeypatch):
@@ -190,7 +247,7 @@ def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, first_run
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # the registry follows it
     exp = client.get_experiment_by_name("rlhf-pipeline")
     parents = client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'")
-    (sft_run,) = [r for r in stage_runs(ws, "sft") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    sft_run = made(ws, first_run, "sft")
     assert sft_run.data.tags[store.TAG_PARENT] in {p.info.run_id for p in parents}
     assert float(sft_run.data.params["sft.lr"]) == 2e-3
     assert sft_run.data.tags[store.TAG_INPUT_PREFIX + "base_model"].startswith("runs:/")
@@ -199,7 +256,7 @@ def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, first_run
     assert [a.path for a in client.list_artifacts(sft_run.info.run_id)] == ["sft_model"]
     # the stage function's own span (in a Ray worker for SFT, the driver for RL) lies inside its run (the
     # rest is orchestration) and is logged as a metric
-    rl_run = next(r for r in stage_runs(ws, "rl") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE)
+    rl_run = made(ws, first_run, "rl")
     for run in (sft_run, rl_run):
         start, end = map(float, run.data.tags[store.TAG_COMPUTE_SPAN].split())
         assert run.info.start_time / 1000 < start < end < run.info.end_time / 1000
@@ -208,10 +265,10 @@ def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, first_run
     (version,) = client.search_model_versions("name = 'rlhf-sft'")
     assert version.run_id == sft_run.info.run_id
     assert version.tags["rlhf.eval.verdict"] == "no contest: the only version scored on reward"  # one version: no champion
-    eval_run = next(r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE)
+    eval_run = made(ws, first_run, "eval")
     assert {a.path for a in client.list_artifacts(eval_run.info.run_id, "plots")} == {"plots/eval_by_model.png"}
     assert {a.path for a in client.list_artifacts(rl_run.info.run_id, "plots")} == {"plots/rl_curves.png"}
-    first = next(p for p in parents if p.data.tags.get("stage.sft", "").startswith("ran"))
+    first = client.get_run(first_run["cold_parent"])
     assert_the_ui_views(client, exp.experiment_id, first, sft_run, eval_run, version)
     summary = client.download_artifacts(first.info.run_id, "summary.md", str(tmp_path))
     assert re.search(r"^\| sft \| ran \| .* \| data_prep \|$", open(summary).read(), re.M)  # lineage: sft read data_prep's outputs
@@ -251,31 +308,29 @@ def assert_the_ui_views(client, experiment_id, parent, sft_run, eval_run, versio
     assert len({frozenset(r.data.metrics) for r in children}) == 1
 
 
-def test_identical_rerun_is_all_cached_and_trains_nothing(ws, cached_rerun):
-    result = cached_rerun["result"]
+def test_identical_rerun_is_all_cached_and_trains_nothing(ws, first_run):
+    result = first_run["cached"]
     assert result.returncode == 0, result.stderr[-3000:]
-    statuses = stage_statuses(ws)
+    statuses = dict(first_run["cached_statuses"])
     assert statuses.pop("lora_merge") == "skipped" and set(statuses.values()) == {"cached"}
     assert "[sft] step" not in result.stdout and "[ray] connected" not in result.stdout
-    assert len(stage_runs(ws, "sft")) == cached_rerun["sft_runs_before"]
+    assert first_run["sft_runs_after_cached"] == first_run["sft_runs_before_cached"]
     # in the MLflow UI: named so, with a child run per stage it reused and the same headline metrics
     client = mlflow_client(ws)
     exp = client.get_experiment_by_name("rlhf-pipeline")
-    newest, *older = client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'", order_by=["attributes.start_time DESC"])
+    newest = client.get_run(first_run["cached_parent"])
     assert newest.info.run_name == "tiny · all cached"
     reused = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{newest.info.run_id}'")
     assert sorted(r.info.run_name for r in reused) == sorted(f"{s} · cached" for s in statuses)
-    cold = next(p for p in older if p.data.tags.get("stage.sft", "").startswith("ran"))  # the run that made them
+    cold = client.get_run(first_run["cold_parent"])  # the run that made them
     assert newest.data.metrics == cold.data.metrics
 
 
 def test_reward_models_are_accurate_and_registered(ws, first_run):
-    client = mlflow_client(ws)
     runs = {}
     for name, stage in (("rlhf-reward", "rm"), ("rlhf-prm", "prm")):
-        (version,) = client.search_model_versions(f"name = '{name}'")
-        (runs[stage],) = [r for r in stage_runs(ws, stage) if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
-        assert version.run_id == runs[stage].info.run_id
+        runs[stage] = made(ws, first_run, stage)
+        assert len(versions_of(ws, name, runs[stage])) == 1
     rm, prm = runs["rm"].data.metrics, runs["prm"].data.metrics
     assert "eval/accuracy" in rm and "eval/margin" in rm and "eval/step_accuracy" in prm
     print(f"rm eval pairwise accuracy {rm['eval/accuracy']:.3f}, prm eval step accuracy {prm['eval/step_accuracy']:.3f}")
@@ -286,35 +341,37 @@ def test_force_reruns_the_stage_and_its_consumers_follow(ws, first_run):
     """Nothing changed, but `--force dpo` reruns DPO; eval consumes its new checkpoint, so its fingerprint
     changes and it reruns too, scoring only the new DPO checkpoint (the other models' scores are the first
     eval's, per model: flows/eval_reuse.py); everything else stays cached."""
-    (first_eval,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    first_eval = made(ws, first_run, "eval")
+    versions = len(mlflow_client(ws).search_model_versions("name = 'rlhf-dpo'"))
+    evals_before = {r.info.run_id for r in stage_runs(ws, "eval")}
     result = run_cli(ws, "run", "--force", "dpo")
     assert result.returncode == 0, result.stderr[-3000:]
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "cached", "prm": "cached", "rl": "cached",
                                   "dpo": "ran", "lora_merge": "skipped", "eval": "ran"}
-    assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-dpo'")) == 2  # offline, forced
+    assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-dpo'")) == versions + 1  # the forced one
     for model in ("base", "sft", "rl"):
         assert f"[eval] {model}: scores of MLflow run {first_eval.info.run_id} reused" in result.stdout
     assert "[eval] dpo: scores of" not in result.stdout
     (second_eval,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE
-                      and r.info.run_id != first_eval.info.run_id]
+                      and r.info.run_id not in evals_before]
     assert second_eval.data.tags["rlhf.eval.reused.sft"] == first_eval.info.run_id
     for key in ("sft/accuracy", "sft/sampled_accuracy", "rl/sampled_accuracy"):
         assert second_eval.data.metrics[key] == first_eval.data.metrics[key]
 
 
-def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws, cached_rerun):
+def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws, first_run):
     client = mlflow_client(ws)
     exp = client.get_experiment_by_name("rlhf-pipeline")
     parents = client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'", order_by=["attributes.start_time DESC"])
     listed = run_cli(ws, "runs", "--limit", "50")
     assert listed.returncode == 0, listed.stderr
     assert all(p.info.run_id in listed.stdout for p in parents)
-    newest, oldest = parents[0].info.run_id, parents[-1].info.run_id
-    compared = run_cli(ws, "compare", oldest, newest)
+    cold, cached = first_run["cold_parent"], first_run["cached_parent"]
+    compared = run_cli(ws, "compare", cold, cached)
     assert compared.returncode == 0, compared.stderr
     assert "sft: eval/loss" in compared.stdout and "eval sft/accuracy" in compared.stdout
     # the terminal and the UI's compare view show the same numbers: the pipeline runs' headline metrics
-    assert f"{parents[0].data.metrics['sft/eval/loss']:.4g} (cached)" in compared.stdout
+    assert f"{client.get_run(cached).data.metrics['sft/eval/loss']:.4g} (cached)" in compared.stdout
     assert "(cached)" in compared.stdout and "(ran)" in compared.stdout
     missing = run_cli(ws, "compare", "not-a-run")
     assert missing.returncode == 2 and missing.stderr.strip() == f"error: run not-a-run: no such MLflow run in {client.tracking_uri}"
@@ -406,10 +463,7 @@ def store_contents(ws) -> tuple[int, int]:
 def test_a_served_run_with_a_bad_reward_file_fails_at_once_and_runs_nothing(ws, served):
     """A deployment's flow run makes the checks `rlhf run` makes before its first stage: a reward file that is
     not there ends it Failed within seconds, its state message and logs holding the one line `rlhf run`
-    prints, with no stage task submitted and nothing written to MLflow. (Before the prefect.yaml part of the
-    next test, which moves the deployments to a work pool.)"""
-    with served.client() as client:
-        assert client.read_deployment_by_name("rlhf-pipeline/full").work_pool_name is None, "run after `prefect deploy`"
+    prints, with no stage task submitted and nothing written to MLflow."""
     before = store_contents(ws)
     started = time.monotonic()
     result = served.deployment_run("full", 'overrides=["reward.func_path=missing.py"]')
@@ -440,18 +494,6 @@ def test_served_deployments_run_the_pipeline_and_one_stage(ws, first_run, served
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "ran"}
     (rm,) = [r for r in stage_runs(ws, "rm") if r.data.params.get("rm.max_steps") == "15"]
     assert rm.data.tags.get(store.TAG_STATUS) == store.COMPLETE
-
-    # prefect.yaml: the same two deployments, registered on a work pool for `prefect worker start --pool rlhf`
-    root = Path(__file__).resolve().parents[2]
-    for command in (["work-pool", "create", "rlhf", "--type", "process"], ["deploy", "--all"]):
-        done = subprocess.run([PREFECT, *command], cwd=root, env=served.env | {"PREFECT_API_URL": served.api},
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    with served.client() as client:
-        for name in ("full", "stage"):
-            deployment = client.read_deployment_by_name(f"rlhf-pipeline/{name}")
-            assert deployment.work_pool_name == "rlhf", deployment
-            assert str(root) in str(deployment.pull_steps), deployment.pull_steps
 
 
 # --- faults ----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Prefect's temporary server as `rlhf run` starts it (flows/prefect_server.py): a signal to the run's process
-group does not reach it, and it does not outlive the run."""
+group does not reach it, and it does not outlive the run. prefect.yaml registers the two deployments on a
+work pool."""
 
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ from pathlib import Path
 
 import httpx
 import psutil
+from prefect.client.orchestration import get_client
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from tests.flow.conftest import cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
+PREFECT = str(Path(sys.executable).parent / "prefect")
 
 # a stand-in for the CLI: starts the server, then ignores SIGTERM as `rlhf run` stops in order for it
 STARTER = """
@@ -49,3 +55,17 @@ def test_the_server_outlives_a_sigterm_to_the_runs_group_and_stops_when_the_run_
     finally:
         starter.kill()
         starter.wait()
+
+
+def test_prefect_yaml_registers_both_deployments_on_the_work_pool(prefect_server, tmp_path):
+    """prefect.yaml's commands, as its header gives them: the same two deployments `rlhf serve` serves,
+    registered on the `rlhf` work pool for `prefect worker start --pool rlhf`, run from this folder."""
+    env = cli_env(tmp_path) | {"PREFECT_API_URL": prefect_server}
+    for command in (["work-pool", "create", "rlhf", "--type", "process", "--overwrite"], ["deploy", "--all"]):
+        done = subprocess.run([PREFECT, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with temporary_settings({PREFECT_API_URL: prefect_server}), get_client(sync_client=True) as client:
+        for name in ("full", "stage"):
+            deployment = client.read_deployment_by_name(f"rlhf-pipeline/{name}")
+            assert deployment.work_pool_name == "rlhf", deployment
+            assert str(ROOT) in str(deployment.pull_steps), deployment.pull_steps

@@ -193,6 +193,21 @@ def test_reinforce_with_dense_process_rewards(prepared, tmp_path):
     assert result.outputs["rl_model"].is_dir()
 
 
+def test_reference_and_reward_groups_of_two_workers_match_one_worker(prepared, length_reward, tmp_path):
+    """rl.placement.ref_num_workers / reward_num_workers = 2: each copy scores half of every rollout (and of the
+    held-out evals); the step's reward, lengths and KL are those of one copy scoring it all."""
+    # one CPU per bundle, so the colocated pool of two bundles fits the 2-CPU cluster in both runs
+    args = ["rl.algorithm.advantage_estimator=group_norm", f"reward.func_path={length_reward}", "rl.max_steps=1",
+            "infra.cpus_per_worker=1", "rl.algorithm.use_kl_loss=true", "rl.algorithm.kl_estimator=k3"]
+    _, single = run_rl(prepared, tmp_path / "one", args)
+    _, sharded = run_rl(prepared, tmp_path / "two", [*args, "rl.placement.ref_num_workers=2", "rl.placement.reward_num_workers=2"])
+    (one,), (two,) = ([m for _, m in logged if "train/reward" in m] for logged in (single, sharded))
+    assert two["train/reward"] == one["train/reward"] and two["train/response_length"] == one["train/response_length"]  # same samples, same scores
+    assert two["train/kl"] == pytest.approx(one["train/kl"], rel=1e-4, abs=1e-7)  # each reference copy scored half the rollout
+    evals = [[m["eval/reward"] for _, m in logged if "eval/reward" in m] for logged in (single, sharded)]
+    assert evals[0] == evals[1] and len(evals[0]) == 2  # held-out evals before and after, scored in two shares
+
+
 def test_weight_sync_through_the_object_store_gives_the_broadcast_run(grpo, grpo_args, prepared, tmp_path, capsys):
     """rl.rollout.weight_sync decides only how the engine gets the policy's weights: whole state dicts through the
     object store give the module's GRPO run (parameter-by-parameter broadcast over a gloo group) step for
