@@ -11,3 +11,22 @@ import sys
 
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+
+
+# The longest files, started first when the README's command runs two at once (`-n 2 --dist loadfile`):
+# one begun last would run on alone after every other file is done. After pytest-randomly's shuffle; the
+# order within each file, and of every other file, stays random.
+LONGEST_FIRST = (
+    "tests/flow/test_pipeline_e2e.py",
+    "tests/flow/test_cluster.py",
+    "tests/flow/test_openrlhf_scripts_run.py",
+    "tests/flow/test_multi_rank.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        path = item.nodeid.split("::")[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: what pytest-randomly shuffled stays shuffled within each rank
