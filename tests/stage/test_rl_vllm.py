@@ -35,6 +35,15 @@ def engine(prepared, vllm_python):
     ray.kill(actor)
 
 
+@pytest.fixture
+def base_weights_after(engine, prepared):
+    """For a test that loads other weights into the module's engine: the base model's go back after it, so
+    the tests that compare the engine with the base model pass in any order."""
+    yield
+    base = AutoModelForCausalLM.from_pretrained(prepared["base_model"])
+    ray.get(engine.load_weights.remote(base.state_dict()))
+
+
 def hf_log_probs(model, sample) -> list[float]:
     ids = torch.tensor([sample.prompt_ids + sample.response_ids])
     with torch.no_grad():
@@ -69,7 +78,7 @@ def test_samples_carry_the_policy_log_probs_and_do_not_depend_on_the_batch(engin
         assert out[0, len(s.prompt_ids) :].tolist()[: len(s.response_ids)] == s.response_ids
 
 
-def test_weight_sync_replaces_the_engine_policy(engine, prepared):
+def test_weight_sync_replaces_the_engine_policy(engine, prepared, base_weights_after):
     model = AutoModelForCausalLM.from_pretrained(prepared["base_model"]).eval()
     torch.manual_seed(0)
     with torch.no_grad():
@@ -82,7 +91,7 @@ def test_weight_sync_replaces_the_engine_policy(engine, prepared):
     assert max_gap(model, after) < 1e-4
 
 
-def test_weights_broadcast_parameter_by_parameter_replace_the_engine_policy(engine, prepared):
+def test_weights_broadcast_parameter_by_parameter_replace_the_engine_policy(engine, prepared, base_weights_after):
     """The engine's worker joins a gloo group with a sender (here this process, as the policy's rank 0 does)
     and takes each checkpoint tensor as it arrives."""
     from stages.common.dist_env import free_port
