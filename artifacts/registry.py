@@ -31,7 +31,10 @@ MODEL_TYPE = "rlhf-checkpoint"
 POLICY_IO = ([{"type": "string", "name": "prompt"}], [{"type": "string", "name": "response"}])
 SIGNATURES = {"reward_model": ([{"type": "string", "name": "text"}], [{"type": "double", "name": "reward"}]),
               "prm": ([{"type": "string", "name": "text"}],
-                      [{"type": "array", "items": {"type": "double"}, "name": "step_rewards"}])}
+                      [{"type": "array", "items": {"type": "double"}, "name": "step_rewards"}]),
+              # RL's critic: a value per token (AutoModelForTokenClassification), the last one as a reward model reads it
+              "critic_model": ([{"type": "string", "name": "text"}],
+                               [{"type": "array", "items": {"type": "double"}, "name": "values"}])}
 PLAIN_CHECKPOINT = ("config.json", "adapter_config.json")  # a folder that is one checkpoint (merged_models is several)
 
 

@@ -20,6 +20,7 @@ from configs.openrlhf_script import FlagUse, TrainerCall
 from configs.openrlhf_values import (
     BadValue,
     Choice,
+    CriticStart,
     Factor,
     Listed,
     NotMapped,
@@ -34,7 +35,7 @@ from configs.openrlhf_values import (
 )
 from configs.schema import PipelineConfig
 
-TEXTUAL = (Text, Words, RewardModel, RewardUrl)  # kinds whose values may hold a `$VAR` the shell fills in
+TEXTUAL = (Text, Words, RewardModel, RewardUrl, CriticStart)  # kinds whose values may hold a `$VAR` the shell fills in
 COPIED = ("paths", "probs", "split", "max_samples", "apply_chat_template", "input_template")  # what a derived dataset shares
 OPENRLHF_LENGTHS = {"data.max_len": 2048, "rl.rollout.prompt_max_len": 1024, "rl.rollout.generate_max_len": 1024}
 
@@ -149,6 +150,7 @@ def convert(call: TrainerCall, origin: str) -> Conversion:
     openrlhf_defaults(c, used)
     if c.trainer.name == PPO:
         rollout_lengths(c)
+        critic_start(c)
     datasets(c)
     c.set("infra.gpus_per_worker", 1, "OpenRLHF trains on GPUs: one per rank", "default")
     resolve_conflicts(c)
@@ -303,6 +305,39 @@ def rollout_lengths(c: Conversion) -> None:
                 c.set(key, total, f"from {source}: OpenRLHF gives a response what its prompt leaves of it", "derived")
     elif isinstance(prompt, int) and isinstance(response, int):
         c.set("data.max_len", prompt + response, f"from {source}: a row holds a prompt and its response", "derived")
+
+
+def critic_start(c: Conversion) -> None:
+    """Where PPO's critic starts. OpenRLHF's `--critic_pretrain` is a path: the policy's model or the pinned reward
+    model become rl.critic.init_from `sft` / `reward_model`. Without it OpenRLHF starts a gae critic from the first
+    reward model, unless the reward is remote (or an agent's), and from the policy's model then; the schema's
+    default is `sft`, so OpenRLHF's is written. Estimators without a critic ignore the critic's flags."""
+    estimator = c.value("rl.algorithm.advantage_estimator")
+    if estimator != "gae":
+        c.settings.pop("rl.critic.init_path", None)  # the same flag as init_from's: listed once
+        for key in ("rl.critic.init_from", "rl.critic.save_value_network"):
+            if key in c.settings:
+                c.drop(key, f"OpenRLHF ignores it: advantage_estimator {estimator} trains no critic")
+        return
+    path, pinned_rm = c.value("rl.critic.init_path"), c.value("inputs.reward_model")
+    if path is not None:
+        named = {c.value("model.name_or_path"): ("sft", "the policy's model"),
+                 pinned_rm: ("reward_model", "the reward model, pinned as inputs.reward_model")}
+        if path in named:
+            use = c.settings.pop("rl.critic.init_path").use
+            value, what = named[path]
+            c.set("rl.critic.init_from", value, f"{use.shown() if use else '--critic.model_name_or_path'}: {what}", use=use)
+        return
+    rm_paths = c.value("reward.rm_paths")
+    if c.value("reward.source") != "rm" or "rl.agent.path" in c.settings or not (pinned_rm or rm_paths):
+        return
+    flag = "--critic.model_name_or_path" if "nested" in c.generation else "--critic_pretrain"
+    why = f"OpenRLHF's default (no {flag}): the critic starts from the reward model"
+    if pinned_rm is not None:
+        c.set("rl.critic.init_from", "reward_model", why, "default")
+    elif isinstance(rm_paths, list):
+        c.set("rl.critic.init_from", "path", why.replace("the reward model", "the first reward model"), "default")
+        c.set("rl.critic.init_path", rm_paths[0], "", "default")
 
 
 def datasets(c: Conversion) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from configs.openrlhf_values import (
     Choice,
+    CriticStart,
     Factor,
     Listed,
     Number,
@@ -262,12 +263,14 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--colocate_actor_ref", "--train.colocate_actor_ref"), (PPO,), ("rl.placement.colocate_actor_ref",), Switch()),
         Flag(("--colocate_critic_reward", "--train.colocate_critic_reward"), (PPO,), ("rl.placement.colocate_critic_reward",), Switch()),
         Flag(("--colocate_all_models", "--train.colocate_all"), (PPO,), ("rl.placement.colocate_all",), Switch()),
-        Flag(("--critic_pretrain", "--critic.model_name_or_path"), (PPO,),
-             why="the critic starts from the SFT policy with a fresh value head"),
+        Flag(("--critic_pretrain", "--critic.model_name_or_path"), (PPO,), ("rl.critic.init_from", "rl.critic.init_path"),
+             CriticStart(), why="a reward model's backbone and value head; without the flag OpenRLHF starts a gae critic "
+                                "from the reward model, ours from the SFT model: the converter writes OpenRLHF's"),
         Flag(("--ref_reward_offload", "--ref.offload", "--reward.offload"), (PPO,), why="no counterpart yet: no offloading of frozen models"),
         Flag(("--actor_init_on_gpu",), (PPO,), why=NOT_YET),
         Flag(("--deepspeed_enable_sleep", "--ds.enable_sleep"), (PPO,), why=NO_SLEEP),
-        Flag(("--save_value_network", "--critic.save_value_network"), (PPO,), why="no counterpart yet: the critic is not kept"),
+        Flag(("--save_value_network", "--critic.save_value_network"), (PPO,), ("rl.critic.save_value_network",), Switch(),
+             why="the rl stage's critic_model output"),
         Flag(("--freezing_actor_steps", "--critic.freezing_steps"), (PPO,), ("rl.critic.freezing_steps",), Number(integer=True)),
         Flag(("--freeze_visual_encoder", "--actor.freeze_visual_encoder"), (PPO,), why=NO_VLM),
     )),

@@ -245,6 +245,19 @@ class RewardModel(Value):
 
 
 @dataclass(frozen=True)
+class CriticStart(Value):
+    """`--critic_pretrain PATH`: a checkpoint to start the critic from; the converter names the SFT model and the
+    pipeline's reward model as such when the path is theirs (configs/openrlhf_convert.py, `critic_start`)."""
+
+    def described(self) -> str:
+        return ("the policy's model: init_from `sft`; the pinned reward model: `reward_model`; another checkpoint: "
+                "`path`, with init_path")
+
+    def convert(self, words: tuple[str, ...]) -> object:
+        return {"rl.critic.init_from": "path", "rl.critic.init_path": self.one(words, "a model path")}
+
+
+@dataclass(frozen=True)
 class RewardUrl(Value):
     """`--remote_rm_url`: an http(s) URL is a reward server; a file path is a reward function file."""
 

@@ -462,10 +462,39 @@ class RLModelConfig(OptimConfig):
 
 
 class CriticConfig(RLModelConfig):
-    """The critic (advantage_estimator: gae): an RL model that may train alone first."""
+    """The critic (advantage_estimator: gae): an RL model that may train alone first, start from a reward model
+    and be kept."""
 
     freezing_steps: int = Field(0, ge=0, description="the first this many RL steps train the critic only, the policy "
                                                      "left as it is (OpenRLHF's --critic.freezing_steps)")
+    init_from: Literal["sft", "reward_model", "path"] = Field(
+        "sft", description="where the critic starts (OpenRLHF's --critic.model_name_or_path): sft, the SFT policy's "
+                           "backbone with a fresh value head; reward_model, the pipeline's reward model (the rm stage's, or "
+                           "inputs.reward_model), backbone and value head; path, the reward model at init_path. OpenRLHF "
+                           "starts a PPO critic from its reward model when it scores with one; `rlhf from-openrlhf` writes that")
+    init_path: str | None = Field(None, description="init_from: path: a reward-model checkpoint (an HF backbone with a "
+                                                    "linear <value_head_prefix>.weight head, as the rm stage writes) with "
+                                                    "the policy's tokenizer")
+    save_value_network: bool = Field(False, description="keep the trained critic: the rl stage's critic_model output, an "
+                                                        "HF checkpoint of its backbone and value head, registered as "
+                                                        "rlhf-critic (OpenRLHF's --critic.save_value_network)")
+
+    @model_validator(mode="after")
+    def _start_and_save(self) -> CriticConfig:
+        if (self.init_from == "path") != (self.init_path is not None):
+            raise ValueError("rl.critic.init_path names the critic's starting checkpoint exactly when rl.critic.init_from: "
+                             "path (set both, or neither)")
+        if self.save_value_network and self.lora.load_in_4bit:
+            raise ValueError("rl.critic.save_value_network saves the critic with its adapters merged, which a 4-bit base "
+                             "(rl.critic.lora.load_in_4bit) cannot take: set one of them off")
+        return self
+
+    @property
+    def keys_in_use(self) -> list[str]:
+        """The keys set that act on a critic only (a config without one must leave them alone)."""
+        keys = {"freezing_steps": self.freezing_steps, "init_from": self.init_from != "sft",
+                "save_value_network": self.save_value_network}
+        return [f"rl.critic.{key}" for key, on in keys.items() if on]
 
 
 CPU_KV_CACHE_MIB = 512  # vLLM on CPU would otherwise reserve most of the RAM
@@ -719,9 +748,10 @@ class RLConfig(Section):
                              "agent (rl.agent.path) steps its environment between turns: set one of them off")
         if self.critic.aux_loss_coef:
             raise ValueError("rl.critic.aux_loss_coef: the value loss takes no router loss; set rl.actor.aux_loss_coef")
-        if self.critic.freezing_steps and not algorithm.needs_critic:
-            raise ValueError(f"rl.critic.freezing_steps={self.critic.freezing_steps} warms up a critic, and "
-                             f"advantage_estimator={algorithm.advantage_estimator} has none; use gae or set it to 0")
+        if self.critic.keys_in_use and not algorithm.needs_critic:
+            key = self.critic.keys_in_use[0]
+            raise ValueError(f"{key} acts on the critic, and advantage_estimator={algorithm.advantage_estimator} has none; "
+                             f"use gae or leave {key} at its default")
         if algorithm.overlong_buffer_len >= rollout.generate_max_len:
             raise ValueError("rl.algorithm.overlong_buffer_len must be smaller than rl.rollout.generate_max_len")
         return self
@@ -829,6 +859,10 @@ class PipelineConfig(Section):
         if self.csft.enabled and not self.reward.rm_paths and not pinned:
             raise ValueError("csft.enabled scores the SFT data with the RM the rm stage trains on preference pairs, and "
                              "data.preference.unpaired gives none: set reward.rm_paths or inputs.reward_model")
+        if self.rl.critic.init_from == "reward_model" and not pinned:
+            raise ValueError("rl.critic.init_from=reward_model starts the critic from the RM the rm stage trains on "
+                             "preference pairs, and data.preference.unpaired gives none: set inputs.reward_model, or "
+                             "rl.critic.init_from: path with rl.critic.init_path, or rl.critic.init_from: sft")
         return self
 
     @model_validator(mode="after")

@@ -154,7 +154,7 @@ def stage_plan(cfg: PipelineConfig) -> dict[str, str]:
         if not spec.asked_for(cfg):
             plan[spec.name] = f"off: {spec.off_because}"
         elif dag.pinned_away(spec, cfg):
-            pins = ", ".join(f"inputs.{a}" for a in spec.outputs)
+            pins = ", ".join(f"inputs.{a}" for a in spec.outputs if a not in spec.requested_outputs)
             plan[spec.name] = f"off: {pins} stands in for its output"
         elif missing:
             plan[spec.name] = "off: " + "; ".join(MISSING.get(a, f"no {a} (its stage is off)") for a in missing)

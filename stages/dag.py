@@ -28,6 +28,9 @@ class StageSpec:
     distributed: bool = False  # a DeepSpeed stage: runs on infra.num_workers workers
     register: tuple[str, ...] = ()  # outputs registered as MLflow models
     optional_outputs: tuple[str, ...] = ()  # may be absent (e.g. no PRM data); consumers are then skipped
+    # optional outputs made only when the config asks for them (rl's critic_model): pins of the stage's other
+    # outputs pin it away
+    requested_outputs: tuple[str, ...] = ()
     local_sources: tuple[str, ...] = ()  # config keys naming local files whose content the result depends on
     # inputs consumed only when the config asks for them (e.g. the pipeline's own RM as the RL reward)
     input_when: dict[str, Callable] = field(default_factory=dict)
@@ -76,6 +79,15 @@ def paired_preferences(cfg) -> bool:
 def scored_by_reward(cfg) -> bool:
     """RL's rollouts are scored by the reward section, not played as an agent's episodes (which give their own)."""
     return not cfg.rl.agent.path
+
+
+def critic_from_reward_model(cfg) -> bool:
+    """RL's critic starts from the pipeline's reward model (rl.critic.init_from)."""
+    return cfg.rl.critic.init_from == "reward_model"
+
+
+def either(first: Callable, second: Callable) -> Callable:
+    return lambda cfg: first(cfg) or second(cfg)
 
 
 def iterative_dpo(cfg) -> bool:
@@ -194,16 +206,20 @@ STAGES: tuple[StageSpec, ...] = (
         entrypoint="runtime.rl_driver:run",
         plots_eval_series=True,
         inputs=("sft_model", "prompts", "eval_data", *REWARD_MODELS),
-        input_when={a: both(scored_by_reward, uses) for a, uses in SCORES_WITH.items()},
-        outputs=("rl_model",),
+        input_when={a: both(scored_by_reward, uses) for a, uses in SCORES_WITH.items()}
+        | {"reward_model": either(both(scored_by_reward, SCORES_WITH["reward_model"]), critic_from_reward_model)},
+        outputs=("rl_model", "critic_model"),
+        optional_outputs=("critic_model",),
+        requested_outputs=("critic_model",),  # rl.critic.save_value_network
         config_keys=("seed", "model.attn_implementation", "rl", "reward", "prm.step_separator", *RL_EVAL_KEYS,
                      "infra.zero_stage", "infra.precision"),
-        local_sources=REWARD_FILES,
+        local_sources=(*REWARD_FILES, "rl.critic.init_path"),
         config_when=dict.fromkeys(("reward", "prm.step_separator", *REWARD_FILES), scored_by_reward),
         key_metric="eval/reward",
-        summary="the RL policy: the SFT model trained on its own samples, scored by the reward section's source",
+        summary="the RL policy: the SFT model trained on its own samples, scored by the reward section's source "
+                "(and with rl.critic.save_value_network its critic)",
         driver=True,
-        register=("rl_model",),
+        register=("rl_model", "critic_model"),
     ),
     StageSpec(
         name="dpo",
@@ -323,8 +339,9 @@ def needed_by(names: set[str] | list[str], cfg) -> set[str]:
 
 
 def pinned_away(spec: StageSpec, cfg) -> bool:
-    """Every output of the stage is pinned to an existing artifact: it need not run."""
-    return set(spec.outputs) <= set(cfg.inputs)
+    """Every output of the stage is pinned to an existing artifact: it need not run (what it makes only on
+    request, `requested_outputs`, goes unmade)."""
+    return set(spec.outputs) - set(spec.requested_outputs) <= set(cfg.inputs)
 
 
 def runs(spec: StageSpec, cfg, only: Sequence[str] = ()) -> bool:

@@ -133,6 +133,21 @@ def check_conditional_sft(cfg: PipelineConfig, only: Sequence[str] = ()) -> None
                           "reward.rm_paths, data.preference or inputs.reward_model")
 
 
+def check_critic_start(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
+    """RL's critic starts from a reward model there is: `rl.critic.init_path`'s checkpoint, or the pipeline's own (a
+    pinned `inputs.reward_model`, or the one the rm stage trains, which needs preference data)."""
+    critic = cfg.rl.critic
+    if critic.init_from == "sft" or not runs(BY_NAME["rl"], cfg, only):
+        return
+    if critic.init_path is not None:
+        checkpoint_paths.validate(critic.init_path, "rl.critic.init_path")
+    elif "reward_model" not in cfg.inputs and cfg.data.source == "files" and cfg.data.preference is None:
+        raise ConfigError("rl.critic.init_from=reward_model: the critic starts from the pipeline's reward model, and this "
+                          "pipeline has none (without data.preference the rm stage trains none); set data.preference or "
+                          "inputs.reward_model, or rl.critic.init_from: path with rl.critic.init_path, or "
+                          "rl.critic.init_from: sft")
+
+
 def check_model_family(cfg: PipelineConfig) -> None:
     """Checked here on a local model's config.json (a hub model's when the stage loads it): a router
     loss (`<stage>.aux_loss_coef` > 0) needs an MoE model, and `<stage>.packing` a family whose forward
@@ -190,4 +205,5 @@ def check_chat_template(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
 
 # in the order they run, each given the config and `--only`'s stages (empty: every stage); each raises its one-line
 # error (flows/pre_run.py makes them one by one)
-CHECKS = (check_inputs, check_chat_template, check_sft_rows, check_reward, check_distillation, check_conditional_sft, check_local_resources)
+CHECKS = (check_inputs, check_chat_template, check_sft_rows, check_reward, check_distillation, check_conditional_sft,
+          check_critic_start, check_local_resources)

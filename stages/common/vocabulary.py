@@ -36,16 +36,17 @@ def logit_width(path: str | Path) -> int | None:
 
 
 def mismatch(teacher: dict[str, int], student: dict[str, int], teacher_width: int | None,
-             student_width: int | None) -> str | None:
-    """What differs between the teacher's and the student's tokenizers, in a phrase; None when nothing."""
+             student_width: int | None, theirs: str = "the student's") -> str | None:
+    """What differs between the teacher's and the student's tokenizers, in a phrase; None when nothing.
+    `theirs` names the second one in the phrase (a critic's checks name the policy's)."""
     if teacher_width is not None and student_width is not None and teacher_width != student_width:
-        return f"its logits cover {teacher_width} tokens, the student's {student_width}"
+        return f"its logits cover {teacher_width} tokens, {theirs} {student_width}"
     if len(teacher) != len(student):
-        return f"its vocabulary has {len(teacher)} tokens, the student's {len(student)}"
+        return f"its vocabulary has {len(teacher)} tokens, {theirs} {len(student)}"
     differing = sorted(token for token in teacher.keys() | student.keys() if teacher.get(token) != student.get(token))
     if differing:
         token = differing[0]
-        return f"token {token!r} has id {teacher.get(token)} in it, {student.get(token)} in the student's"
+        return f"token {token!r} has id {teacher.get(token)} in it, {student.get(token)} in {theirs}"
     return None
 
 

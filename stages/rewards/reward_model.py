@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -83,10 +84,31 @@ class RewardModel(torch.nn.Module):
         return (rewards - self.mean) / self.std if self.normalize else rewards
 
 
-def load_reward_model(path: str | Path, device: str | None = None, precision: str = "fp32") -> RewardModel:
-    """Load an RM checkpoint; a directory that is not one is a one-line error."""
-    source = resolve(path)
-    validate(source, field="reward model path")
+@dataclass(frozen=True)
+class RewardHead:
+    """An RM checkpoint's value head and the normalization its config asks the scorers for."""
+
+    head: torch.nn.Linear
+    normalize: bool
+    mean: float
+    std: float
+
+    def scoring(self) -> torch.nn.Linear:
+        """The head with the normalization folded in, w / std and (b - mean) / std: on a final hidden state it
+        gives the reward `score_pairs` does (the start of a critic, `stages/rl/critic_model.py`)."""
+        weight, bias = self.head.weight.detach().float(), self.head.bias
+        offset = bias.detach().float() if bias is not None else torch.zeros(weight.shape[0])
+        folded = torch.nn.Linear(weight.shape[1], weight.shape[0])
+        scale, shift = (1.0 / self.std, self.mean) if self.normalize else (1.0, 0.0)
+        with torch.no_grad():
+            folded.weight.copy_(weight * scale)
+            folded.bias.copy_((offset - shift) * scale)
+        return folded
+
+
+def read_reward_head(source: str) -> RewardHead:
+    """The value head `<value_head_prefix>.weight` (and bias) of the RM checkpoint at `source` and its reward
+    statistics, checked: one-line errors name what is wrong."""
     try:
         config = AutoConfig.from_pretrained(source)
     except Exception as exc:  # IO and parsing errors vary; one line is what the user needs
@@ -101,6 +123,14 @@ def load_reward_model(path: str | Path, device: str | None = None, precision: st
     normalize = bool(getattr(config, "normalize_reward", False))
     if normalize and not std > 0:
         raise RewardError(f"{source}: normalize_reward is set but reward_std={std} (must be > 0)")
+    return RewardHead(head, normalize, float(getattr(config, "reward_mean", 0.0)), std)
+
+
+def load_reward_model(path: str | Path, device: str | None = None, precision: str = "fp32") -> RewardModel:
+    """Load an RM checkpoint; a directory that is not one is a one-line error."""
+    source = resolve(path)
+    validate(source, field="reward model path")
+    read = read_reward_head(source)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the head's weights are "unused" by AutoModel on purpose
     try:
@@ -110,8 +140,7 @@ def load_reward_model(path: str | Path, device: str | None = None, precision: st
     finally:
         hf_logging.set_verbosity(verbosity)
     tokenizer = load_tokenizer(source)
-    model = RewardModel(backbone, head.to(torch_dtype(precision)), tokenizer, normalize,
-                        float(getattr(config, "reward_mean", 0.0)), std)
+    model = RewardModel(backbone, read.head.to(torch_dtype(precision)), tokenizer, read.normalize, read.mean, read.std)
     return model.to(device or default_device()).eval()
 
 

@@ -4,7 +4,8 @@ log-probs, values, KL, advantages), trains the policy (and critic) on the actor 
 the new weights into the engines.
 
 Reads `sft_model`, `prompts`, `eval_data` (and `reward_model` / `prm` when the reward comes from
-the pipeline's own models); writes `rl_model`, an HF checkpoint of the trained policy. Every
+the pipeline's own models, `reward_model` when the critic starts from it); writes `rl_model`, an HF
+checkpoint of the trained policy, and with `rl.critic.save_value_network` `critic_model`, the critic's. Every
 `rl.save_every` steps the policy, critic and the driver's counters are checkpointed under the
 work dir; a re-run with the same fingerprint resumes there.
 
@@ -332,8 +333,11 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
                 save(actors, ckpt, done, {"cursor": cursor, "kl_coef": kl_ctl.value, "before": before}, ctx.on_checkpoint)
         if start >= total:
             last_eval = evaluate(actors, tokenizer, eval_prompts, cfg)
-        out = ctx.output_dir / "rl_model"
-        actors.on_all([w.export for w in actors.policy], str(out))
+        outputs = {"rl_model": ctx.output_dir / "rl_model"}
+        actors.on_all([w.export for w in actors.policy], str(outputs["rl_model"]))
+        if rl.critic.save_value_network:  # the schema allows it only where there is a critic
+            outputs["critic_model"] = ctx.output_dir / "critic_model"
+            actors.on_all([w.export for w in actors.critic], str(outputs["critic_model"]))
     finally:
         # stopped (Ctrl-C): the flow is shutting Ray down, which ends the actors and their placement; no need to
         # wait for them to close (a stop that comes mid-close: the Ray calls are gated, runtime.ray_shutdown)
@@ -346,7 +350,7 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
     metrics = {f"eval/{k}": v for k, v in last_eval.items()}  # the `eval/*` series' last points; step 0 is the SFT policy's
     if start:
         metrics["resumed_from_step"] = float(start)
-    return StageResult(outputs={"rl_model": out}, metrics=metrics)
+    return StageResult(outputs=outputs, metrics=metrics)
 
 
 def train(actors: Actors, batch: dict[str, torch.Tensor], step: int, use_kl_loss: bool,

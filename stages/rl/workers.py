@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from configs.schema import PipelineConfig, RLConfig, RLModelConfig, TrainingConfig
-from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, dist_env, lora, moe, packing, shared_prompt
+from stages.common import checkpoint, deepspeed_engine, dist_env, lora, moe, packing, shared_prompt
 from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
 from stages.contract import NodeInputs
-from stages.rl import agent, weight_sync
+from stages.rl import agent, critic_model, weight_sync
 from stages.rl.experience import Sample, micro_batches, prompt_lengths, trim
 from stages.rl.layout import Role, hosts
 from stages.rl.losses import (
@@ -146,8 +146,7 @@ class TrainerWorker(Worker):
         torch.manual_seed(cfg.seed + self.rank)
         deepspeed_engine.init_distributed()
         self.cfg, self.rl, self.optim = cfg, cfg.rl, optim
-        model_path = given.path("sft_model")
-        model = self.load_model(model_path)
+        model = self.load_model(given)
         rl = cfg.rl
         self.grad_accum = rl.train_batch_size // (rl.micro_train_batch_size * self.world)
         shared_fields = {k: v for k, v in optim.model_dump().items() if k in TrainingConfig.model_fields}  # not num_workers
@@ -158,7 +157,7 @@ class TrainerWorker(Worker):
         shared = row_layout(rl, self.engine) == "shared"
         self.shuffle_group = rl.rollout.n_samples_per_prompt if shared else 1
 
-    def load_model(self, path: str):
+    def load_model(self, given: NodeInputs):
         raise NotImplementedError
 
     def train(self, batch: dict[str, torch.Tensor], step: int) -> dict[str, float]:
@@ -198,7 +197,8 @@ class TrainerWorker(Worker):
 
 
 class PolicyWorker(TrainerWorker, HoldsReference):
-    def load_model(self, path: str):
+    def load_model(self, given: NodeInputs):
+        path = given.path("sft_model")
         self.tokenizer = checkpoint.load_tokenizer(path)
         model, self.signature = lora.load_for_training(path, self.cfg.model, self.optim.lora, "rl.actor.lora",
                                                        self.cfg.infra.precision)
@@ -259,20 +259,20 @@ class PolicyWorker(TrainerWorker, HoldsReference):
 
 
 class CriticWorker(TrainerWorker):
-    """Token-level values: the SFT backbone with a fresh scalar head (LlamaForTokenClassification et al.)."""
+    """Token-level values: a scalar head on each position (LlamaForTokenClassification et al.), started from the
+    SFT backbone with a fresh head or from a reward model (stages/rl/critic_model.py)."""
 
-    def load_model(self, path: str):
-        from transformers import AutoConfig, AutoModelForTokenClassification
+    def load_model(self, given: NodeInputs):
+        self.tokenizer = checkpoint.load_tokenizer(given.path("sft_model"))  # the policy's: the critic reads its tokens
+        return critic_model.load(self.cfg, given)
 
-        source = checkpoint_paths.resolve(path)
-        config = AutoConfig.from_pretrained(source, num_labels=1)
-        config.classifier_dropout = 0.0  # values must not change between experience making and training
-        with checkpoint.new_head():
-            model = AutoModelForTokenClassification.from_pretrained(
-                source, config=config, dtype=checkpoint.torch_dtype(self.cfg.infra.precision),
-                attn_implementation=checkpoint.attn_implementation(self.cfg.model), **lora.load_kwargs(self.optim.lora, "rl.critic.lora"),
-            )
-        return lora.prepare(model, self.optim.lora, "TOKEN_CLS")[0]  # with LoRA: adapters plus the value head
+    def export(self, out_dir: str) -> None:
+        """The trained critic as an HF checkpoint, adapters merged in (ZeRO-3 partitions gathered; every rank must call)."""
+        state = self.full_state_dict()
+        if self.rank == 0 and state is not None:
+            lora_cfg = self.optim.lora
+            critic_model.save(self.engine.module, self.tokenizer, Path(out_dir), state,
+                              lora_cfg.alpha / lora_cfg.rank if lora_cfg.rank else None)
 
     def _values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return critic_values(self.engine, batch, row_layout(self.rl, self.engine))

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 from configs import PipelineError, load_config
 from runtime import rl_driver
 from stages import prm
+from stages import reward_model as rm_stage
 from stages.contract import NodeInputs
 from stages.rl import stage as rl_stage
 from tests.stage.conftest import FAST, make_ctx
@@ -193,6 +194,23 @@ def test_reinforce_with_dense_process_rewards(prepared, tmp_path):
     assert result.outputs["rl_model"].is_dir()
 
 
+def test_ppo_with_a_critic_from_the_reward_model_keeps_it_as_a_value_network(prepared, tmp_path):
+    """OpenRLHF's PPO with a reward model: the critic starts from the RM (rl.critic.init_from=reward_model; its first
+    values are the RM's: tests/stage/test_rl_critic.py) and is kept (rl.critic.save_value_network) as critic_model,
+    trained away from the RM's head, a checkpoint the RM loader reads."""
+    from stages.rewards.reward_model import load_reward_model
+
+    rm_dir = quick_reward_model("rm", rm_stage, "pref_data", "reward_model", prepared, tmp_path)
+    result, logged = run_rl(prepared, tmp_path / "rl", ["rl.algorithm.advantage_estimator=gae", "reward.source=rm",
+                                                        "rl.critic.init_from=reward_model", "rl.critic.save_value_network=true",
+                                                        "rl.max_steps=1"], extra_inputs={"reward_model": rm_dir})
+    (step,) = [m for _, m in logged if "train/reward" in m]
+    assert step["critic/value_loss"] > 0 and step["critic/grad_norm"] > 0
+    assert set(result.outputs) == {"rl_model", "critic_model"}
+    critic, rm = (load_reward_model(path, "cpu") for path in (result.outputs["critic_model"], rm_dir))
+    assert critic.head.weight.shape == rm.head.weight.shape and not torch.equal(critic.head.weight, rm.head.weight)
+
+
 def test_reference_and_reward_groups_of_two_workers_match_one_worker(prepared, length_reward, tmp_path):
     """rl.placement.ref_num_workers / reward_num_workers = 2: each copy scores half of every rollout (and of the
     held-out evals); the step's reward, lengths and KL are those of one copy scoring it all."""
@@ -310,6 +328,7 @@ def test_while_the_critic_warms_up_the_policy_is_left_as_it_was(prepared, length
     (step,) = [m for _, m in logged if "train/reward" in m]
     assert step["critic/value_loss"] > 0 and step["critic/grad_norm"] > 0
     assert not any(k.startswith("actor/") for k in step)
+    assert set(result.outputs) == {"rl_model"}  # no rl.critic.save_value_network: the critic is not kept
     before = load_file(prepared["base_model"] / "model.safetensors")
     after = load_file(result.outputs["rl_model"] / "model.safetensors")
     assert all(torch.equal(after[k], before[k]) for k in before)

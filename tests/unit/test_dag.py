@@ -45,6 +45,7 @@ def test_outputs_are_unique_and_optional_or_registered_outputs_are_outputs():
     assert len(all_outputs) == len(set(all_outputs))
     for spec in STAGES:
         assert set(spec.optional_outputs) <= set(spec.outputs)
+        assert set(spec.requested_outputs) <= set(spec.optional_outputs)
         assert set(spec.register) <= set(spec.outputs)
 
 
@@ -211,7 +212,7 @@ def test_distributed_and_metrics():
     assert BY_NAME["sft"].key_metric == "eval/loss"
     assert BY_NAME["eval"].key_metric == "score"  # the last model's eval.metric
     assert [s.name for s in STAGES if s.driver] == ["rl"]
-    assert BY_NAME["rl"].register == ("rl_model",) and BY_NAME["rl"].key_metric == "eval/reward"
+    assert BY_NAME["rl"].register == ("rl_model", "critic_model") and BY_NAME["rl"].key_metric == "eval/reward"
     assert BY_NAME["lora_merge"].register == ("merged_models",) and BY_NAME["lora_merge"].key_metric == "merge/max_logit_diff"
 
 

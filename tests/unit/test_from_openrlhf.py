@@ -98,6 +98,37 @@ def test_ppo_script_keys():
     assert "#   rl          runs (the script's train_ppo_ray)" in text
     assert "--only data_prep,rl\n" in text
     assert "# OpenRLHF's default (no --algo.advantage.estimator)" in text
+    # no --critic.model_name_or_path: OpenRLHF's gae critic starts from the reward model, ours from the SFT model
+    assert cfg.rl.critic.init_from == "reward_model"
+    assert "# OpenRLHF's default (no --critic.model_name_or_path): the critic starts from the reward model" in text
+
+
+PPO_CALL = "python3 -m openrlhf.cli.train_ppo_ray --pretrain sft --prompt_data p.jsonl --input_key q --label_key a "
+
+
+@pytest.mark.parametrize(("flags", "init_from", "init_path"), [
+    ("--reward_pretrain rm --critic_pretrain sft", "sft", None),  # the policy's model
+    ("--reward_pretrain rm --critic_pretrain rm", "reward_model", None),  # the pinned reward model
+    ("--reward_pretrain rm --critic_pretrain /other/rm", "path", "/other/rm"),
+    ("--reward_pretrain rm1,rm2", "path", "rm1"),  # OpenRLHF's default: the first of several reward models
+    ("--remote_rm_url http://rm:5000/get_reward", "sft", None),  # a remote reward: OpenRLHF's critic from --pretrain
+    ("--remote_rm_url http://rm:5000/get_reward --critic_pretrain /other/rm", "path", "/other/rm"),
+])
+def test_critic_pretrain_names_where_the_critic_starts(flags, init_from, init_path):
+    cfg = PipelineConfig.model_validate(yaml.safe_load(converted(PPO_CALL + flags, "ppo.sh")[0]))
+    assert (cfg.rl.critic.init_from, cfg.rl.critic.init_path) == (init_from, init_path)
+
+
+def test_the_critics_flags_are_ignored_without_a_critic_and_the_value_network_is_kept_with_one():
+    cfg = PipelineConfig.model_validate(yaml.safe_load(converted(PPO_CALL + "--reward_pretrain rm --save_value_network", "a.sh")[0]))
+    assert cfg.rl.critic.save_value_network and cfg.rl.critic.init_from == "reward_model"
+    text, _ = converted(PPO_CALL + "--reward_pretrain rm --advantage_estimator group_norm --n_samples_per_prompt 4 "
+                                   "--critic_pretrain /other/rm --save_value_network", "b.sh")
+    cfg = PipelineConfig.model_validate(yaml.safe_load(text))
+    assert (cfg.rl.critic.init_from, cfg.rl.critic.save_value_network) == ("sft", False)
+    lines = not_mapped(text)
+    assert "--critic_pretrain /other/rm: OpenRLHF ignores it: advantage_estimator group_norm trains no critic (line 1)" in lines
+    assert "--save_value_network: OpenRLHF ignores it: advantage_estimator group_norm trains no critic (line 1)" in lines
 
 
 def test_flat_ppo_script_keys():

@@ -213,6 +213,9 @@ def test_kto_mismatches_an_unpaired_example_with_the_next_one_of_another_prompt(
     (["dpo.loss=kto", "reward.source=rm"], "reward.source=rm scores with the RM the rm stage trains on preference pairs, "
                                           "and data.preference.unpaired gives none"),
     (["dpo.loss=kto", "csft.enabled=true"], "csft.enabled scores the SFT data with the RM the rm stage trains"),
+    (["dpo.loss=kto", "rl.algorithm.advantage_estimator=gae", "rl.critic.init_from=reward_model"],
+     "rl.critic.init_from=reward_model starts the critic from the RM the rm stage trains on preference pairs, and "
+     "data.preference.unpaired gives none: set inputs.reward_model"),
 ])
 def test_paired_only_uses_of_unpaired_rows_are_one_line_config_errors(overrides, message):
     with pytest.raises(ConfigError) as err:
