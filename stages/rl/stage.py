@@ -4,9 +4,10 @@ log-probs, values, KL, advantages), trains the policy (and critic) on the actor 
 the new weights into the engines.
 
 Reads `sft_model`, `prompts`, `eval_data` (and `reward_model` / `prm` when the reward comes from
-the pipeline's own models); writes `rl_model`, an HF checkpoint of the trained policy. Every
-`rl.save_every` steps the policy, critic and the driver's counters are checkpointed under the
-work dir; a re-run with the same fingerprint resumes there.
+the pipeline's own models); writes `rl_model`, an HF checkpoint of the trained policy (rl.actor.ema_beta: its
+weights' moving average; rl.best_metric: the policy of the best held-out eval step). Every `rl.save_every` steps
+the policy, critic and the driver's counters are checkpointed under the work dir (the newest
+`rl.max_checkpoints` kept); a re-run with the same fingerprint resumes there.
 
 The driver reaches its workers through a `Backend` (stages/rl/backend.py): Ray actors in the pipeline
 (`runtime.rl_driver.run`, the stage's entrypoint), or objects in this process (`run_in_process`: one rank per
@@ -41,6 +42,7 @@ from stages.rewards.base import RewardBatch, concat
 from stages.rl import weight_sync, workers
 from stages.rl.advantages import compute_advantages, groups_in_range, overlong_penalty, stop_properly_penalty, varied_groups
 from stages.rl.backend import Backend, Ref, RolloutEngine, Sampler, one
+from stages.rl.best import BestFolder, BestStep, reported
 from stages.rl.episodes import run_episodes, turns
 from stages.rl.experience import (
     Sample,
@@ -278,6 +280,7 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
     total = rl.max_steps or math.ceil(rl.num_episodes * len(prompts) / rl.rollout.batch_size)
     stream = SampleStream(len(prompts), 1, 0, 1, cfg.seed)
     ckpt = {"policy": ctx.work_dir / "checkpoints" / "policy", "critic": ctx.work_dir / "checkpoints" / "critic"}
+    best_folder = BestFolder(ctx.work_dir / "checkpoints" / "best", ctx.on_checkpoint)
 
     actors = None
     try:
@@ -285,8 +288,10 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
         actors = Actors(ctx, inputs, backend, total, rl.algorithm.needs_critic)
         resumed = actors.on_all([w.load for w in actors.policy], str(ckpt["policy"]))[0]
         start, cursor, kl_coef, before = 0, 0, rl.algorithm.init_kl_coef, None
+        best = BestStep(rl.best_metric) if rl.best_metric else None
         if resumed:
             start, cursor, kl_coef, before = resumed["step"], resumed["cursor"], resumed["kl_coef"], resumed["before"]
+            best = resume_best(best, resumed, best_folder)
             if actors.critic:
                 actors.on_all([w.load for w in actors.critic], str(ckpt["critic"]), f"step{start}")
             sync_weights(actors)
@@ -298,6 +303,8 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
                   else FixedKLController(kl_coef))
         if before is None:
             before = evaluate(actors, tokenizer, eval_prompts, cfg)
+            if best is not None:
+                reported(best.metric, before)  # a metric the evals do not report fails before any training
         ctx.log_metrics({f"eval/{k}": v for k, v in before.items()}, 0)  # a resumed run's MLflow run gets it too
         progress = Progress("rl", total, start=start)
         last_eval, logs, prefetched = before, {}, None
@@ -328,12 +335,24 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
                 last_eval = evaluate(actors, tokenizer, eval_prompts, cfg)
                 ctx.log_metrics({f"eval/{k}": v for k, v in last_eval.items()}, done)
                 progress.update(done, force=True, **{f"eval_{k}": v for k, v in last_eval.items()})
+                if best is not None and best.offer(done, last_eval):
+                    actors.on_all([w.export for w in actors.policy], str(best_folder.tag(done)))
+                    best_folder.exported(done)
             if done % rl.save_every == 0 and done < total:
-                save(actors, ckpt, done, {"cursor": cursor, "kl_coef": kl_ctl.value, "before": before}, ctx.on_checkpoint)
+                state = {"cursor": cursor, "kl_coef": kl_ctl.value, "before": before,
+                         "best": None if best is None else best.state()}
+                save(actors, ckpt, done, state, ctx.on_checkpoint, rl.max_checkpoints)
+                best_folder.checkpointed(None if best is None else best.step)
         if start >= total:
             last_eval = evaluate(actors, tokenizer, eval_prompts, cfg)
         out = ctx.output_dir / "rl_model"
-        actors.on_all([w.export for w in actors.policy], str(out))
+        if best is not None and best.step is not None:
+            best_folder.copy_to(best.step, out)
+            last_eval = best.evals
+            print(f"[rl] best held-out {best.metric} {best.value:.4f} at step {best.step}/{total}: the output policy is "
+                  "that step's", flush=True)
+        else:
+            actors.on_all([w.export for w in actors.policy], str(out))
     finally:
         # stopped (Ctrl-C): the flow is shutting Ray down, which ends the actors and their placement; no need to
         # wait for them to close (a stop that comes mid-close: the Ray calls are gated, runtime.ray_shutdown)
@@ -343,9 +362,12 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
             backend.release()
 
     print("[rl] held-out, before (SFT policy) -> after (RL policy)\n" + before_after(before, last_eval), flush=True)
-    metrics = {f"eval/{k}": v for k, v in last_eval.items()}  # the `eval/*` series' last points; step 0 is the SFT policy's
+    # the `eval/*` series' last points (rl.best_metric: the best step's); step 0 is the SFT policy's
+    metrics = {f"eval/{k}": v for k, v in last_eval.items()}
     if start:
         metrics["resumed_from_step"] = float(start)
+    if best is not None and best.step is not None:
+        metrics["best_step"] = float(best.step)
     return StageResult(outputs={"rl_model": out}, metrics=metrics)
 
 
@@ -527,16 +549,29 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     return batch, logs
 
 
-def save(actors: Actors, ckpt: dict[str, Path], step: int, extra: dict, on_checkpoint) -> None:
-    """Critic first (its older tag kept), then the policy, whose `latest` marks the step as complete;
-    each announced to `on_checkpoint` (the stage context's) in that order."""
+def save(actors: Actors, ckpt: dict[str, Path], step: int, extra: dict, on_checkpoint, keep: int) -> None:
+    """Critic first (its older tags kept), then the policy, whose `latest` marks the step as complete;
+    each announced to `on_checkpoint` (the stage context's) in that order. Each keeps its newest `keep` tags."""
     if actors.critic:
-        actors.on_all([w.save for w in actors.critic], str(ckpt["critic"]), step, None, False)
+        actors.on_all([w.save for w in actors.critic], str(ckpt["critic"]), step, None, None)
         on_checkpoint(ckpt["critic"], f"step{step}")
-    actors.on_all([w.save for w in actors.policy], str(ckpt["policy"]), step, extra)
+    actors.on_all([w.save for w in actors.policy], str(ckpt["policy"]), step, extra, keep)
     on_checkpoint(ckpt["policy"], f"step{step}")
     if actors.critic:
-        actors.on_all([w.prune for w in actors.critic[:1]], str(ckpt["critic"]), step)
+        actors.on_all([w.prune for w in actors.critic[:1]], str(ckpt["critic"]), step, keep)
+
+
+def resume_best(best: BestStep | None, resumed: dict, folder: BestFolder) -> BestStep | None:
+    """The best step the checkpoint records, its export kept (and later ones dropped); forgotten, said so, when its
+    export is not in the work dir."""
+    if best is None:
+        return None
+    restored = BestStep.restored(best.metric, resumed.get("best"))
+    if folder.resumed(restored.step):
+        return restored
+    print(f"[rl] rl.best_metric: the export of the best step so far (step {restored.step}) is not in {folder.path}; "
+          "the best is taken from the evals to come", flush=True)
+    return best
 
 
 def before_after(before: dict[str, float], after: dict[str, float]) -> str:
