@@ -154,6 +154,25 @@ class Pair(Value):
 
 
 @dataclass(frozen=True)
+class MetricKey(Value):
+    """An eval metric of OpenRLHF's PPO (`eval_<source>_pass1`: the mean reward of the sampled responses;
+    `eval_<source>_pass<k>`: their best) as the held-out metric of ours that is the same number."""
+
+    def described(self) -> str:
+        return ("`eval_<source>_pass1`: `sampled_reward`; `eval_<source>_pass<k>`, k > 1: `pass_at_k`; `none` or empty: "
+                "not mapped (the output stays the last step's)")
+
+    def convert(self, words: tuple[str, ...]) -> object:
+        key = self.one(words, "an eval metric key") if words else ""
+        if key in ("", "none"):
+            raise NotMapped(f"{key or 'empty'}: OpenRLHF's output is the last step's policy, as the default here")
+        found = re.fullmatch(r"eval_.+_pass(\d+)", key)
+        if found is None:
+            raise NotMapped(f"{key}: only eval_<source>_pass<k> has a counterpart (sampled_reward, pass_at_k)")
+        return "sampled_reward" if int(found.group(1)) == 1 else "pass_at_k"
+
+
+@dataclass(frozen=True)
 class Symmetric(Value):
     """A range `-x x` as the bound x."""
 

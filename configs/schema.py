@@ -217,6 +217,10 @@ PACKING = ("forward passes over padding-free rows (the samples end to end, posit
            "batch's loss without the compute on pads; pays with flash_attention_2, slower with SDPA (attention over the whole row)")
 
 
+MAX_CHECKPOINTS = ("resumable checkpoints kept in the work dir, the newest (OpenRLHF's --ckpt.max_num, 3 there): a rerun "
+                   "resumes from the newest, the older ones are there to go back to by hand")
+
+
 class OptimConfig(Section):
     """Optimizer (AdamW) and learning-rate schedule of one trained model. Each stage's default `lr` is the
     one OpenRLHF's example scripts use for a pretrained model; the tiny preset states its own."""
@@ -258,6 +262,7 @@ class TrainingConfig(OptimConfig):
     grad_accum_steps: int = Field(1, gt=0, description="micro-batches per optimizer step")
     eval_every: int = Field(50, gt=0, description="optimizer steps between eval passes")
     save_every: int = Field(50, gt=0, description="optimizer steps between resumable checkpoints")
+    max_checkpoints: int = Field(1, gt=0, description=MAX_CHECKPOINTS)
     aux_loss_coef: float = Field(0.0, ge=0.0, description=AUX_LOSS)
     lora: LoRAConfig = LoRAConfig()
 
@@ -459,6 +464,16 @@ class RLModelConfig(OptimConfig):
     num_workers: int = Field(1, gt=0, description="DeepSpeed ranks of this model's actor group")
     aux_loss_coef: float = Field(0.0, ge=0.0, description=AUX_LOSS + " (the policy's loss only)")
     lora: LoRAConfig = LoRAConfig()
+
+
+class ActorConfig(RLModelConfig):
+    """The policy: its optimizer (constant lr by default), its ranks, and the moving average of its weights."""
+
+    ema_beta: float | None = Field(
+        None, ge=0.0, le=1.0, description="keep a moving average of the policy's weights, from the SFT weights, moved "
+                                          "after each optimizer step to beta x average + (1 - beta) x weights, and "
+                                          "save it as the stage's output (OpenRLHF's --enable_ema, --ema_beta; its "
+                                          "beta is 0.992); empty: off")
 
 
 class CriticConfig(RLModelConfig):
@@ -688,7 +703,7 @@ class RLConfig(Section):
     """Online RL from the SFT policy (OpenRLHF's PPO family). Batch sizes count sequences
     (prompts x samples) except `rollout.batch_size`, which counts prompts, as in OpenRLHF."""
 
-    actor: RLModelConfig = RLModelConfig(lr=5e-7)
+    actor: ActorConfig = ActorConfig(lr=5e-7)
     critic: CriticConfig = CriticConfig(lr=9e-6)
     rollout: RolloutConfig = RolloutConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
@@ -710,6 +725,16 @@ class RLConfig(Section):
     max_steps: int | None = Field(None, gt=0, description="rollout steps; overrides num_episodes")
     eval_every: int = Field(10, gt=0, description="rollout steps between held-out evals")
     save_every: int = Field(10, gt=0, description="rollout steps between resumable checkpoints")
+    max_checkpoints: int = Field(1, gt=0, description=MAX_CHECKPOINTS + "; the policy's and the critic's each")
+    best_metric: EvalMetric | None = Field(
+        None, description="the held-out metric (higher is better) whose best eval step, of those every rl.eval_every steps "
+                          "and the last, gives the stage's output policy instead of the last step (OpenRLHF's "
+                          "--ckpt.best_metric_key, where the best is kept beside the last); empty: the last step's")
+
+    @field_validator("best_metric", mode="before")
+    @classmethod
+    def _ranked_best(cls, value):
+        return ranked(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -789,19 +814,32 @@ class EvalConfig(Section):
     @field_validator("metric", mode="before")
     @classmethod
     def _ranked(cls, value):
-        if value in UNRANKED_METRICS:
-            raise ValueError(f"{value} is reported but ranks no model ({UNRANKED_METRICS[value]}): pick one of "
-                             f"{', '.join(get_args(EvalMetric))}")
-        return value
+        return ranked(value)
 
     @model_validator(mode="after")
     def _metric_is_reported(self) -> EvalConfig:
-        if self.metric in ("accuracy", "sampled_accuracy") and self.answer_pattern is None:
-            raise ValueError(f"metric={self.metric} checks answers with answer_pattern, which is empty: set "
-                             "answer_pattern or use metric=reward")
-        if self.metric in ("sampled_reward", "pass_at_k", "sampled_accuracy") and not self.samples_per_prompt:
-            raise ValueError(f"metric={self.metric} needs sampled responses: samples_per_prompt must be > 0")
+        if (why := unreported("metric", self.metric, self)) is not None:
+            raise ValueError(why)
         return self
+
+
+def ranked(metric):
+    """`metric` as a ranking metric's value, refused with the reason when the evals report it but it ranks no model."""
+    if metric in UNRANKED_METRICS:
+        raise ValueError(f"{metric} is reported but ranks no model ({UNRANKED_METRICS[metric]}): pick one of "
+                         f"{', '.join(get_args(EvalMetric))}")
+    return metric
+
+
+def unreported(key: str, metric: str, ev: EvalConfig, prefix: str = "") -> str | None:
+    """Why the held-out evals `ev` configures would not report `metric`, which `key` names (the eval keys named under
+    `prefix`), and what to do; None: they report it."""
+    if metric in ("accuracy", "sampled_accuracy") and ev.answer_pattern is None:
+        return (f"{key}={metric} checks answers with {prefix}answer_pattern, which is empty: set {prefix}answer_pattern "
+                f"or use {key}=reward")
+    if metric in ("sampled_reward", "pass_at_k", "sampled_accuracy") and not ev.samples_per_prompt:
+        return f"{key}={metric} needs sampled responses: {prefix}samples_per_prompt must be > 0"
+    return None
 
 
 # an MLflow run's artifact, a registered model version, or (no scheme) a checkpoint folder or hub id
@@ -835,6 +873,12 @@ class PipelineConfig(Section):
         if self.csft.enabled and self.data.sft is not None and self.data.sft.multiturn:
             raise ValueError("csft.enabled with data.sft.multiturn: conditional SFT puts one score in each prompt, "
                              "so it takes single-turn SFT rows; set data.sft.multiturn=false or csft.enabled=false")
+        return self
+
+    @model_validator(mode="after")
+    def _best_metric_is_reported(self) -> PipelineConfig:
+        if self.rl.best_metric is not None and (why := unreported("rl.best_metric", self.rl.best_metric, self.eval, "eval.")):
+            raise ValueError(why)
         return self
 
     @model_validator(mode="after")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import random
+import re
 import sys
 import weakref
 from pathlib import Path
@@ -169,24 +170,37 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_resumable(engine, ckpt_dir: Path, step: int, extra: dict[str, Any] | None = None, prune: bool = True) -> None:
+def save_resumable(engine, ckpt_dir: Path, step: int, extra: dict[str, Any] | None = None, keep: int | None = 1) -> None:
     """Model, optimizer, scheduler and our own counters; DeepSpeed writes `latest` last, so a kill mid-save
-    leaves the previous checkpoint as the one that loads. `prune=False` keeps older tags (for a model
-    whose checkpoint must stay in step with another one's until that one is saved too)."""
+    leaves the previous checkpoint as the one that loads. The newest `keep` tags stay (`prune_old_tags`);
+    None keeps the older ones too (for a model whose checkpoint must stay in step with another one's until
+    that one is saved too)."""
     client_state = {"step": step, "rng": rng_state(), **(extra or {})}
     engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state=client_state)
-    if prune:
-        prune_old_tags(ckpt_dir, keep=f"step{step}")
+    if keep is not None:
+        prune_old_tags(ckpt_dir, step, keep)
 
 
-def prune_old_tags(ckpt_dir: Path, keep: str) -> None:
+TAG = re.compile(r"^step(\d+)$")
+
+
+def stale_tags(names: list[str], step: int, keep: int) -> list[str]:
+    """Of a checkpoint folder's entries, the tags to delete once tag `step` is saved: all but the newest `keep`
+    up to `step`, and any after it (a killed run's, from steps this run does again)."""
+    steps = sorted((int(m.group(1)), name) for name in names if (m := TAG.match(name)))
+    upto = [name for n, name in steps if n <= step]
+    return upto[: max(len(upto) - keep, 0)] + [name for n, name in steps if n > step]
+
+
+def prune_old_tags(ckpt_dir: Path, step: int, keep: int) -> None:
+    """Rank 0: `stale_tags` of `ckpt_dir` deleted."""
     if int(os.environ.get("RANK", "0")) != 0:
         return
     import shutil
 
-    for child in ckpt_dir.iterdir():
-        if child.is_dir() and child.name.startswith("step") and child.name != keep:
-            shutil.rmtree(child, ignore_errors=True)
+    names = [child.name for child in ckpt_dir.iterdir() if child.is_dir()]
+    for name in stale_tags(names, step, keep):
+        shutil.rmtree(ckpt_dir / name, ignore_errors=True)
 
 
 def load_resumable(engine, ckpt_dir: Path, tag: str | None = None) -> dict[str, Any] | None:

@@ -158,7 +158,7 @@ def train_loop(
                 ctx.log_metrics({f"eval/{k}": v for k, v in outcome.last_eval.items()}, done)
                 progress.show(done, {f"eval_{k}": v for k, v in outcome.last_eval.items()}, force=True)
         if done % train.save_every == 0 and done < steps:
-            deepspeed_engine.save_resumable(engine, ckpt_dir, done)
+            deepspeed_engine.save_resumable(engine, ckpt_dir, done, keep=train.max_checkpoints)
             ctx.on_checkpoint(ckpt_dir, f"step{done}")
     if start >= steps:  # resumed at the end: nothing left to train, still report the eval
         engine.eval()

@@ -5,9 +5,10 @@ the new weights into the engines.
 
 Reads `sft_model`, `prompts`, `eval_data` (and `reward_model` / `prm` when the reward comes from
 the pipeline's own models, `reward_model` when the critic starts from it); writes `rl_model`, an HF
-checkpoint of the trained policy, and with `rl.critic.save_value_network` `critic_model`, the critic's. Every
-`rl.save_every` steps the policy, critic and the driver's counters are checkpointed under the
-work dir; a re-run with the same fingerprint resumes there.
+checkpoint of the trained policy (rl.actor.ema_beta: its weights' moving average; rl.best_metric: the policy
+of the best held-out eval step), and with `rl.critic.save_value_network` `critic_model`, the critic's. Every
+`rl.save_every` steps the policy, critic and the driver's counters are checkpointed under the work dir (the
+newest `rl.max_checkpoints` kept); a re-run with the same fingerprint resumes there.
 
 The driver reaches its workers through a `Backend` (stages/rl/backend.py): Ray actors in the pipeline
 (`runtime.rl_driver.run`, the stage's entrypoint), or objects in this process (`run_in_process`: one rank per
@@ -42,6 +43,7 @@ from stages.rewards.base import RewardBatch, concat
 from stages.rl import weight_sync, workers
 from stages.rl.advantages import compute_advantages, groups_in_range, overlong_penalty, stop_properly_penalty, varied_groups
 from stages.rl.backend import Backend, Ref, RolloutEngine, Sampler, one
+from stages.rl.best import BestFolder, BestStep, reported
 from stages.rl.episodes import run_episodes, turns
 from stages.rl.experience import (
     Sample,
@@ -279,6 +281,7 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
     total = rl.max_steps or math.ceil(rl.num_episodes * len(prompts) / rl.rollout.batch_size)
     stream = SampleStream(len(prompts), 1, 0, 1, cfg.seed)
     ckpt = {"policy": ctx.work_dir / "checkpoints" / "policy", "critic": ctx.work_dir / "checkpoints" / "critic"}
+    best_folder = BestFolder(ctx.work_dir / "checkpoints" / "best", ctx.on_checkpoint)
 
     actors = None
     try:
@@ -286,8 +289,10 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
         actors = Actors(ctx, inputs, backend, total, rl.algorithm.needs_critic)
         resumed = actors.on_all([w.load for w in actors.policy], str(ckpt["policy"]))[0]
         start, cursor, kl_coef, before = 0, 0, rl.algorithm.init_kl_coef, None
+        best = BestStep(rl.best_metric) if rl.best_metric else None
         if resumed:
             start, cursor, kl_coef, before = resumed["step"], resumed["cursor"], resumed["kl_coef"], resumed["before"]
+            best = resume_best(best, resumed, best_folder)
             if actors.critic:
                 actors.on_all([w.load for w in actors.critic], str(ckpt["critic"]), f"step{start}")
             sync_weights(actors)
@@ -299,6 +304,8 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
                   else FixedKLController(kl_coef))
         if before is None:
             before = evaluate(actors, tokenizer, eval_prompts, cfg)
+            if best is not None:
+                reported(best.metric, before)  # a metric the evals do not report fails before any training
         ctx.log_metrics({f"eval/{k}": v for k, v in before.items()}, 0)  # a resumed run's MLflow run gets it too
         progress = Progress("rl", total, start=start)
         last_eval, logs, prefetched = before, {}, None
@@ -329,13 +336,25 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
                 last_eval = evaluate(actors, tokenizer, eval_prompts, cfg)
                 ctx.log_metrics({f"eval/{k}": v for k, v in last_eval.items()}, done)
                 progress.update(done, force=True, **{f"eval_{k}": v for k, v in last_eval.items()})
+                if best is not None and best.offer(done, last_eval):
+                    actors.on_all([w.export for w in actors.policy], str(best_folder.tag(done)))
+                    best_folder.exported(done)
             if done % rl.save_every == 0 and done < total:
-                save(actors, ckpt, done, {"cursor": cursor, "kl_coef": kl_ctl.value, "before": before}, ctx.on_checkpoint)
+                state = {"cursor": cursor, "kl_coef": kl_ctl.value, "before": before,
+                         "best": None if best is None else best.state()}
+                save(actors, ckpt, done, state, ctx.on_checkpoint, rl.max_checkpoints)
+                best_folder.checkpointed(None if best is None else best.step)
         if start >= total:
             last_eval = evaluate(actors, tokenizer, eval_prompts, cfg)
         outputs = {"rl_model": ctx.output_dir / "rl_model"}
-        actors.on_all([w.export for w in actors.policy], str(outputs["rl_model"]))
-        if rl.critic.save_value_network:  # the schema allows it only where there is a critic
+        if best is not None and best.step is not None:
+            best_folder.copy_to(best.step, outputs["rl_model"])
+            last_eval = best.evals
+            print(f"[rl] best held-out {best.metric} {best.value:.4f} at step {best.step}/{total}: the output policy is "
+                  "that step's", flush=True)
+        else:
+            actors.on_all([w.export for w in actors.policy], str(outputs["rl_model"]))
+        if rl.critic.save_value_network:  # the schema allows it only where there is a critic; the last step's critic
             outputs["critic_model"] = ctx.output_dir / "critic_model"
             actors.on_all([w.export for w in actors.critic], str(outputs["critic_model"]))
     finally:
@@ -347,9 +366,12 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
             backend.release()
 
     print("[rl] held-out, before (SFT policy) -> after (RL policy)\n" + before_after(before, last_eval), flush=True)
-    metrics = {f"eval/{k}": v for k, v in last_eval.items()}  # the `eval/*` series' last points; step 0 is the SFT policy's
+    # the `eval/*` series' last points (rl.best_metric: the best step's); step 0 is the SFT policy's
+    metrics = {f"eval/{k}": v for k, v in last_eval.items()}
     if start:
         metrics["resumed_from_step"] = float(start)
+    if best is not None and best.step is not None:
+        metrics["best_step"] = float(best.step)
     return StageResult(outputs=outputs, metrics=metrics)
 
 
@@ -531,16 +553,29 @@ def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cf
     return batch, logs
 
 
-def save(actors: Actors, ckpt: dict[str, Path], step: int, extra: dict, on_checkpoint) -> None:
-    """Critic first (its older tag kept), then the policy, whose `latest` marks the step as complete;
-    each announced to `on_checkpoint` (the stage context's) in that order."""
+def save(actors: Actors, ckpt: dict[str, Path], step: int, extra: dict, on_checkpoint, keep: int) -> None:
+    """Critic first (its older tags kept), then the policy, whose `latest` marks the step as complete;
+    each announced to `on_checkpoint` (the stage context's) in that order. Each keeps its newest `keep` tags."""
     if actors.critic:
-        actors.on_all([w.save for w in actors.critic], str(ckpt["critic"]), step, None, False)
+        actors.on_all([w.save for w in actors.critic], str(ckpt["critic"]), step, None, None)
         on_checkpoint(ckpt["critic"], f"step{step}")
-    actors.on_all([w.save for w in actors.policy], str(ckpt["policy"]), step, extra)
+    actors.on_all([w.save for w in actors.policy], str(ckpt["policy"]), step, extra, keep)
     on_checkpoint(ckpt["policy"], f"step{step}")
     if actors.critic:
-        actors.on_all([w.prune for w in actors.critic[:1]], str(ckpt["critic"]), step)
+        actors.on_all([w.prune for w in actors.critic[:1]], str(ckpt["critic"]), step, keep)
+
+
+def resume_best(best: BestStep | None, resumed: dict, folder: BestFolder) -> BestStep | None:
+    """The best step the checkpoint records, its export kept (and later ones dropped); forgotten, said so, when its
+    export is not in the work dir."""
+    if best is None:
+        return None
+    restored = BestStep.restored(best.metric, resumed.get("best"))
+    if folder.resumed(restored.step):
+        return restored
+    print(f"[rl] rl.best_metric: the export of the best step so far (step {restored.step}) is not in {folder.path}; "
+          "the best is taken from the evals to come", flush=True)
+    return best
 
 
 def before_after(before: dict[str, float], after: dict[str, float]) -> str:

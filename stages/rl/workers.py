@@ -8,6 +8,7 @@ object in the driver (stages/rl/in_process.py)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from stages.common.generation import sampling_config
 from stages.common.trainer import build_engine
 from stages.contract import NodeInputs
 from stages.rl import agent, critic_model, weight_sync
+from stages.rl.ema import PolicyAverage
 from stages.rl.experience import Sample, micro_batches, prompt_lengths, trim
 from stages.rl.layout import Role, hosts
 from stages.rl.losses import (
@@ -88,9 +90,11 @@ def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def train_steps(engine, micros: list[dict[str, torch.Tensor]], accum: int, world: int, loss_fn) -> dict[str, list[float]]:
+def train_steps(engine, micros: list[dict[str, torch.Tensor]], accum: int, world: int, loss_fn,
+                on_step: Callable[[], None] | None = None) -> dict[str, list[float]]:
     """Optimizer steps of `accum` micro-batches each (DeepSpeed steps the optimizer on the last one);
-    `loss_fn(micro, units)` gets the step's `step_units`. Returns each metric's value per micro-batch."""
+    `loss_fn(micro, units)` gets the step's `step_units`, `on_step` is called after each optimizer step.
+    Returns each metric's value per micro-batch."""
     logs: dict[str, list[float]] = {}
     for start in range(0, len(micros), accum):
         group = micros[start : start + accum]
@@ -103,6 +107,8 @@ def train_steps(engine, micros: list[dict[str, torch.Tensor]], accum: int, world
                 logs.setdefault(k, []).append(v)
             if norm is not None:  # one per optimizer step (`actor/grad_norm`, `critic/grad_norm`)
                 logs.setdefault("grad_norm", []).append(norm)
+        if on_step is not None:
+            on_step()
     return logs
 
 
@@ -169,7 +175,7 @@ class TrainerWorker(Worker):
         for _ in range(self.rl.max_epochs):
             micros = [to_device(trim(m), self.engine.device)
                       for m in micro_batches(batch, self.rl.micro_train_batch_size, gen, self.shuffle_group)]
-            for k, v in train_steps(self.engine, micros, self.grad_accum, self.world, self.loss).items():
+            for k, v in train_steps(self.engine, micros, self.grad_accum, self.world, self.loss, self.stepped).items():
                 logs.setdefault(k, []).extend(v)
         # a micro-batch's loss is its share of the step's: their mean over the micro-batches and ranks is
         # the mean over every step's tokens (or sequences)
@@ -179,14 +185,18 @@ class TrainerWorker(Worker):
     def loss(self, batch: dict[str, torch.Tensor], units: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
 
-    def save(self, ckpt_dir: str, step: int, extra: dict | None = None, prune: bool = True) -> None:
-        deepspeed_engine.save_resumable(self.engine, Path(ckpt_dir), step, extra, prune=prune)
+    def stepped(self) -> None:
+        """After each optimizer step of `train`."""
+
+    def save(self, ckpt_dir: str, step: int, extra: dict | None = None, keep: int | None = None) -> None:
+        """Checkpoint `step`, keeping the newest `keep` tags (None: every older one too)."""
+        deepspeed_engine.save_resumable(self.engine, Path(ckpt_dir), step, extra, keep=keep)
 
     def load(self, ckpt_dir: str, tag: str | None = None) -> dict | None:
         return deepspeed_engine.load_resumable(self.engine, Path(ckpt_dir), tag=tag)
 
-    def prune(self, ckpt_dir: str, step: int) -> None:
-        deepspeed_engine.prune_old_tags(Path(ckpt_dir), keep=f"step{step}")
+    def prune(self, ckpt_dir: str, step: int, keep: int) -> None:
+        deepspeed_engine.prune_old_tags(Path(ckpt_dir), step, keep)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         return deepspeed_engine.full_state_dict(self.engine)
@@ -197,6 +207,33 @@ class TrainerWorker(Worker):
 
 
 class PolicyWorker(TrainerWorker, HoldsReference):
+    ema: PolicyAverage | None = None  # rl.actor.ema_beta: the weights' moving average, the stage's output
+
+    def setup(self, cfg: PipelineConfig, given: NodeInputs, optim: RLModelConfig, total_steps: int, master: tuple[str, int], cwd: str) -> None:
+        super().setup(cfg, given, optim, total_steps, master, cwd)
+        if cfg.rl.actor.ema_beta is not None:  # from the SFT weights, as OpenRLHF's
+            self.ema = PolicyAverage(self.engine.module, cfg.rl.actor.ema_beta, self.zero3, self.rank == 0)
+
+    @property
+    def zero3(self) -> bool:
+        return self.engine.zero_optimization_stage() == 3
+
+    def stepped(self) -> None:
+        if self.ema is not None:
+            self.ema.update(self.engine.module)
+
+    def save(self, ckpt_dir: str, step: int, extra: dict | None = None, keep: int | None = None) -> None:
+        """With the moving average, written into the tag's folder first: DeepSpeed's `latest` then marks both."""
+        if self.ema is not None:
+            self.ema.save(Path(ckpt_dir) / f"step{step}", self.world)
+        super().save(ckpt_dir, step, extra, keep)
+
+    def load(self, ckpt_dir: str, tag: str | None = None) -> dict | None:
+        resumed = super().load(ckpt_dir, tag)
+        if resumed is not None and self.ema is not None:
+            self.ema.load(Path(ckpt_dir) / (tag or f"step{resumed['step']}"))
+        return resumed
+
     def load_model(self, given: NodeInputs):
         path = given.path("sft_model")
         self.tokenizer = checkpoint.load_tokenizer(path)
@@ -226,8 +263,7 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         """Every rank takes part (ZeRO-3 gathers each parameter on all of them); rank 0 broadcasts. With LoRA
         the merged weights are made whole on rank 0 first, then sent one tensor at a time."""
         merged = self.synced_state_dict() if self.signature else None
-        weight_sync.send(getattr(self, "weight_group", None), self.engine.module, wanted,
-                         self.engine.zero_optimization_stage() == 3, merged)
+        weight_sync.send(getattr(self, "weight_group", None), self.engine.module, wanted, self.zero3, merged)
 
     @torch.no_grad()
     def log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -252,9 +288,12 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         return actor_loss(self.engine, batch, self.rl, units, self.optim.aux_loss_coef)
 
     def export(self, out_dir: str) -> None:
-        """The policy as an HF checkpoint, or its LoRA adapter (ZeRO-3 partitions gathered; every rank must call)."""
+        """The policy as an HF checkpoint, or its LoRA adapter (ZeRO-3 partitions gathered; every rank must call);
+        with rl.actor.ema_beta, its moving average."""
         state = self.full_state_dict()
         if self.rank == 0:
+            if self.ema is not None and state is not None:
+                state = self.ema.applied(state, self.engine.module)
             lora.save_trained(self.engine.module, self.tokenizer, Path(out_dir), state, self.signature)
 
 

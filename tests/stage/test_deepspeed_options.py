@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from configs.schema import InfraConfig, TrainingConfig
 from stages.common import deepspeed_engine
 from stages.common.dist_env import free_port
+from stages.rl.ema import PolicyAverage
 
 
 def tiny_llama() -> LlamaForCausalLM:
@@ -72,6 +73,31 @@ def test_zero3_weights_are_gathered_whole_for_the_checkpoint():
     model = tiny_llama()
     model.load_state_dict(state, strict=False)  # what checkpoint.save writes loads back
     assert torch.equal(model.lm_head.weight, state["lm_head.weight"])
+
+
+def test_zero3_policy_average_gathers_each_partitioned_weight():
+    """rl.actor.ema_beta under ZeRO-3 (stages/rl/ema.py): each partitioned weight is gathered into the average, which
+    after three steps at beta 0.5 is W0/8 + W1/8 + W2/4 + W3/2 of the starting and per-step weights."""
+    deepspeed_engine.init_distributed()
+    train = TrainingConfig(lr=1e-2, micro_batch_size=2, warmup_ratio=0.0, min_lr_ratio=1.0)
+    config = deepspeed_engine.engine_config(InfraConfig(zero_stage=3), train, 3)
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    engine = deepspeed_engine.initialize(tiny_llama(), config)
+    ema = PolicyAverage(engine.module, 0.5, zero3=True, keeps=True)
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
+    weights = [deepspeed_engine.full_state_dict(engine)]
+    for _ in range(3):
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()
+        ema.update(engine.module)
+        weights.append(deepspeed_engine.full_state_dict(engine))
+    assert all(p.numel() == 0 for p in engine.module.parameters())  # partitioned: nothing whole outside a gather
+    w0, w1, w2, w3 = weights
+    averaged = ema.applied(w3, engine.module)
+    for name in ema.average:
+        expected = w0[name] / 8 + w1[name] / 8 + w2[name] / 4 + w3[name] / 2
+        assert torch.allclose(averaged[name], expected, atol=1e-6), name
+    assert not torch.equal(averaged["model.embed_tokens.weight"], w3["model.embed_tokens.weight"])
 
 
 KERNEL_CHECK = """

@@ -334,6 +334,78 @@ def test_while_the_critic_warms_up_the_policy_is_left_as_it_was(prepared, length
     assert all(torch.equal(after[k], before[k]) for k in before)
 
 
+# a rollout (4 prompts x 4 samples) is one optimizer step (one average update); greedy evals only
+ONE_UPDATE = ["rl.train_batch_size=16", "eval.samples_per_prompt=0"]
+
+
+def tag_weights(root, step: int) -> dict[str, torch.Tensor]:
+    """The policy's weights in its resumable checkpoint of `step` (ZeRO-2: DeepSpeed's model states hold them whole)."""
+    path = root / "work" / "checkpoints" / "policy" / f"step{step}" / "mp_rank_00_model_states.pt"
+    return torch.load(path, map_location="cpu", weights_only=False)["module"]
+
+
+def tags(root, model: str = "policy") -> set[str]:
+    return {p.name for p in (root / "work" / "checkpoints" / model).iterdir() if p.is_dir()}
+
+
+@pytest.fixture(scope="module")
+def stepwise(prepared, grpo_args, tmp_path_factory):
+    """Four one-update GRPO steps, each checkpointed and kept (the last is the output): the policy's weights
+    after every step, which the runs below with the same settings must reproduce."""
+    root = tmp_path_factory.mktemp("stepwise")
+    result, logged = run_rl(prepared, root, [*grpo_args, *ONE_UPDATE, "rl.max_steps=4", "rl.max_checkpoints=4"])
+    weights = {0: load_file(prepared["base_model"] / "model.safetensors"), 4: load_file(result.outputs["rl_model"] / "model.safetensors")}
+    weights |= {step: tag_weights(root, step) for step in (1, 2, 3)}
+    return root, weights, logged
+
+
+def gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest difference between two state dicts, over the first's keys (the output's: a tied head once)."""
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_max_checkpoints_keeps_that_many_and_the_output_is_the_last_step(stepwise):
+    """rl.max_checkpoints (OpenRLHF's --ckpt.max_num) 4: every checkpoint of the run stays (the last step is the
+    output, not a checkpoint); without ema or a best metric the output is the last step's policy."""
+    root, weights, _ = stepwise
+    assert tags(root) == {"step1", "step2", "step3"} and not (root / "work" / "checkpoints" / "best").exists()
+    assert gap(weights[4], weights[3]) > 1e-4  # a trained step
+
+
+def test_the_saved_policy_is_the_moving_average_of_the_trained_weights_and_resumes(grpo_args, prepared, stepwise, tmp_path):
+    """rl.actor.ema_beta=0.75 (OpenRLHF's --enable_ema --ema_beta 0.75) over two one-update steps, killed after the
+    second and resumed from the step-1 checkpoint: the output is 0.75 x (0.75 x W0 + 0.25 x W1) + 0.25 x W2 =
+    0.5625 W0 + 0.1875 W1 + 0.25 W2 of the SFT weights W0 and the trained weights W1, W2 (the stepwise run's:
+    the average does not change training), which the resumed run reaches only from the checkpointed average."""
+    _, w, _ = stepwise
+    args = [*grpo_args, *ONE_UPDATE, "rl.max_steps=2", "rl.actor.ema_beta=0.75", "rl.eval_every=2"]
+    with pytest.raises(RuntimeError, match="killed at step 2"):
+        run_rl(prepared, tmp_path, args, fail_at=2)
+    assert gap(w[1], tag_weights(tmp_path, 1)) == 0.0  # the average is not what trains
+    saved = torch.load(tmp_path / "work" / "checkpoints" / "policy" / "step1" / "ema.pt")
+    assert gap(saved, {k: 0.75 * w[0][k] + 0.25 * w[1][k] for k in saved}) < 1e-6
+    result, _ = run_rl(prepared, tmp_path, args)
+    assert result.metrics["resumed_from_step"] == 1.0
+    out = load_file(result.outputs["rl_model"] / "model.safetensors")
+    assert gap(out, {k: 0.5625 * w[0][k] + 0.1875 * w[1][k] + 0.25 * w[2][k] for k in out}) < 1e-6
+    assert gap(out, w[2]) > 1e-4  # not the trained weights
+
+
+def test_the_output_is_the_policy_of_the_best_eval_step(grpo_args, prepared, stepwise, tmp_path):
+    """rl.best_metric=reward (OpenRLHF's --ckpt.best_metric_key) over four steps evaluated each: the output is the
+    weights of the first step with the highest held-out reward, its metrics the stage's, and the step is
+    logged; rl.max_checkpoints=2 leaves the newest two checkpoints (of steps 1-3) on disk."""
+    _, w, every = stepwise
+    result, logged = run_rl(prepared, tmp_path, [*grpo_args, *ONE_UPDATE, "rl.max_steps=4", "rl.max_checkpoints=2",
+                                                 "rl.best_metric=reward"])
+    rewards = {s: m["eval/reward"] for s, m in logged if s > 0 and "eval/reward" in m}
+    assert rewards == {s: m["eval/reward"] for s, m in every if s > 0 and "eval/reward" in m}  # the same training
+    best = min(s for s in rewards if rewards[s] == max(rewards.values()))
+    assert result.metrics["best_step"] == float(best) and result.metrics["eval/reward"] == rewards[best]
+    assert gap(load_file(result.outputs["rl_model"] / "model.safetensors"), w[best]) == 0.0
+    assert tags(tmp_path) == {"step2", "step3"}
+
+
 def test_actor_groups_that_do_not_fit_the_cluster_fail_with_one_line(prepared, tmp_path):
     with pytest.raises(PipelineError, match=r"stage rl needs 8 CPU .* the Ray cluster has 2 CPU .*rl.placement.colocate_all: true"):
         run_rl(prepared, tmp_path, ["rl.placement.colocate_all=false"])

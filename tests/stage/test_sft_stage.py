@@ -78,6 +78,17 @@ def test_killed_run_resumes_from_last_checkpoint_and_matches_uninterrupted(fast_
     assert max(float((full[k] - again[k]).abs().max()) for k in full) < 1e-5
 
 
+def test_max_checkpoints_keeps_the_newest_resumable_checkpoints(fast_config, prepared, trained, tmp_path):
+    """sft.max_checkpoints (OpenRLHF's --ckpt.max_num) 2 of the checkpoints at steps 5, 10 and 15 of 20: the newest
+    two stay; the default keeps one (the module's run: step 20 of 30)."""
+    cfg = fast_config.model_copy(update={"sft": fast_config.sft.model_copy(update={"max_steps": 20, "save_every": 5,
+                                                                                   "max_checkpoints": 2})})
+    sft.run(make_ctx("sft", cfg, tmp_path, Recorder()), {k: prepared[k] for k in ("base_model", "sft_data")})
+    assert {p.name for p in (tmp_path / "work" / "checkpoints").iterdir() if p.is_dir()} == {"step10", "step15"}
+    kept = trained[0].outputs["sft_model"].parent.parent / "work" / "checkpoints"
+    assert {p.name for p in kept.iterdir() if p.is_dir()} == {"step20"}
+
+
 def test_packed_batches_train_as_padded_ones(fast_config, prepared, trained, tmp_path):
     """`sft.packing`: the same micro-batches as one padding-free row each give the padded run's losses
     and weights (only the float summation order differs)."""

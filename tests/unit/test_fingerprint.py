@@ -101,6 +101,7 @@ SFT_DEFAULTS = {
     "gradient_checkpointing": False,
     "eval_every": 50,
     "save_every": 50,
+    "max_checkpoints": 1,
     "aux_loss_coef": 0.0,
     "lora": {"rank": 0, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear", "load_in_4bit": False},
     "packing": False,

@@ -297,3 +297,23 @@ def test_an_unknown_flag_is_listed_not_an_error():
 
 def test_the_docs_page_is_what_the_table_generates():
     assert DOC.read_text() == page(), f"docs/from-openrlhf.md is stale: run `{COMMAND}`"
+
+
+def test_ema_best_metric_and_checkpoint_count_are_mapped():
+    base = "python -m openrlhf.cli.train_ppo_ray --pretrain m --prompt_data d --remote_rm_url r.py"
+    text, _ = converted(base + " --ema_beta 0.9 --enable_ema --best_metric_key eval_gsm8k_pass1 --max_ckpt_num 5", "a.sh")
+    cfg = PipelineConfig.model_validate(yaml.safe_load(text))
+    # --ema_beta before --enable_ema on the line: still the beta given, not OpenRLHF's default
+    assert (cfg.rl.actor.ema_beta, cfg.rl.best_metric, cfg.rl.max_checkpoints) == (0.9, "sampled_reward", 5)
+    text, _ = converted(base + " --train.enable_ema --ckpt.best_metric_key eval_math_pass8 --eval.n_samples_per_prompt 8", "b.sh")
+    cfg = PipelineConfig.model_validate(yaml.safe_load(text))
+    assert (cfg.rl.actor.ema_beta, cfg.rl.best_metric, cfg.rl.max_checkpoints) == (0.992, "pass_at_k", 3)  # OpenRLHF's defaults
+    text, _ = converted(base + " --ema_beta 0.5 --best_metric_key none --ckpt.max_mem 10", "c.sh")
+    cfg = PipelineConfig.model_validate(yaml.safe_load(text))
+    assert (cfg.rl.actor.ema_beta, cfg.rl.best_metric) == (None, None)
+    lines = not_mapped(text)
+    assert "--ema_beta 0.5: takes effect only with --enable_ema (line 1)" in lines
+    assert "--best_metric_key none: none: OpenRLHF's output is the last step's policy, as the default here (line 1)" in lines
+    assert any(line.startswith("--ckpt.max_mem 10: no counterpart yet: checkpoints are counted") for line in lines)
+    text, _ = converted("deepspeed --module openrlhf.cli.train_sft --pretrain m --dataset d --max_ckpt_num 2", "d.sh")
+    assert PipelineConfig.model_validate(yaml.safe_load(text)).sft.max_checkpoints == 2

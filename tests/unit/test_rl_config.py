@@ -145,3 +145,26 @@ def test_engine_config_has_no_scheduler_for_a_constant_lr():
     assert "scheduler" not in const
     decayed = engine_config(InfraConfig(), TrainingConfig(warmup_ratio=0.1, min_lr_ratio=0.1), 100)
     assert decayed["scheduler"]["params"]["warmup_num_steps"] == 10
+
+
+def test_the_moving_average_is_the_policys_with_a_beta_in_zero_to_one():
+    assert load_config(None, []).rl.actor.ema_beta is None  # off, as OpenRLHF's --enable_ema
+    assert load_config(None, ["rl.actor.ema_beta=0"]).rl.actor.ema_beta == 0.0
+    with pytest.raises(ConfigError, match=r"rl.actor.ema_beta: Input should be less than or equal to 1"):
+        load_config(None, ["rl.actor.ema_beta=1.5"])
+    with pytest.raises(ConfigError, match=r"unknown key 'rl.critic.ema_beta'"):
+        load_config(None, ["rl.critic.ema_beta=0.9"])
+
+
+def test_the_best_metric_must_be_one_the_evals_report_and_rank_by():
+    assert load_config("tiny", ["rl.best_metric=accuracy"]).rl.best_metric == "accuracy"
+    with pytest.raises(ConfigError, match=r"rl.best_metric=accuracy checks answers with eval.answer_pattern, which is empty: "
+                                          r"set eval.answer_pattern or use rl.best_metric=reward"):
+        load_config("tiny", ["rl.best_metric=accuracy", "eval.answer_pattern=null", "eval.metric=reward"])
+    with pytest.raises(ConfigError, match=r"rl.best_metric=sampled_reward needs sampled responses: eval.samples_per_prompt "
+                                          r"must be > 0"):
+        load_config("tiny", ["rl.best_metric=sampled_reward", "eval.samples_per_prompt=0", "eval.metric=reward"])
+    with pytest.raises(ConfigError, match=r"rl.best_metric: Value error, response_length is reported but ranks no model"):
+        load_config(None, ["rl.best_metric=response_length"])
+    with pytest.raises(ConfigError, match=r"rl.max_checkpoints: Input should be greater than 0"):
+        load_config(None, ["rl.max_checkpoints=0"])
