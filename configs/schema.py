@@ -43,6 +43,9 @@ class ModelConfig(Section):
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto", description="auto: flash_attention_2 on a CUDA GPU with flash-attn installed, else PyTorch sdpa")
     trust_remote_code: bool = Field(False, description="run the model repository's own modelling code (transformers' trust_remote_code)")
+    use_liger_kernel: bool = Field(False, description="Liger's Triton kernels (RMSNorm, rotary embeddings, SwiGLU) in every "
+                                                      "causal LM a stage trains or runs (OpenRLHF's --ds.use_liger_kernel); "
+                                                      "needs a CUDA GPU and liger-kernel (the gpu extra)")
 
 
 class SyntheticTaskConfig(Section):

@@ -259,6 +259,11 @@ def test_a_script_that_calls_another_module_says_so():
         converted((SCRIPTS / "train_nonrl_slurm.sh").read_text(), "train_nonrl_slurm.sh")
 
 
+def test_liger_kernels():
+    text, _ = converted("python -m openrlhf.cli.train_ppo_ray --pretrain m --prompt_data p --use_liger_kernel\n", "s.sh")
+    assert flows.from_openrlhf.load(text, "s.sh").model.use_liger_kernel
+
+
 def test_an_unknown_flag_is_listed_not_an_error():
     text, _ = converted("deepspeed --module openrlhf.cli.train_rm --pretrain m --dataset d --reward_pretrain r\n", "s.sh")
     assert "--reward_pretrain r: unknown to OpenRLHF's train_rm (line 1)" in not_mapped(text)
