@@ -43,6 +43,9 @@ class ModelConfig(Section):
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto", description="auto: flash_attention_2 on a CUDA GPU with flash-attn installed, else PyTorch sdpa")
     trust_remote_code: bool = Field(False, description="run the model repository's own modelling code (transformers' trust_remote_code)")
+    use_liger_kernel: bool = Field(False, description="Liger's Triton kernels (RMSNorm, rotary embeddings, SwiGLU) in every "
+                                                      "causal LM a stage trains or runs (OpenRLHF's --ds.use_liger_kernel); "
+                                                      "needs a CUDA GPU and liger-kernel (the gpu extra)")
 
 
 class SyntheticTaskConfig(Section):
@@ -443,6 +446,11 @@ class RewardConfig(Section):
     rm_paths: list[str] = Field(default_factory=list, description="RM checkpoints, combined by rm_combine; empty: the pipeline's own")
     rm_combine: Literal["sum", "mean"] = Field("sum", description="several RMs' rewards summed (OpenRLHF's, for several "
                                                                  "--reward.model_name_or_path) or averaged")
+    normalize: bool | None = Field(None, description="each RM's rewards as (r - mean) / std with the statistics its "
+                                                     "config.json stores (OpenRLHF's --reward.normalize_enable): ours as "
+                                                     "reward_mean and reward_std, OpenRLHF's as mean and std; false: raw "
+                                                     "rewards; empty: as the checkpoint's normalize_reward says (rm."
+                                                     "normalize_reward when the pipeline trains it; false in OpenRLHF's)")
     prm_path: str | None = Field(None, description="PRM checkpoint; empty: the pipeline's own")
     prm_aggregate: Literal["min", "mean", "last"] = Field("min", description="how a PRM's step scores make a response's reward")
     func_path: str | None = Field(None, description="a file defining reward_func(queries, prompts, labels); relative paths are "
@@ -669,6 +677,11 @@ class PlacementConfig(Section):
     colocate_models: bool = Field(False, description="every model group (policy, critic, reference, reward) shares the "
                                                      "policy's bundles, the rollout engines keep their own (the layout "
                                                      "rl.rollout.async_train overlaps on a small cluster)")
+    ref_offload: bool = Field(False, description="the reference model's weights stay in host memory (pinned on a CUDA "
+                                                 "machine) and go to the device only for its log-prob passes (OpenRLHF's "
+                                                 "--ref.offload); the same log-probs, the device's memory free between them")
+    reward_offload: bool = Field(False, description="the same for the reward model(s) of reward.source rm or prm, "
+                                                    "on the device only while they score (OpenRLHF's --reward.offload)")
 
 
 class AgentConfig(Section):

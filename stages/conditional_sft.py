@@ -44,7 +44,7 @@ def scores(ctx: StageContext, rows: dict[str, list[dict]], tokenizer, own_rm: Pa
     path = ctx.work_dir / "scores.pt"
     if path.is_file():
         return torch.load(path)
-    rm, out = reward_models(ctx.config.reward, own_rm), {}
+    rm, out = reward_models(ctx.config.reward, own_rm, offload=False), {}
     for split, split_rows in rows.items():
         for i, row in enumerate(split_rows):
             if len(row["texts"]) != 2 or row["train"] != [False, True]:

@@ -111,7 +111,7 @@ def add_placeholder_token(tokenizer, token: str) -> bool:
 def resize_base_model(cfg: PipelineConfig, tokenizer, base_dir: Path, why: str) -> None:
     """The base model with embeddings for every token of `tokenizer`, saved in full, with `tokenizer`, to
     `base_dir` (replacing a pointer to the original checkpoint); `why` says what changed in the tokenizer."""
-    model = checkpoint.load_causal_lm(cfg.model.name_or_path or base_dir, cfg.model)
+    model = checkpoint.load_causal_lm(cfg.model.name_or_path or base_dir, cfg.model, kernels=False)  # copied, not run
     embeddings = cast("torch.nn.Embedding", model.get_input_embeddings())  # transformers types it as any nn.Module
     if len(tokenizer) > embeddings.num_embeddings:  # a padded vocabulary (Qwen2) may hold it already
         model.resize_token_embeddings(len(tokenizer))

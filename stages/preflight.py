@@ -167,7 +167,7 @@ def check_model_family(cfg: PipelineConfig) -> None:
 
 def check_local_resources(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
     """A local Ray cluster has `infra.num_cpus` CPUs (default: all): training stages must fit in it; and
-    this machine's GPUs: options that need CUDA (flash attention, QLoRA) fail here when it has none."""
+    this machine's GPUs: options that need CUDA (flash attention, Liger's kernels, QLoRA) fail here when it has none."""
     size = local_cluster(cfg)
     if size is None:
         return  # a remote cluster's size is checked when the stage asks for it
@@ -182,6 +182,10 @@ def check_local_resources(cfg: PipelineConfig, only: Sequence[str] = ()) -> None
         from stages.common import checkpoint
 
         checkpoint.require_flash_attn()
+    if cfg.model.use_liger_kernel:
+        from stages.common import liger
+
+        liger.require()
     for section in LORA_SECTIONS:
         if lora_of(cfg, section).load_in_4bit:
             from stages.common import lora

@@ -19,6 +19,7 @@ from transformers import __version__ as transformers_version
 
 from configs.errors import CheckpointError, first_line
 from configs.schema import ModelConfig
+from stages.common import liger
 from stages.common.checkpoint_paths import resolve
 from stages.common.precision import torch_dtype
 
@@ -64,11 +65,15 @@ def model_type_of(source: str) -> str | None:
         return None
 
 
-def load_causal_lm(path: str | Path, model_cfg: ModelConfig, precision: str = "fp32", **kwargs) -> PreTrainedModel:
-    """`kwargs` go to `from_pretrained` (e.g. QLoRA's quantization config)."""
+def load_causal_lm(path: str | Path, model_cfg: ModelConfig, precision: str = "fp32", kernels: bool = True,
+                   **kwargs) -> PreTrainedModel:
+    """`kwargs` go to `from_pretrained` (e.g. QLoRA's quantization config). `kernels`: Liger's, where
+    `model.use_liger_kernel` asks for them (off for a model that is only copied, never run)."""
     source = resolve(path)
+    if kernels and model_cfg.use_liger_kernel:
+        liger.require()  # before the weights load
     try:
-        return AutoModelForCausalLM.from_pretrained(
+        model = AutoModelForCausalLM.from_pretrained(
             source,
             dtype=torch_dtype(precision),
             attn_implementation=attn_implementation(model_cfg),
@@ -77,6 +82,9 @@ def load_causal_lm(path: str | Path, model_cfg: ModelConfig, precision: str = "f
         )
     except Exception as exc:
         raise CheckpointError(f"{source}: cannot load as a causal LM ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
+    if kernels and model_cfg.use_liger_kernel:
+        liger.apply(model)
+    return model
 
 
 @contextmanager

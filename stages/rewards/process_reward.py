@@ -16,6 +16,7 @@ import torch
 from configs.schema import ModelConfig
 from stages.common.checkpoint import default_device, load_causal_lm, load_tokenizer
 from stages.common.checkpoint_paths import resolve, validate
+from stages.common.offload import FrozenModel
 from stages.common.tokenization import pad_batch
 from stages.rewards.base import RewardBatch, check_batch
 from stages.rewards.errors import RewardError
@@ -65,15 +66,16 @@ def step_probabilities(logits: torch.Tensor, good_id: int, bad_id: int) -> torch
 
 
 class ProcessRewardScorer:
+    """`offload`: the PRM's weights stay in host memory between scoring calls (stages/common/offload.py)."""
+
     def __init__(self, path: str | Path, aggregate: Aggregate = "min", batch_size: int = 32,
-                 device: str | None = None) -> None:
+                 device: str | None = None, offload: bool = False) -> None:
         source = resolve(path)
         validate(source, field="PRM path")
         self.how, self.batch_size = aggregate, batch_size
-        # transformers wraps `to` in functools.wraps, whose typeshed type does not bind `self`
-        self.model = load_causal_lm(source, ModelConfig()).to(device or default_device()).eval()  # type: ignore[arg-type]
+        self.held = FrozenModel(load_causal_lm(source, ModelConfig()).eval(), device or default_device(), offload)
         self.tokenizer = load_tokenizer(source)
-        cfg = self.model.config
+        cfg = self.held.module.config
         missing = [k for k in ("prm_placeholder_token", "prm_reward_tokens", "prm_step_separator") if not hasattr(cfg, k)]
         if missing:
             raise RewardError(f"{source}: not a process reward model (config.json lacks {', '.join(missing)}; "
@@ -90,7 +92,6 @@ class ProcessRewardScorer:
             raise RewardError(f"{source}: PRM token {text!r} is {len(ids)} tokens in its tokenizer, expected 1")
         return ids[0]
 
-    @torch.inference_mode()
     def step_scores(self, prompts: list[str], responses: list[str]) -> list[list[float]]:
         """P(good) at every step of every response."""
         rows = []
@@ -101,8 +102,13 @@ class ProcessRewardScorer:
             text = with_placeholders(response, self.placeholder, self.separator)
             r_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             rows.append((p_ids + r_ids, [len(p_ids) + i for i, t in enumerate(r_ids) if t == self.placeholder_id]))
+        with self.held.use() as model:
+            return self._step_probabilities(model, rows)
+
+    @torch.inference_mode()
+    def _step_probabilities(self, model, rows: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         pad = self.tokenizer.pad_token_id
-        device = self.model.device
+        device = model.device
         out: list[list[float]] = []
         for start in range(0, len(rows), self.batch_size):
             chunk = rows[start : start + self.batch_size]
@@ -111,8 +117,8 @@ class ProcessRewardScorer:
             # Logits only at the batch's placeholder positions: [B, T, vocab] would not fit for real vocabularies.
             keep = sorted({p for _, positions in chunk for p in positions}) or [0]
             column = {p: j for j, p in enumerate(keep)}
-            logits = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
-                                logits_to_keep=torch.tensor(keep, device=device), use_cache=False).logits
+            logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
+                           logits_to_keep=torch.tensor(keep, device=device), use_cache=False).logits
             probs = step_probabilities(logits, self.good_id, self.bad_id).cpu()
             out += [[probs[i, column[p]].item() for p in positions] for i, (_, positions) in enumerate(chunk)]
         return out

@@ -2,7 +2,8 @@
 
 A reward-model checkpoint is an HF directory whose config.json adds `value_head_prefix` (the
 head's weight is `<prefix>.weight`, shape [1, hidden]), `normalize_reward`, `reward_mean` and
-`reward_std`. With the default prefix `score` it is also what
+`reward_std` (OpenRLHF's RM checkpoints store the statistics as `mean` and `std`, which are read where
+ours are absent). With the default prefix `score` it is also what
 `AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)` loads. The backbone is
 loaded with `AutoModel` and the head read from the weights, so any prefix works.
 """
@@ -24,6 +25,7 @@ from transformers.utils import logging as hf_logging
 from configs.errors import CheckpointError, first_line
 from stages.common.checkpoint import default_device, load_tokenizer
 from stages.common.checkpoint_paths import resolve, validate
+from stages.common.offload import FrozenModel
 from stages.common.precision import torch_dtype
 from stages.common.tokenization import last_token_index, pad_batch
 from stages.rewards.base import RewardBatch, check_batch
@@ -106,9 +108,40 @@ class RewardHead:
         return folded
 
 
-def read_reward_head(source: str) -> RewardHead:
+def stored_statistics(config) -> tuple[float, float] | None:
+    """The (mean, std) of rewards a checkpoint's config stores: ours as `reward_mean`/`reward_std`, else
+    OpenRLHF's as `mean`/`std` (its RM trainer's eval statistics); None when it stores neither pair."""
+    for mean_key, std_key in (("reward_mean", "reward_std"), ("mean", "std")):
+        mean, std = getattr(config, mean_key, None), getattr(config, std_key, None)
+        if mean is not None and std is not None:
+            return float(mean), float(std)
+    return None
+
+
+def normalization(source: str, config, normalize: bool | None) -> tuple[bool, float, float]:
+    """(normalize?, mean, std) for an RM: `normalize` (reward.normalize) where given, else the checkpoint's own
+    `normalize_reward`; normalizing without stored statistics, or with a std that is not > 0, is a one-line error."""
+    asked_by = "reward.normalize=true" if normalize else "its config.json's normalize_reward"
+    if normalize is None:
+        normalize = bool(getattr(config, "normalize_reward", False))
+    if not normalize:
+        return False, 0.0, 1.0
+    stats = stored_statistics(config)
+    if stats is None:
+        raise RewardError(f"{source}: {asked_by} asks for normalized rewards, and its config.json stores no reward "
+                          "statistics (reward_mean and reward_std, or OpenRLHF's mean and std); set reward.normalize=false "
+                          "for its raw rewards")
+    mean, std = stats
+    if not std > 0:
+        raise RewardError(f"{source}: {asked_by} asks for normalized rewards, and its stored reward std is {std} "
+                          "(must be > 0); set reward.normalize=false for its raw rewards")
+    return True, mean, std
+
+
+def read_reward_head(source: str, normalize: bool | None = None) -> RewardHead:
     """The value head `<value_head_prefix>.weight` (and bias) of the RM checkpoint at `source` and its reward
-    statistics, checked: one-line errors name what is wrong."""
+    statistics, checked: one-line errors name what is wrong. `normalize`: reward.normalize (None: as the
+    checkpoint says)."""
     try:
         config = AutoConfig.from_pretrained(source)
     except Exception as exc:  # IO and parsing errors vary; one line is what the user needs
@@ -119,18 +152,16 @@ def read_reward_head(source: str) -> RewardHead:
     if tuple(head.weight.shape) != (1, hidden):
         raise RewardError(f"{source}: {prefix}.weight has shape {tuple(head.weight.shape)}, expected (1, {hidden}) "
                           "(not a scalar reward model)")
-    std = float(getattr(config, "reward_std", 1.0))
-    normalize = bool(getattr(config, "normalize_reward", False))
-    if normalize and not std > 0:
-        raise RewardError(f"{source}: normalize_reward is set but reward_std={std} (must be > 0)")
-    return RewardHead(head, normalize, float(getattr(config, "reward_mean", 0.0)), std)
+    return RewardHead(head, *normalization(source, config, normalize))
 
 
-def load_reward_model(path: str | Path, device: str | None = None, precision: str = "fp32") -> RewardModel:
-    """Load an RM checkpoint; a directory that is not one is a one-line error."""
+def load_reward_model(path: str | Path, device: str | None = None, precision: str = "fp32",
+                      normalize: bool | None = None) -> RewardModel:
+    """Load an RM checkpoint; a directory that is not one is a one-line error. `normalize`: reward.normalize
+    (None: as the checkpoint says)."""
     source = resolve(path)
     validate(source, field="reward model path")
-    read = read_reward_head(source)
+    read = read_reward_head(source, normalize)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the head's weights are "unused" by AutoModel on purpose
     try:
@@ -173,16 +204,20 @@ def _load_head(source: str, prefix: str) -> torch.nn.Linear:
 
 
 class RewardModelScorer:
-    """One or more RMs; their rewards (each normalized as its config says) summed, as OpenRLHF combines several,
-    or averaged (`combine`)."""
+    """One or more RMs; their rewards (each normalized as `normalize` or, where it is None, its config says)
+    summed, as OpenRLHF combines several, or averaged (`combine`). `offload`: each RM's weights stay in host
+    memory between scoring calls (stages/common/offload.py)."""
 
     def __init__(self, paths: list[str | Path], batch_size: int = 32, device: str | None = None,
-                 precision: str = "fp32", combine: str = "sum") -> None:
+                 precision: str = "fp32", combine: str = "sum", normalize: bool | None = None,
+                 offload: bool = False) -> None:
         if not paths:
             raise RewardError("no reward model to score with (empty list of RM paths)")
         self.paths = [str(p) for p in paths]
         self.batch_size, self.combine = batch_size, combine
-        self.models = [load_reward_model(p, device, precision) for p in paths]
+        device = device or default_device()
+        self.models = [FrozenModel(load_reward_model(p, "cpu" if offload else device, precision, normalize), device, offload)
+                       for p in paths]
 
     def score_queries(self, queries: list[str]) -> torch.Tensor:
         """One reward per query text (prompt + response as one string), float32 on the CPU."""
@@ -193,5 +228,9 @@ class RewardModelScorer:
         return RewardBatch(rewards=self._combined(lambda m: m.score_pairs(prompts, responses, self.batch_size)))
 
     def _combined(self, rewards_of: Callable[[RewardModel], torch.Tensor]) -> torch.Tensor:
-        each = torch.stack([rewards_of(m) for m in self.models])
-        return each.sum(0) if self.combine == "sum" else each.mean(0)
+        each = []
+        for held in self.models:  # offloaded: one RM on the device at a time
+            with held.use() as model:
+                each.append(rewards_of(model))
+        stacked = torch.stack(each)
+        return stacked.sum(0) if self.combine == "sum" else stacked.mean(0)

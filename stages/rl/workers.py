@@ -17,6 +17,7 @@ import torch
 from configs.schema import PipelineConfig, RLConfig, RLModelConfig, TrainingConfig
 from stages.common import checkpoint, deepspeed_engine, dist_env, lora, moe, packing, shared_prompt
 from stages.common.generation import sampling_config
+from stages.common.offload import FrozenModel
 from stages.common.trainer import build_engine
 from stages.contract import NodeInputs
 from stages.rl import agent, critic_model, weight_sync
@@ -121,17 +122,24 @@ def rank_mean(values: dict[str, float], world: int) -> dict[str, float]:
     return dict(zip(values, (t / world).tolist()))
 
 
+def load_reference(path: str, cfg: PipelineConfig) -> FrozenModel[PreTrainedModel]:
+    """The frozen SFT policy on this worker's device, or in host memory between its passes (rl.placement.ref_offload)."""
+    model = checkpoint.load_causal_lm(path, cfg.model, cfg.infra.precision).eval()
+    return FrozenModel(model, checkpoint.default_device(), cfg.rl.placement.ref_offload)
+
+
 class HoldsReference:
     """The frozen SFT policy's log-probs, for the KL term (`self.reference`, `self.rl` set by the holder)."""
 
     rl: RLConfig
-    reference: PreTrainedModel
+    reference: FrozenModel[PreTrainedModel]
 
     @torch.no_grad()
     def ref_log_probs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        layout = row_layout(self.rl, self.reference)
-        return per_micro_batch(lambda m: token_log_probs(self.reference, m, self.rl.rollout.temperature, layout=layout),
-                               batch, self.rl, self.reference.device)
+        with self.reference.use() as model:
+            layout = row_layout(self.rl, model)
+            return per_micro_batch(lambda m: token_log_probs(model, m, self.rl.rollout.temperature, layout=layout),
+                                   batch, self.rl, model.device)
 
 
 class TrainerWorker(Worker):
@@ -245,7 +253,7 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         if hosts(self.cfg).get(Role.REF) == Role.ACTOR and self.rl.algorithm.needs_reference:
             # verl's fused actor/rollout/ref worker: the KL term's model scores in this hot process, with
             # no actor of its own (a reference actor takes longer for the same pass)
-            self.reference = checkpoint.load_frozen_lm(path, self.cfg.model, self.cfg.infra.precision)
+            self.reference = load_reference(path, self.cfg)
         return model
 
     def synced_state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -388,7 +396,7 @@ class ReferenceWorker(Worker, HoldsReference):
     def __init__(self, cfg: PipelineConfig, given: NodeInputs, threads: int):
         super().__init__(threads)
         self.rl = cfg.rl
-        self.reference = checkpoint.load_frozen_lm(given.path("sft_model"), cfg.model, cfg.infra.precision)
+        self.reference = load_reference(given.path("sft_model"), cfg)
 
 
 class RewardWorker(Worker):
@@ -404,7 +412,8 @@ class RewardWorker(Worker):
         os.chdir(cwd)  # a relative reward.func_path means what it meant to the user
         # an agent's episodes give their own rewards: the reward section then scores nothing here
         self.episodes = agent.Episodes(agent.resolve(cfg.rl.agent.path)) if cfg.rl.agent.path else None
-        self.scorer = None if self.episodes else build_scorer(cfg.reward, {name: given.path(name) for name in models})
+        self.scorer = None if self.episodes else build_scorer(cfg.reward, {name: given.path(name) for name in models},
+                                                              offload=cfg.rl.placement.reward_offload)
 
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]):
         if self.scorer is None:

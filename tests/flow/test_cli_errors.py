@@ -145,6 +145,12 @@ def test_flash_attention_without_a_gpu(cli, workdir):
     assert_no_work_started(workdir)
 
 
+def test_liger_kernels_without_a_gpu(cli, workdir):
+    assert_one_line_error(cli("run", "model.use_liger_kernel=true"),
+                          "model.use_liger_kernel needs a CUDA GPU (Liger's kernels are Triton)", "model.use_liger_kernel=false")
+    assert_no_work_started(workdir)
+
+
 @pytest.fixture(scope="module")
 def adapter(local_checkpoint, tmp_path_factory) -> Path:
     """A LoRA adapter on `local_checkpoint` with non-zero (random) B matrices, so merging changes the weights."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -119,6 +120,62 @@ def test_normalized_rm(tok, rms):
     assert torch.equal(normalized, (raw - 0.25) / 2.0)
 
 
+def constant_rm(tok, out: Path, bias: float, **fields) -> Path:
+    """An RM whose head has zero weights and bias `bias`: its raw reward is `bias` for every text, exactly. `fields`
+    go to config.json beside the architecture's (e.g. OpenRLHF's `mean` and `std`)."""
+    save_rm(tok, out, seed=0)
+    config = json.loads((out / "config.json").read_text())
+    for key in ("normalize_reward", "reward_mean", "reward_std"):
+        config.pop(key)
+    (out / "config.json").write_text(json.dumps({**config, **fields}))
+    state = load_file(out / "model.safetensors")
+    state["score.weight"] = torch.zeros_like(state["score.weight"])
+    state["score.bias"] = torch.tensor([bias])
+    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def rewards(path: Path, normalize: bool | None) -> list[float]:
+    scorer = build_scorer(RewardConfig(source="rm", rm_paths=[str(path)], normalize=normalize))
+    return scorer.score(["Compute 1+2", ""], ["3", "Compute 4+4\n8"], [None, None]).rewards.tolist()
+
+
+def test_reward_normalize_reads_openrlhfs_mean_and_std(tok, tmp_path):
+    """OpenRLHF's RM trainer stores its eval statistics as `mean` and `std`, and saves normalize_reward false:
+    reward.normalize=true (its --normalize_reward) normalizes with them. Raw reward 3, mean 1, std 0.5:
+    (3 - 1) / 0.5 = 4."""
+    path = constant_rm(tok, tmp_path / "openrlhf_rm", 3.0, normalize_reward=False, mean=1.0, std=0.5)
+    assert rewards(path, True) == [4.0, 4.0]
+    assert rewards(path, None) == [3.0, 3.0]  # as the checkpoint says: raw
+    assert rewards(path, False) == [3.0, 3.0]
+
+
+def test_reward_normalize_reads_our_reward_mean_and_std_and_can_be_turned_off(tok, tmp_path):
+    """The rm stage's checkpoint: reward_mean and reward_std (taken before OpenRLHF's keys when it has both), and
+    normalize_reward true. Raw reward 3, mean -1, std 4: (3 + 1) / 4 = 1."""
+    path = constant_rm(tok, tmp_path / "our_rm", 3.0, normalize_reward=True, reward_mean=-1.0, reward_std=4.0,
+                       mean=100.0, std=100.0)
+    assert rewards(path, None) == [1.0, 1.0]  # as the checkpoint says: normalized
+    assert rewards(path, True) == [1.0, 1.0]
+    assert rewards(path, False) == [3.0, 3.0]  # the off switch: raw
+
+
+def test_normalizing_without_stored_statistics_is_one_line_naming_the_key_and_checkpoint(tok, tmp_path):
+    bare = constant_rm(tok, tmp_path / "bare", 3.0, normalize_reward=False)
+    with pytest.raises(RewardError, match=rf"^{bare}: reward.normalize=true asks for normalized rewards, and its config.json "
+                                          r"stores no reward statistics \(reward_mean and reward_std, or OpenRLHF's mean and "
+                                          r"std\); set reward.normalize=false for its raw rewards$"):
+        rewards(bare, True)
+    assert rewards(bare, None) == [3.0, 3.0]
+    says_so = constant_rm(tok, tmp_path / "says_so", 3.0, normalize_reward=True)
+    with pytest.raises(RewardError, match=rf"^{says_so}: its config.json's normalize_reward asks for normalized rewards"):
+        rewards(says_so, None)
+    assert rewards(says_so, False) == [3.0, 3.0]
+    zero_std = constant_rm(tok, tmp_path / "zero_std", 3.0, mean=1.0, std=0.0)
+    with pytest.raises(RewardError, match=r"its stored reward std is 0.0 \(must be > 0\)"):
+        rewards(zero_std, True)
+
+
 def test_rm_uses_own_checkpoint_when_none_configured(rms):
     scorer = build_scorer(RewardConfig(source="rm"), {"reward_model": rms["a"]})
     assert isinstance(scorer, RewardModelScorer) and scorer.paths == [str(rms["a"])]
@@ -170,6 +227,23 @@ def test_prm_step_scores_and_aggregates(tok, prm):
         assert rewards.tolist() == pytest.approx([aggregate(s, how) for s in steps])
     own = build_scorer(RewardConfig(source="prm", prm_aggregate="last"), {"prm": prm})
     assert isinstance(own, ProcessRewardScorer) and own.how == "last"
+
+
+def test_offloaded_scorers_score_as_the_resident_ones(tok, rms, prm):
+    """rl.placement.reward_offload: each model's weights in host memory, lent to the device for each scoring call
+    (one RM at a time); the same rewards."""
+    queries = texts(tok)
+    resident = RewardModelScorer([rms["a"], rms["b"]], batch_size=8)
+    offloaded = build_scorer(RewardConfig(source="rm", rm_paths=[str(rms["a"]), str(rms["b"])], batch_size=8), offload=True)
+    assert isinstance(offloaded, RewardModelScorer)
+    assert torch.equal(offloaded.score_queries(queries), resident.score_queries(queries))
+    assert [m.offload for m in offloaded.models] == [True, True] and [m.lent for m in offloaded.models] == [1, 1]
+    assert [m.lent for m in resident.models] == [0, 0]
+    prompts, responses = ["<|user|>\nCompute 3+4-1\n<|assistant|>\n"], [f"3+4=7{STEP}\n7-1=6{STEP}\n"]
+    steps = ProcessRewardScorer(prm).score(prompts, responses, [None]).step_rewards
+    held = build_scorer(RewardConfig(source="prm"), {"prm": prm}, offload=True)
+    assert isinstance(held, ProcessRewardScorer)
+    assert held.score(prompts, responses, [None]).step_rewards == steps and held.held.lent == 1
 
 
 def test_not_a_prm(rms):

@@ -290,6 +290,26 @@ def test_a_script_that_calls_another_module_says_so():
         converted((SCRIPTS / "train_nonrl_slurm.sh").read_text(), "train_nonrl_slurm.sh")
 
 
+def test_frozen_model_offload_reward_normalization_and_liger_kernels():
+    flat, _ = converted("python -m openrlhf.cli.train_ppo_ray --pretrain m --prompt_data p --reward_pretrain r "
+                        "--ref_reward_offload --normalize_reward --use_liger_kernel\n", "s.sh")
+    cfg = flows.from_openrlhf.load(flat, "s.sh")
+    assert cfg.rl.placement.ref_offload and cfg.rl.placement.reward_offload  # the flat flag: both frozen models
+    assert cfg.reward.normalize is True and cfg.model.use_liger_kernel
+    nested, _ = converted("python -m openrlhf.cli.train_ppo_ray --actor.model_name_or_path m --data.prompt_dataset p "
+                          "--reward.model_name_or_path r --reward.offload\n", "s.sh")
+    cfg = flows.from_openrlhf.load(nested, "s.sh")
+    assert cfg.rl.placement.reward_offload and not cfg.rl.placement.ref_offload  # the nested flags: one each
+    assert cfg.reward.normalize is None  # no --reward.normalize_enable: as the checkpoint says (false in OpenRLHF's)
+    # a reward function has no statistics: OpenRLHF ignores the flag, and so does the conversion, saying why
+    cfg, text = convert("train_ppo_with_reward_fn.sh")
+    assert cfg.reward.normalize is None
+    assert "--reward.normalize_enable: takes effect only with --reward_pretrain (line 42)" in not_mapped(text)
+    dpo, _ = converted("deepspeed --module openrlhf.cli.train_dpo --pretrain m --dataset d --ref_offload\n", "s.sh")
+    assert any(line.startswith("--ref_offload: the reference's log-probs are computed before the policy loads")
+               for line in not_mapped(dpo))
+
+
 def test_an_unknown_flag_is_listed_not_an_error():
     text, _ = converted("deepspeed --module openrlhf.cli.train_rm --pretrain m --dataset d --reward_pretrain r\n", "s.sh")
     assert "--reward_pretrain r: unknown to OpenRLHF's train_rm (line 1)" in not_mapped(text)

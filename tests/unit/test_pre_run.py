@@ -7,6 +7,7 @@ import pytest
 from configs import load_config
 from configs.errors import ConfigError, PipelineError, RewardError
 from flows import pre_run
+from flows.cli import main
 from stages import preflight
 
 pytestmark = pytest.mark.timeout(60)
@@ -61,3 +62,13 @@ def test_the_request_rlhf_run_checked_passes_at_once_while_its_flow_runs_and_no_
             pre_run.check(load_config(None, [*BAD, "seed=7"]), ["sft"], [])
     with pytest.raises(RewardError):
         pre_run.check(cfg, ["sft"], [])
+
+
+def test_rlhf_check_reports_liger_kernels_asked_for_on_a_machine_without_a_gpu(capsys):
+    assert [str(p) for p in pre_run.problems(load_config(None, ["model.use_liger_kernel=true"]))] == [LIGER_NO_GPU]
+    assert main(["check", "model.use_liger_kernel=true"]) == 2
+    assert capsys.readouterr().err == f"error: {LIGER_NO_GPU}\n"
+
+
+LIGER_NO_GPU = ("model.use_liger_kernel needs a CUDA GPU (Liger's kernels are Triton) and this machine has none; "
+                "set model.use_liger_kernel=false")
