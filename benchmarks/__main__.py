@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import agent, async_rl, grpo_compare, pipeline, rl_throughput, rollout_engines, threads, time_to_quality, trl_compare
+from benchmarks import agent, async_rl, grpo_compare, pipeline, rl_objectives, rl_throughput, rollout_engines, threads, time_to_quality, trl_compare
 from benchmarks.report import Report, RunOptions
 
 BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report | dict[str, Report]], str]] = {
@@ -40,6 +40,8 @@ BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report | dict[str, Report]], 
                                                   "stage vs TRL's GRPOTrainer over seeds (needs the bench extra)"),
     "rl": (rl_throughput.rl, "RL stage samples/s and time split by algorithm: GRPO, RLOO, REINFORCE++-baseline, PPO"),
     "agent": (agent.agent, "multi-turn GRPO on the shipped two-turn environment: held-out success before and after"),
+    "objectives": (rl_objectives.objectives, "GRPO, GSPO, the ProRL penalty and PPO with its critic from SFT or from the RM: "
+                                             "held-out accuracy from the same SFT policy"),
     "async": (async_rl.async_rl, "async vs synchronous GRPO: samples/s and the held-out accuracy each ends on, over seeds"),
     "rollout": (rollout_engines.rollout, "rollout engines: HF `generate` vs vLLM (CPU build) tokens/s by batch size"),
     "threads": (threads.threads, "torch's threads from OMP_NUM_THREADS vs `torch.set_num_threads`: training step "
