@@ -19,6 +19,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from artifacts.file_hashes import FileHashes
 from artifacts.store import ArtifactRef
+from configs.schema import FILE_DATASETS
 
 DIGEST_CHARS = 8  # as MLflow's own dataset digests
 SPLIT_SUFFIX = ".jsonl"
@@ -77,7 +78,7 @@ def dataset_inputs(local: dict[str, Path], refs: dict[str, ArtifactRef], artifac
 
 def config_sources(data, seed: int, hash_cache: Path | None = None) -> list[DatasetInput]:
     """What data prep reads (the `data` config section): each file, folder or hub dataset a section names
-    (context: the section, `sft`, `preference`, `prompts`), digested by content where it is local, or the
+    (context: the section, `sft`, `preference`, `prompts`, `prm`, `eval_prompts`), digested by content where it is local, or the
     synthetic task (digested by its settings and the seed)."""
     from mlflow.data.code_dataset_source import CodeDatasetSource
     from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
@@ -90,7 +91,7 @@ def config_sources(data, seed: int, hash_cache: Path | None = None) -> list[Data
         return [DatasetInput(entity, [InputTag(MLFLOW_DATASET_CONTEXT, "synthetic")])]
     hashes = FileHashes(hash_cache)
     found = []
-    for section in ("sft", "preference", "prompts"):
+    for section in FILE_DATASETS:
         cfg = getattr(data, section)
         for raw in (cfg.paths if cfg is not None else []):
             path = Path(raw.removeprefix("json@")).expanduser()

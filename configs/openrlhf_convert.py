@@ -37,6 +37,7 @@ from configs.schema import PipelineConfig
 
 TEXTUAL = (Text, Words, RewardModel, RewardUrl, CriticStart)  # kinds whose values may hold a `$VAR` the shell fills in
 COPIED = ("paths", "probs", "split", "max_samples", "apply_chat_template", "input_template")  # what a derived dataset shares
+EVAL_SHARED = ("apply_chat_template", "input_template")  # what --eval.dataset reads as the prompts do
 OPENRLHF_LENGTHS = {"data.max_len": 2048, "rl.rollout.prompt_max_len": 1024, "rl.rollout.generate_max_len": 1024}
 
 
@@ -388,6 +389,11 @@ def datasets(c: Conversion) -> None:
         else:  # no responses at all: no SFT rows (inputs.sft_model stands in for the sft stage)
             c.notes["data"] = ("no SFT rows (data.sft): the script's prompts have no responses, so eval reports no "
                                "perplexity; name SFT rows in data.sft for it")
+        if "data.eval_prompts.paths" in c.settings:  # --eval.dataset: OpenRLHF reads it with the prompts' keys
+            for name in (*EVAL_SHARED, "input_key", "label_key"):
+                if f"data.prompts.{name}" in c.settings and f"data.eval_prompts.{name}" not in c.settings:
+                    c.set(f"data.eval_prompts.{name}", c.value(f"data.prompts.{name}"), "", "derived")
+            c.notes["data.eval_prompts"] = "derived: read with the prompts' keys, as OpenRLHF reads --eval.dataset"
 
 
 def unpaired_datasets(c: Conversion) -> None:

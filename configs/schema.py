@@ -118,6 +118,10 @@ class DatasetConfig(Section):
         return self
 
 
+# DataConfig's dataset sections (data.source: files), each a DatasetConfig
+FILE_DATASETS = ("sft", "preference", "prompts", "prm", "eval_prompts")
+
+
 class DataConfig(Section):
     source: Literal["synthetic", "files"] = Field("synthetic", description="synthetic: the arithmetic task; files: the "
                                                                        "sft, preference and prompts datasets")
@@ -130,6 +134,10 @@ class DataConfig(Section):
     prm: DatasetConfig | None = Field(None, description="files: PRM rows (Math-Shepherd's format): input_key the text with "
                                                         "prm.placeholder_token ending each step, label_key one of "
                                                         "prm.reward_tokens per step; empty: no prm stage")
+    eval_prompts: DatasetConfig | None = Field(
+        None, description="files: held-out prompts with labels from a dataset of their own, every row of its `split`, for "
+                          "RL's periodic evals and the eval stage (OpenRLHF's --eval.dataset, --eval.split); data.prompts "
+                          "then trains on all its rows; empty: data.prompts' eval split or eval_ratio share")
     tokenizer_chat_template: str | None = Field(
         None, description="a Jinja chat template (or a file holding one) that replaces the tokenizer's for every dataset and "
                           "is saved with the base model's tokenizer (OpenRLHF's --tokenizer_chat_template)")
@@ -142,8 +150,11 @@ class DataConfig(Section):
     def _files_need_prompts(self) -> DataConfig:
         if self.source == "files" and self.prompts is None:
             raise ValueError("source: files needs at least data.prompts (and data.sft, unless inputs.sft_model is pinned)")
-        for name in ("sft", "prompts", "prm"):
-            if (section := getattr(self, name)) is not None and section.unpaired:
+        if self.source != "files" and self.eval_prompts is not None:
+            raise ValueError("data.eval_prompts is a file dataset: set data.source: files, or leave it empty (the synthetic "
+                             "task makes its own held-out prompts)")
+        for name in FILE_DATASETS:
+            if name != "preference" and (section := getattr(self, name)) is not None and section.unpaired:
                 raise ValueError(f"data.{name}.unpaired: only preference rows may be unpaired (data.preference.unpaired)")
         if self.prm is not None:
             # a PRM row is one text, read as written: the labels follow its placeholders

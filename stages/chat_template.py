@@ -11,10 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from configs.errors import ConfigError
+from configs.schema import FILE_DATASETS
 
 KEY = "data.tokenizer_chat_template"
 TEMPLATE_MARKS = ("{{", "{%")
-PROMPTED_SECTIONS = ("sft", "preference", "prompts")  # the datasets whose prompts a chat template renders
+# the datasets whose prompts a chat template renders (a PRM row is read as written)
+PROMPTED_SECTIONS = tuple(section for section in FILE_DATASETS if section != "prm")
 
 
 def is_template(value: str) -> bool:

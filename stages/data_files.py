@@ -398,6 +398,20 @@ def held_out_rows(n: int, ratio: float, min_rows: int) -> int:
     return max(1, min(max(math.ceil(ratio * n), min_rows), max(n // 5, math.ceil(ratio * n)), n - 1))
 
 
+def holds_out(data, section: str) -> bool:
+    """Whether the section holds rows out for eval: not data.eval_prompts (every row of its split is held out),
+    nor data.prompts beside it (every row trains)."""
+    return not (section == "eval_prompts" or (section == "prompts" and data.eval_prompts is not None))
+
+
+def as_read(data, section: str) -> DatasetConfig:
+    """The section's dataset as data prep reads it: one that holds nothing out reads its `split` whole."""
+    ds_cfg: DatasetConfig = getattr(data, section)
+    if holds_out(data, section):
+        return ds_cfg
+    return ds_cfg.model_copy(update={"eval_split": None, "eval_ratio": 0.0, "eval_min_rows": 0})
+
+
 def require_eval(section: str, cfg: DatasetConfig, train: Dataset, ev: Dataset) -> None:
     """Every dataset has eval rows (later stages evaluate on them); the error says which key to set."""
     if len(ev) == 0:

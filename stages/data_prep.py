@@ -332,13 +332,21 @@ def file_datasets(cfg: PipelineConfig, tokenizer, dropped: dict[str, int] | None
     for line in chat_template.warnings(cfg):
         print(f"[data_prep] {line}", flush=True)
 
-    def rendered(section: str, ds_cfg: DatasetConfig, name: str, make) -> dict[str, list[dict]]:
+    def rendered(section: str, name: str, make) -> dict[str, list[dict]]:
+        """The section's rows by split; one that holds nothing out has one split (eval_prompts: eval)."""
         plain = pretrain and section == "sft"
+        ds_cfg = data_files.as_read(data, section)
         columns = data_files.file_columns(section, ds_cfg, plain)
         train, ev = data_files.load_mixed(ds_cfg, section, columns, cfg.seed, plain)
-        data_files.require_eval(section, ds_cfg, train, ev)
+        if data_files.holds_out(data, section):
+            parts = {"train": train, "eval": ev}
+            data_files.require_eval(section, ds_cfg, train, ev)
+        else:
+            parts = {"eval" if section == "eval_prompts" else "train": train}
+            if not len(train):
+                raise DataError(f"data.{section}: no rows in split {ds_cfg.split!r} of {', '.join(ds_cfg.paths)}")
         splits = {}
-        for split, ds in (("train", train), ("eval", ev)):
+        for split, ds in parts.items():
             splits[split] = _checked_rows(ds, ds_cfg, make, tokenizer, data.max_len, text_fields(name, cfg),
                                           data.strict_lengths)
             if dropped is not None:
@@ -351,22 +359,24 @@ def file_datasets(cfg: PipelineConfig, tokenizer, dropped: dict[str, int] | None
             make_sft = lambda r: _pretrain_row(tokenizer, r[s.input_key], data.max_len)  # noqa: E731
         else:
             make_sft = lambda r: sft_row(tokenizer, r[s.input_key], None if s.multiturn else r[s.output_key], s)  # noqa: E731
-        out["sft_data"] = rendered("sft", s, "sft_data", make_sft)
+        out["sft_data"] = rendered("sft", "sft_data", make_sft)
     if data.preference is not None:
         p = data.preference
         make_pref = _unpaired_row if p.unpaired else _pref_row
-        out["pref_data"] = rendered("preference", p, "pref_data", lambda r: make_pref(tokenizer, r, p))
+        out["pref_data"] = rendered("preference", "pref_data", lambda r: make_pref(tokenizer, r, p))
     if data.prm is not None:
         m, placeholder, reward_tokens = data.prm, cfg.prm.placeholder_token, cfg.prm.reward_tokens
-        out["prm_data"] = rendered("prm", m, "prm_data", lambda r: _prm_file_row(tokenizer, r, m, placeholder, reward_tokens))
+        out["prm_data"] = rendered("prm", "prm_data", lambda r: _prm_file_row(tokenizer, r, m, placeholder, reward_tokens))
+    def prompt_rows(ds_cfg: DatasetConfig):
+        return lambda r: {"prompt": render_prompt(tokenizer, r[ds_cfg.input_key], ds_cfg),
+                          "label": reference_answer(r[ds_cfg.label_key], ds_cfg)}
+
     if data.prompts is not None:
-        q = data.prompts
-        prompts = rendered(
-            "prompts", q, "prompts",
-            lambda r: {"prompt": render_prompt(tokenizer, r[q.input_key], q), "label": reference_answer(r[q.label_key], q)},
-        )
+        prompts = rendered("prompts", "prompts", prompt_rows(data.prompts))
         out["prompts"] = {"train": prompts["train"]}
-        out["eval_data"] = {"eval": prompts["eval"]}
+        # OpenRLHF's --eval.dataset: the held-out prompts from a dataset of their own
+        held_out = prompts if data.eval_prompts is None else rendered("eval_prompts", "eval_data", prompt_rows(data.eval_prompts))
+        out["eval_data"] = {"eval": held_out["eval"]}
     return out
 
 

@@ -13,7 +13,7 @@ from operator import attrgetter
 from pathlib import Path
 
 from configs.errors import CheckpointError, ConfigError, PipelineError
-from configs.schema import DatasetConfig, PipelineConfig, sections_with
+from configs.schema import FILE_DATASETS, DatasetConfig, PipelineConfig, sections_with
 from stages import agent_file, chat_template, reward_file
 from stages.common import checkpoint_paths, moe, packing, vocabulary
 from stages.dag import BY_NAME, LORA_SECTIONS, STAGES, lora_of, runs
@@ -59,14 +59,16 @@ def check_inputs(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
         return
     from stages import data_files  # HF datasets: only a config that reads files needs it here
 
-    for section in ("sft", "preference", "prompts", "prm"):
+    for section in FILE_DATASETS:
         ds_cfg: DatasetConfig | None = getattr(cfg.data, section)
         if ds_cfg is None or not all(data_files.is_local(p) for p in ds_cfg.paths):
             continue
         plain = section == "sft" and cfg.sft.pretrain_mode
+        ds_cfg = data_files.as_read(cfg.data, section)
         columns = data_files.file_columns(section, ds_cfg, plain)
         train, ev = data_files.load_mixed(ds_cfg, section, columns, cfg.seed, plain)
-        data_files.require_eval(section, ds_cfg, train, ev)
+        if data_files.holds_out(cfg.data, section):
+            data_files.require_eval(section, ds_cfg, train, ev)
 
 
 def check_sft_rows(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:

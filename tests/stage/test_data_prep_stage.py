@@ -82,3 +82,33 @@ def test_the_gsm8k_preset_on_a_local_model_and_local_files(tmp_path):
     data.write_text(data.read_text().replace("#### 7", "seven"))  # row 5: the file's line 6
     with pytest.raises(DataError, match=rf"^{data} line 6: 'answer' '.*seven' has no match for data.prompts.label_pattern"):
         data_prep.run(make_ctx("data_prep", cfg, tmp_path / "again"), {})
+
+
+def test_an_eval_dataset_of_its_own_holds_out_every_row_of_its_split(tmp_path):
+    """data.eval_prompts (OpenRLHF's --eval.dataset, --eval.split): eval_data is every row of that file, read with
+    its own keys; the prompts file then trains on all its rows. A row it cannot read names data.eval_prompts."""
+    from tests.tiny_checkpoint import save_tiny_checkpoint
+
+    def write(name: str, rows: list[dict]):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+
+    train = write("train.jsonl", [{"q": f"Compute {i}+1", "a": str(i + 1)} for i in range(30)])
+    held = write("held.jsonl", [{"question": f"Compute {i}+2", "answer": str(i + 2)} for i in range(7)])
+    local = save_tiny_checkpoint([f"Compute {i}+1 {i + 1}" for i in range(30)], tmp_path / "model", vocab_size=96)
+    common = [f"model.name_or_path={local}", "data.source=files", f"data.sft.paths=[{train}]", "data.sft.input_key=q",
+              "data.sft.output_key=a", f"data.prompts.paths=[{train}]", "data.prompts.input_key=q", "data.prompts.label_key=a",
+              "data.prompts.apply_chat_template=false", "data.sft.apply_chat_template=false"]
+    cfg = load_config(None, [*common, f"data.eval_prompts.paths=[{held}]", "data.eval_prompts.input_key=question",
+                             "data.eval_prompts.label_key=answer", "data.eval_prompts.apply_chat_template=false"])
+    out = data_prep.run(make_ctx("data_prep", cfg, tmp_path / "run"), {}).outputs
+    assert [r["label"] for r in data_prep.read_split(out["eval_data"], "eval")] == [str(i + 2) for i in range(7)]
+    assert [r["prompt"] for r in data_prep.read_split(out["eval_data"], "eval")][:2] == ["Compute 0+2", "Compute 1+2"]
+    assert len(data_prep.read_split(out["prompts"], "train")) == 30  # none held out of the training prompts
+
+    held.write_text(held.read_text().replace('"answer": "4"', '"answer": null'))  # row 2: the file's line 3
+    with pytest.raises(DataError, match=rf"^{held} line 3: .*data.eval_prompts.label_key"):
+        data_prep.run(make_ctx("data_prep", cfg, tmp_path / "again"), {})
+    with pytest.raises(Exception, match="data.eval_prompts is a file dataset: set data.source: files"):
+        load_config(None, [f"data.eval_prompts.paths=[{held}]"])

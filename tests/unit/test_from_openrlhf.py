@@ -337,3 +337,16 @@ def test_ema_best_metric_and_checkpoint_count_are_mapped():
     assert any(line.startswith("--ckpt.max_mem 10: no counterpart yet: checkpoints are counted") for line in lines)
     text, _ = converted("deepspeed --module openrlhf.cli.train_sft --pretrain m --dataset d --max_ckpt_num 2", "d.sh")
     assert PipelineConfig.model_validate(yaml.safe_load(text)).sft.max_checkpoints == 2
+
+
+def test_a_ppo_eval_dataset_is_read_with_the_prompts_keys_and_a_trainers_is_listed():
+    script = ("python3 -m openrlhf.cli.train_ppo_ray --pretrain m --prompt_data p --input_key q --label_key a "
+              "--apply_chat_template --eval_dataset e --eval_split test --remote_rm_url http://x/get_reward\n")
+    text, _ = converted(script, "ppo.sh", ())
+    cfg = flows.from_openrlhf.load(text, "ppo.sh")
+    held = cfg.data.eval_prompts
+    assert held is not None and (held.paths, held.split, held.input_key, held.label_key, held.apply_chat_template) == (
+        ["e"], "test", "q", "a", True)
+    assert cfg.data.prompts is not None and cfg.data.prompts.paths == ["p"]
+    text, _ = converted("deepspeed --module openrlhf.cli.train_sft --pretrain m --dataset d --eval_dataset e\n", "sft.sh", ())
+    assert any(line.startswith("--eval_dataset e: no counterpart yet") for line in not_mapped(text))
