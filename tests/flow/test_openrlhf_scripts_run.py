@@ -127,12 +127,15 @@ def test_train_ppo_with_reward_fn_sh(cli, workdir, prefect_server, monkeypatch, 
 @pytest.fixture(scope="module")
 def reward_model(local):
     """A stand-in for OpenRLHF/Llama-3-8b-rm-700k in its format: the Llama-3 backbone with a one-output linear
-    head `score`, what AutoModelForSequenceClassification(num_labels=1) saves and OpenRLHF's reward models are."""
+    head `score`, what AutoModelForSequenceClassification(num_labels=1) saves and OpenRLHF's reward models are,
+    with the reward mean and std OpenRLHF's RM trainer stores in config.json (the script's
+    --reward.normalize_enable reads them)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     source, path = local["models"]["llama3"], local["root"] / "llama3-rm"
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1, pad_token_id=tokenizer.pad_token_id)
+    model.config.mean, model.config.std = 0.25, 1.5
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -149,6 +152,7 @@ def test_train_ppo_ray_hybrid_engine_sh(cli, workdir, prefect_server, monkeypatc
     rl = stage_run(client, parent, "rl")
     # the pinned folder is logged once as an input run of its own, which the RL run names
     assert rl.data.params["reward.source"] == "rm" and rl.data.tags["rlhf.input.reward_model"].startswith("runs:/")
+    assert rl.data.params["reward.normalize"] == "True"  # --reward.normalize_enable, with the checkpoint's mean and std
     assert {"train/reward", "critic/value_loss"} <= set(rl.data.metrics), sorted(rl.data.metrics)
 
 
