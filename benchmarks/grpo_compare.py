@@ -220,7 +220,8 @@ def trl_trainer(cfg, data: dict[str, Path], work: Path):
     dataset = Dataset.from_list([{"prompt": r["prompt"], "label": r["label"]} for r in rows])
     per_rollout = rl.rollout.batch_size * rl.rollout.n_samples_per_prompt
     # the policy's optimizer settings as our policy rank gets them (stages/rl/workers.py)
-    train = TrainingConfig(**rl.actor.model_dump(exclude={"num_workers"}), micro_batch_size=rl.micro_train_batch_size,
+    shared = set(TrainingConfig.model_fields) & set(type(rl.actor).model_fields)  # not the policy's own (ema_beta, ranks)
+    train = TrainingConfig(**rl.actor.model_dump(include=shared), micro_batch_size=rl.micro_train_batch_size,
                            grad_accum_steps=rl.train_batch_size // rl.micro_train_batch_size)
     common = trl_compare.trl_training_args(cfg, train, rl.max_steps * per_rollout // rl.train_batch_size, work)
     # the reference TRL builds from the checkpoint loads in float32 unless told (it warns that the policy, passed
