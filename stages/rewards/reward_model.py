@@ -120,13 +120,14 @@ def stored_statistics(config) -> tuple[float, float] | None:
 
 def normalization(source: str, config, normalize: bool | None) -> tuple[bool, float, float]:
     """(normalize?, mean, std) for an RM: `normalize` (reward.normalize) where given, else the checkpoint's own
-    `normalize_reward`; normalizing without stored statistics, or with a std that is not > 0, is a one-line error."""
+    `normalize_reward`, and the statistics it stores (0 and 1 where it stores none and does not normalize);
+    normalizing without stored statistics, or with a std that is not > 0, is a one-line error."""
     asked_by = "reward.normalize=true" if normalize else "its config.json's normalize_reward"
     if normalize is None:
         normalize = bool(getattr(config, "normalize_reward", False))
-    if not normalize:
-        return False, 0.0, 1.0
     stats = stored_statistics(config)
+    if not normalize:  # the statistics are kept (a merged or exported RM carries them on), not applied
+        return (False, *stats) if stats is not None else (False, 0.0, 1.0)
     if stats is None:
         raise RewardError(f"{source}: {asked_by} asks for normalized rewards, and its config.json stores no reward "
                           "statistics (reward_mean and reward_std, or OpenRLHF's mean and std); set reward.normalize=false "
