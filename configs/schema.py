@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from configs.dpo_objectives import DPO_OBJECTIVES
 from configs.estimators import ESTIMATORS, Estimator, LossAggregation
@@ -723,6 +723,22 @@ def moved_key(dotted: str) -> str | None:
     return f"rl.{RL_MOVED[name]}" if section == "rl" and name in RL_MOVED else None
 
 
+EvalMetric = Literal["reward", "sampled_reward", "pass_at_k", "accuracy", "sampled_accuracy"]
+UNRANKED_METRICS = {"perplexity": "lower is better", "response_length": "longer is not better"}
+
+
+def ranked(metric):
+    """`metric` as a ranking metric's value, refused with the reason when the evals report it but it ranks no model."""
+    if metric in UNRANKED_METRICS:
+        raise ValueError(f"{metric} is reported but ranks no model ({UNRANKED_METRICS[metric]}): pick one of "
+                         f"{', '.join(get_args(EvalMetric))}")
+    return metric
+
+
+# a held-out metric that ranks models (checked before its Literal: a reported but unranked one gets the reason)
+RankingMetric = Annotated[EvalMetric, BeforeValidator(ranked)]
+
+
 class RLConfig(Section):
     """Online RL from the SFT policy (OpenRLHF's PPO family). Batch sizes count sequences
     (prompts x samples) except `rollout.batch_size`, which counts prompts, as in OpenRLHF."""
@@ -750,15 +766,10 @@ class RLConfig(Section):
     eval_every: int = Field(10, gt=0, description="rollout steps between held-out evals")
     save_every: int = Field(10, gt=0, description="rollout steps between resumable checkpoints")
     max_checkpoints: int = Field(1, gt=0, description=MAX_CHECKPOINTS + "; the policy's and the critic's each")
-    best_metric: EvalMetric | None = Field(
+    best_metric: RankingMetric | None = Field(
         None, description="the held-out metric (higher is better) whose best eval step, of those every rl.eval_every steps "
                           "and the last, gives the stage's output policy instead of the last step (OpenRLHF's "
                           "--ckpt.best_metric_key, where the best is kept beside the last); empty: the last step's")
-
-    @field_validator("best_metric", mode="before")
-    @classmethod
-    def _ranked_best(cls, value):
-        return ranked(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -814,10 +825,6 @@ class RLConfig(Section):
         return ASYNC_IS_CAP
 
 
-EvalMetric = Literal["reward", "sampled_reward", "pass_at_k", "accuracy", "sampled_accuracy"]
-UNRANKED_METRICS = {"perplexity": "lower is better", "response_length": "longer is not better"}
-
-
 class EvalConfig(Section):
     """Every model scored on the held-out prompts by the `reward` section's source (the eval stage and
     the RL stage's periodic evals)."""
@@ -830,29 +837,16 @@ class EvalConfig(Section):
                                                          "and sampled_accuracy; 0: greedy only")
     answer_pattern: str | None = Field(None, description="regex whose first group is the final answer, checked against "
                                                          "the label (accuracy, sampled_accuracy); empty: free-form task")
-    metric: EvalMetric = Field(
+    metric: RankingMetric = Field(
         "reward", description="what results.md, the plots and the registry's champion go by; higher is better for "
                               "each: reward (mean greedy reward), sampled_reward, pass_at_k (0/1 rewards only), "
                               "accuracy, sampled_accuracy (with answer_pattern)")
-
-    @field_validator("metric", mode="before")
-    @classmethod
-    def _ranked(cls, value):
-        return ranked(value)
 
     @model_validator(mode="after")
     def _metric_is_reported(self) -> EvalConfig:
         if (why := unreported("metric", self.metric, self)) is not None:
             raise ValueError(why)
         return self
-
-
-def ranked(metric):
-    """`metric` as a ranking metric's value, refused with the reason when the evals report it but it ranks no model."""
-    if metric in UNRANKED_METRICS:
-        raise ValueError(f"{metric} is reported but ranks no model ({UNRANKED_METRICS[metric]}): pick one of "
-                         f"{', '.join(get_args(EvalMetric))}")
-    return metric
 
 
 def unreported(key: str, metric: str, ev: EvalConfig, prefix: str = "") -> str | None:
