@@ -316,8 +316,11 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--generate_max_len", "--max_new_tokens", "--rollout.max_new_tokens"), (PPO,), ("rl.rollout.generate_max_len",),
              Number(integer=True)),
         Flag(("--async_train", "--train.async_enable"), (PPO,), ("rl.rollout.async_train",), Switch()),
-        Flag(("--async_queue_size", "--train.async_queue_size"), (PPO,), why="no counterpart yet: async training runs one step ahead"),
-        Flag(("--partial_rollout", "--train.partial_rollout_enable"), (PPO,), why=NOT_YET),
+        Flag(("--async_queue_size", "--train.async_queue_size"), (PPO,), ("rl.rollout.async_queue_size",), Number(integer=True),
+             why="steps drawn ahead, each launched before an update: staleness is that many updates, not timing's"),
+        Flag(("--partial_rollout", "--train.partial_rollout_enable"), (PPO,),
+             why="not supported: the weights reach an engine between two draws, never during one; "
+                 "rl.rollout.async_queue_size sets the off-policyness"),
         Flag(("--agent_func_path", "--train.agent_func_path"), (PPO,), ("rl.agent.path",),
              why="an OpenRLHF agent file (AgentInstanceBase behind AgentExecutor) runs unchanged (docs/algorithms.md#multi-turn-agents)"),
         Flag(("--eval_n_samples_per_prompt", "--eval.n_samples_per_prompt"), (PPO,), ("eval.samples_per_prompt",), Number(integer=True)),

@@ -579,6 +579,12 @@ class RolloutConfig(Section):
                            "rl.algorithm.rollout_is_cap; the weights still sync at each step's end. Needs engine actors on "
                            "bundles the policy does not share (engine hf or vllm, rl.placement.colocate_all false; "
                            "rl.placement.colocate_models keeps the rest on two bundles)")
+    async_queue_size: int = Field(
+        1, ge=1, description="with rl.rollout.async_train, how many steps ahead the engines draw (OpenRLHF's "
+                             "--train.async_queue_size): step t's samples come from the weights up to this many updates "
+                             "back (the log's rollout/staleness). The weights reach an engine between two draws, never "
+                             "during one, so a longer queue adds staleness, not overlap: 1 already draws a whole step "
+                             "while the policy trains on another")
 
     @property
     def size(self) -> int:
@@ -803,6 +809,9 @@ class RLConfig(Section):
         if rollout.size % placement.ref_num_workers:
             raise ValueError(f"rl.rollout.batch_size x n_samples_per_prompt ({rollout.size}) must be a multiple of "
                              f"rl.placement.ref_num_workers ({placement.ref_num_workers})")
+        if rollout.async_queue_size > 1 and not rollout.async_train:
+            raise ValueError(f"rl.rollout.async_queue_size={rollout.async_queue_size} sets how far ahead async training draws; "
+                             "set rl.rollout.async_train: true, or leave the queue size at 1")
         if self.agent.path and rollout.async_train:
             raise ValueError("rl.rollout.async_train draws the next step's samples in one generate call; a multi-turn "
                              "agent (rl.agent.path) steps its environment between turns: set one of them off")

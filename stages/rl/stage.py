@@ -44,6 +44,7 @@ from stages.rl import weight_sync, workers
 from stages.rl.advantages import compute_advantages, groups_in_range, overlong_penalty, stop_properly_penalty, varied_groups
 from stages.rl.backend import Backend, Ref, RolloutEngine, Sampler, one
 from stages.rl.best import BestFolder, BestStep, reported
+from stages.rl.drawn_ahead import Drawn, DrawnAhead
 from stages.rl.episodes import run_episodes, turns
 from stages.rl.experience import (
     Sample,
@@ -297,9 +298,12 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
                 actors.on_all([w.load for w in actors.critic], str(ckpt["critic"]), f"step{start}")
             sync_weights(actors)
             print(f"[rl] resumed from step {start}/{total} ({ckpt['policy']})", flush=True)
+        ahead = DrawnAhead(rl.rollout.async_queue_size if rl.rollout.async_train else 0)
+        for i, queued_start in enumerate(resumed.get("queued", []) if resumed else []):  # drawn again, on these weights
+            ahead.add(draw(actors, prompts, stream, queued_start, cfg, start + i, start))
         if rl.rollout.async_train:
-            print(f"[rl] async: the engines draw each step's samples while the policy trains on the previous step's "
-                  f"(one update stale, importance weights capped at {rl.importance_cap})", flush=True)
+            print(f"[rl] async: the engines draw each step's samples while the policy trains on an earlier step's (up to "
+                  f"{ahead.size} update(s) stale, importance weights capped at {rl.importance_cap})", flush=True)
         kl_ctl = (AdaptiveKLController(kl_coef, rl.algorithm.kl_target, rl.algorithm.kl_horizon) if rl.algorithm.kl_target
                   else FixedKLController(kl_coef))
         if before is None:
@@ -308,16 +312,18 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
                 reported(best.metric, before)  # a metric the evals do not report fails before any training
         ctx.log_metrics({f"eval/{k}": v for k, v in before.items()}, 0)  # a resumed run's MLflow run gets it too
         progress = Progress("rl", total, start=start)
-        last_eval, logs, prefetched = before, {}, None
+        last_eval, logs = before, {}
         for step in range(start, total):
             if ctx.should_stop():  # Ctrl-C: the checkpoints so far stay in the work dir for the rerun
                 raise KeyboardInterrupt(f"stopped before step {step + 1}/{total}")
             timer = Timer()
-            samples, scored, cursor, filtered = rollout(actors, tokenizer, prompts, stream, cursor, cfg, step, timer,
-                                                        prefetched)
-            # async: the engines draw the next step's first round now, with the weights this step's samples came
-            # from, while the policy makes experience and trains; the sync below waits for them to finish
-            prefetched = prefetch(actors, prompts, stream, cursor, cfg, step + 1) if rl.rollout.async_train and step + 1 < total else None
+            drawn = ahead.take(step)
+            samples, scored, cursor, filtered = rollout(actors, tokenizer, prompts, stream, cursor, cfg, step, timer, drawn)
+            # async: the engines draw the queued steps' first rounds now, with the weights before this step's
+            # update, while the policy makes experience and trains; the sync below waits for them to finish
+            for queued in ahead.to_draw(step, total):
+                ahead.add(draw(actors, prompts, stream, cursor, cfg, queued, step))
+                cursor += rl.rollout.batch_size
             with timer("experience"):
                 batch, logs = make_experience(actors, tokenizer, samples, scored, cfg, kl_ctl.value)
             with timer("training"):
@@ -329,7 +335,8 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
             done = step + 1
             step_s = sum(timer.seconds.values())
             logs |= {f"time/{k}": v for k, v in timer.seconds.items()}
-            logs |= {"kl_coef": kl_ctl.value, "filtered_groups": filtered, "samples_per_s": len(samples) / step_s}
+            logs |= {"kl_coef": kl_ctl.value, "filtered_groups": filtered, "samples_per_s": len(samples) / step_s,
+                     "staleness": step - drawn.updates if drawn else 0}
             ctx.log_metrics(step_metrics(logs, rl), done)
             progress.update(done, reward=logs["reward"], kl=logs["kl"], len=logs["response_length"])
             if done % rl.eval_every == 0 or done == total:
@@ -340,7 +347,7 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
                     actors.on_all([w.export for w in actors.policy], str(best_folder.tag(done)))
                     best_folder.exported(done)
             if done % rl.save_every == 0 and done < total:
-                state = {"cursor": cursor, "kl_coef": kl_ctl.value, "before": before,
+                state = {"cursor": cursor, "queued": ahead.starts(), "kl_coef": kl_ctl.value, "before": before,
                          "best": None if best is None else best.state()}
                 save(actors, ckpt, done, state, ctx.on_checkpoint, rl.max_checkpoints)
                 best_folder.checkpointed(None if best is None else best.step)
@@ -410,24 +417,29 @@ def launch_round(actors: Actors, picked: list[Prompt], cfg, step: int, rounds: i
                              round_seed(cfg, step, rounds), rl.rollout.temperature, rl.rollout.generate_max_len, rl.rollout.top_p)
 
 
-def prefetch(actors: Actors, prompts: list[Prompt], stream: SampleStream, cursor: int, cfg, step: int) -> list:
-    """Step `step`'s first rollout round, launched now (async training); `rollout` collects it."""
-    return launch_round(actors, pick(prompts, stream, cursor, cfg.rl.rollout.batch_size), cfg, step, 0)
+def draw(actors: Actors, prompts: list[Prompt], stream: SampleStream, start: int, cfg, step: int, updates: int) -> Drawn:
+    """Step `step`'s first rollout round from stream position `start`, launched now (async training, after
+    `updates` policy updates); `rollout` collects it."""
+    picked = pick(prompts, stream, start, cfg.rl.rollout.batch_size)
+    return Drawn(step, start, updates, launch_round(actors, picked, cfg, step, 0))
 
 
 def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStream, cursor: int, cfg, step: int,
-            timer: Timer, prefetched: list | None = None):
+            timer: Timer, drawn: Drawn | None = None):
     """`rl.rollout.batch_size` prompts x n samples, scored; with dynamic filtering, groups whose scores are
     all equal are replaced by fresh prompts (up to MAX_FILL_ROUNDS extra rollouts, then topped up with
-    filtered groups, whose group advantages are zero anyway). `prefetched`: the first round's generation,
-    launched by `prefetch` for the same step and cursor (`time/generation` is then the wait for it)."""
+    filtered groups, whose group advantages are zero anyway), picked from `cursor` on. `drawn`: the first
+    round, drawn ahead for this step (`time/generation` is then the wait for it)."""
     rl, n = cfg.rl, cfg.rl.rollout.n_samples_per_prompt
     kept: list[tuple[list[Sample], Prompt, RewardBatch]] = []
     spare: list[tuple[list[Sample], Prompt, RewardBatch]] = []
     want, filtered, rounds = rl.rollout.batch_size, 0, 0
     while want > 0 and rounds <= (MAX_FILL_ROUNDS if rl.algorithm.dynamic_filtering else 0):
-        picked = pick(prompts, stream, cursor, want)
-        cursor += want
+        if rounds == 0 and drawn is not None:
+            picked = pick(prompts, stream, drawn.start, want)
+        else:
+            picked = pick(prompts, stream, cursor, want)
+            cursor += want
         flat = [p for p in picked for _ in range(n)]
         if rl.agent.path:  # multi-turn: the environment's turns give the rewards (timed as generation)
             with timer("generation"):
@@ -435,7 +447,7 @@ def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStre
                                                round_seed(cfg, step, rounds), rl.rollout.temperature, rl.rollout.generate_max_len, rl.rollout.top_p)
         else:
             with timer("generation"):
-                pending = prefetched if rounds == 0 and prefetched is not None else launch_round(actors, picked, cfg, step, rounds)
+                pending = drawn.pending if rounds == 0 and drawn is not None else launch_round(actors, picked, cfg, step, rounds)
                 samples = collect_generation(actors, pending)
             with timer("reward"):
                 responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]

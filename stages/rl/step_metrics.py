@@ -1,8 +1,8 @@
 """The RL stage's per-step metrics under the pipeline's metric scheme: the headline curves in the
 `train/` chart section (`train/reward`, `train/kl`, `train/response_length`), rollout diagnostics under
 `rollout/`, the workers' own under `actor/`, `critic/`, `reward/` and `time/`, and no series for a value
-the config holds fixed (a fixed KL coefficient, no dynamic filtering, no weight sync in hybrid mode, a
-constant learning rate)."""
+the config holds fixed (a fixed KL coefficient, no dynamic filtering, synchronous training's staleness, no
+weight sync in hybrid mode, a constant learning rate)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ def fixed_keys(rl) -> set[str]:
         fixed.add("kl_coef")
     if not rl.algorithm.dynamic_filtering:
         fixed.add("filtered_groups")
+    if not rl.rollout.async_train:
+        fixed.add("staleness")
     if rl.rollout.engine == "hybrid":
         fixed.add("time/weight_sync")
     for group in ("actor", "critic"):

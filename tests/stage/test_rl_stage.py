@@ -252,7 +252,20 @@ def test_async_training_samples_one_update_behind_and_weighs_those_samples(grpo_
     gaps = {s: m["rollout/logprob_gap"] for s, m in logged if "train/reward" in m}
     assert sorted(gaps) == [1, 2]
     assert gaps[1] < 1e-4 and gaps[2] > 1e-3, gaps
+    assert {s: m["rollout/staleness"] for s, m in logged if "train/reward" in m} == {1: 0, 2: 1}
     assert {"eval/accuracy", "eval/reward"} <= set(result.metrics)
+
+
+def test_a_queue_of_two_steps_draws_two_updates_behind(grpo_args, prepared, tmp_path):
+    """rl.rollout.async_queue_size=2: steps 1 and 2 are drawn before any update (step 2 one update stale), step 3
+    during step 1 (two updates stale); only step 1's engine log-probs agree with the policy's."""
+    _, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.rollout.async_train=true", "rl.rollout.async_queue_size=2",
+                                            "rl.max_steps=3", "rl.eval_every=3", "rl.placement.colocate_all=false",
+                                            "rl.placement.colocate_models=true", "infra.cpus_per_worker=1"])
+    steps = {s: m for s, m in logged if "train/reward" in m}
+    assert {s: m["rollout/staleness"] for s, m in steps.items()} == {1: 0, 2: 1, 3: 2}
+    assert steps[1]["rollout/logprob_gap"] < 1e-4
+    assert steps[2]["rollout/logprob_gap"] > 1e-3 and steps[3]["rollout/logprob_gap"] > 1e-3, steps
 
 
 def test_gspo_trains_another_policy_than_ppos_clip_from_the_same_samples(grpo, grpo_args, prepared, tmp_path):

@@ -1,0 +1,51 @@
+"""Async training's queue (OpenRLHF's --train.async_queue_size): the first rollout rounds of the next steps,
+drawn before the policy trains on this one.
+
+With a queue of N, step t's samples are drawn while the policy trains on step t-N's, so from step N+1 on
+they come from the weights N updates back. A draw is launched during a step, before its update, and the
+engines run their calls in order, so which weights a draw sees is fixed by the step it was launched in,
+not by timing: a run is the same run each time. The prompts of a queued step are picked when it is
+queued (stream positions taken in order; a dynamic-filtering refill picks after them), so a checkpoint's
+`cursor` and `queued` starts pick the same prompts again on resume.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass
+class Drawn:
+    step: int  # the (0-based) step whose first round it is
+    start: int  # its first prompt's position in the prompt stream
+    updates: int  # policy updates done when it was launched
+    pending: list  # the launched generation
+
+
+class DrawnAhead:
+    """Up to `size` steps' first rounds, in step order; `size` 0: none (synchronous training)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.queue: deque[Drawn] = deque()
+
+    def take(self, step: int) -> Drawn | None:
+        """The first round drawn ahead for `step`, if one was."""
+        if self.queue and self.queue[0].step == step:
+            return self.queue.popleft()
+        return None
+
+    def to_draw(self, step: int, total: int) -> list[int]:
+        """The steps to draw for now, during `step` (0-based): those after the queued ones, up to `size` ahead
+        and not past the run's last step."""
+        first = self.queue[-1].step + 1 if self.queue else step + 1
+        return list(range(first, min(step + self.size, total - 1) + 1))
+
+    def add(self, drawn: Drawn) -> None:
+        self.queue.append(drawn)
+
+    def starts(self) -> list[int]:
+        """The queued steps' stream positions, in step order (what a checkpoint keeps)."""
+        return [d.start for d in self.queue]
+
