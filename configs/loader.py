@@ -30,7 +30,7 @@ def preset_path(name_or_path: str | None) -> Path:
     return packaged
 
 
-def _set_dotted(tree: dict, dotted: str, value: Any, model: type[BaseModel], origin: str) -> None:
+def set_dotted(tree: dict, dotted: str, value: Any, model: type[BaseModel], origin: str) -> None:
     """Set `a.b.c=value` in a nested dict, refusing keys the schema does not have."""
     keys = dotted.split(".")
     node = tree
@@ -50,15 +50,15 @@ def _set_dotted(tree: dict, dotted: str, value: Any, model: type[BaseModel], ori
             child = {}
             node[key] = child
         node = child
-        schema = _section_type(fields[key].annotation) if schema is not None else None
+        schema = section_type(fields[key].annotation) if schema is not None else None
 
 
-def _section_type(annotation: Any) -> type[BaseModel] | None:
+def section_type(annotation: Any) -> type[BaseModel] | None:
     """The Section class inside an annotation such as `DatasetConfig | None`."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in getattr(annotation, "__args__", ()):
-        found = _section_type(arg)
+        found = section_type(arg)
         if found is not None:
             return found
     return None
@@ -139,7 +139,7 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
     before = source(raw)
     for text in overrides:
         key, value = parse_override(text)
-        _set_dotted(raw, key, value, PipelineConfig, f"override {text!r}")
+        set_dotted(raw, key, value, PipelineConfig, f"override {text!r}")
         origins[key] = f"override {text!r}"
     raw = without_task_answers(raw, before, "eval.answer_pattern" in origins)
     try:
@@ -159,7 +159,7 @@ def _describe(exc: ValidationError, origin: str) -> str:
         schema: type[BaseModel] | None = PipelineConfig
         for part in err["loc"][:-1]:
             if schema is not None and isinstance(part, str) and part in schema.model_fields:
-                schema = _section_type(schema.model_fields[part].annotation)
+                schema = section_type(schema.model_fields[part].annotation)
         expected = f" (expected one of: {', '.join(schema.model_fields)})" if schema is not None else ""
         return f"{origin}: unknown key {loc!r}{expected}"
     got = err.get("input")

@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel
 
 from configs.errors import ConfigError
-from configs.loader import _section_type, _set_dotted, load_config, parse_override
+from configs.loader import load_config, parse_override, section_type, set_dotted
 from configs.openrlhf_convert import Conversion, convert, listed
 from configs.openrlhf_script import read_call
 from configs.schema import PipelineConfig
@@ -48,7 +48,7 @@ def converted(text: str, origin: str, sets: Sequence[str] = (), out_name: str = 
     tree: dict[str, Any] = {}
     comments: dict[str, str] = dict(conversion.notes)
     for key, setting in conversion.settings.items():
-        _set_dotted(tree, key, setting.value, PipelineConfig, key)
+        set_dotted(tree, key, setting.value, PipelineConfig, key)
         if setting.source:
             comments[key] = setting.source
     for override in sets:
@@ -63,7 +63,7 @@ def converted(text: str, origin: str, sets: Sequence[str] = (), out_name: str = 
 def apply_set(tree: dict[str, Any], comments: dict[str, str], text: str) -> None:
     """`--set KEY=VALUE`, parsed and checked as `rlhf run`'s overrides; its comment says so."""
     key, value = parse_override(text)
-    _set_dotted(tree, key, value, PipelineConfig, f"--set {text!r}")
+    set_dotted(tree, key, value, PipelineConfig, f"--set {text!r}")
     earlier = comments.get(key, "")
     for path in [p for p in comments if p.startswith(key + ".")]:
         del comments[path]
@@ -107,7 +107,7 @@ def render(tree: dict[str, Any], comments: dict[str, str]) -> list[str]:
             indent = "  " * depth
             if isinstance(value, dict) and value:
                 out.append((f"{indent}{key}:", comments.get(path, "")))
-                sub = _section_type(schema.model_fields[key].annotation) if schema and key in schema.model_fields else None
+                sub = section_type(schema.model_fields[key].annotation) if schema and key in schema.model_fields else None
                 walk(value, sub, path + ".", depth + 1)
             else:
                 out.append((f"{indent}{key}: {scalar(value)}", comments.get(path, "")))
