@@ -300,7 +300,8 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--enforce_eager", "--vllm.enforce_eager"), (PPO,), why="no counterpart yet: vLLM's own default"),
         Flag(("--vllm_enable_sleep", "--vllm.enable_sleep"), (PPO,), why=NO_SLEEP),
         Flag(("--vllm_generate_batch_size", "--rollout.vllm_generate_batch_size"), (PPO,),
-             why="no counterpart yet: an engine samples its whole share of a rollout"),
+             why="not supported: a draw is one step's prompts (dynamic filtering refills a step from fresh prompts, "
+                 "rl.rollout.async_queue_size draws steps ahead)"),
         Flag(("--rollout_batch_size", "--rollout.batch_size"), (PPO,), ("rl.rollout.batch_size",), Number(integer=True), absent=1024),
         Flag(("--micro_rollout_batch_size", "--rollout.micro_batch_size"), (PPO,), ("rl.rollout.micro_batch_size",), Number(integer=True)),
         Flag(("--n_samples_per_prompt", "--rollout.n_samples_per_prompt"), (PPO,), ("rl.rollout.n_samples_per_prompt",),
