@@ -26,6 +26,7 @@ LIMIT_MIB = 64
 WHEELS = ("transformers", "peft", "datasets", "dill", "multiprocess", "pydantic", "pydantic_core",
           "annotated_types", "typing_inspection", "hjson", "trl")  # trl: gpu_grpo's other system (the bench extra)
 BUILT_HERE = ("deepspeed",)  # source only on PyPI
+FROM_GPU_EXTRA = ("liger-kernel",)  # not installed on a CPU machine: pinned by the `gpu` extra (model.use_liger_kernel)
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
 
@@ -35,12 +36,20 @@ def pins(names: tuple[str, ...]) -> list[str]:
     return [f"{name}=={md.version(name)}" for name in names]
 
 
+def gpu_extra_pins(names: tuple[str, ...]) -> list[str]:
+    """The `gpu` extra's requirement of each of `names`, as pyproject.toml pins it."""
+    import tomllib
+
+    extra = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    return [req for req in extra if req.split("==")[0] in names]
+
+
 def fetch(dest: Path, python_version: str) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip"]
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     subprocess.run([*pip, "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", python_version,
-                    "--implementation", "cp", *platforms, "-d", str(dest), *pins(WHEELS)], check=True)
+                    "--implementation", "cp", *platforms, "-d", str(dest), *pins(WHEELS), *gpu_extra_pins(FROM_GPU_EXTRA)], check=True)
     subprocess.run([*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dest), *pins(BUILT_HERE)],
                    check=True, env={**os.environ, "DS_BUILD_OPS": "0"})
 

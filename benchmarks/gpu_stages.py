@@ -15,6 +15,7 @@ that fails is reported with its error and the stages that need its output are sk
 the next ZeRO stage. Writes the rows, errors and versions as JSON.
 
     python -m benchmarks.gpu_stages [--zero 2 3] [--steps 8] [--out gpu_stages.json] [--workdir DIR]
+    python -m benchmarks.gpu_stages --zero 2 --liger --offload   # with model.use_liger_kernel, rl.placement.ref_offload
     python -m benchmarks.gpu_stages --device cpu --tiny     # the same code paths on a CPU, a small model
     python -m benchmarks.gpu_stages --report benchmarks/results/gpu_stages.json   # the table of a result file
 """
@@ -75,6 +76,10 @@ def settings(args, zero: int) -> list[str]:
     for section in ("sft", "rm", "dpo"):
         out += [f"{section}.max_steps={n}", f"{section}.eval_every={n}", f"{section}.save_every={10 * n}",
                 f"{section}.epochs=1"]
+    if args.liger:  # Liger's Triton kernels in every causal LM the stages load (a CPU run: the stages' one-line error)
+        out.append("model.use_liger_kernel=true")
+    if args.offload:  # RL's reference on the CPU between its uses
+        out.append("rl.placement.ref_offload=true")
     return out + [f"{section}.gradient_checkpointing=true" for section in TRAINED]
 
 
@@ -213,8 +218,10 @@ def markdown(rows: list[dict]) -> str:
 def report(result: dict) -> str:
     """A result file's heading and table, as docs/gpu.md shows them."""
     v = result["versions"]
+    asked = [name for name, on in result.get("options", {}).items() if on]
     head = (f"{result['device']}, {result['date']}: {result['params'] / 1e6:.1f}M parameters ({result['model']}), "
-            f"torch {v['torch']}, transformers {v['transformers']}, DeepSpeed {v['deepspeed']}.")
+            f"torch {v['torch']}, transformers {v['transformers']}, DeepSpeed {v['deepspeed']}"
+            + (f"; with {' and '.join(asked)}." if asked else "."))
     return head + "\n\n" + markdown(result["rows"])
 
 
@@ -246,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zero", type=int, nargs="+", default=[2, 3], choices=[0, 2, 3])
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps of sft, rm and dpo")
     parser.add_argument("--micro-batch", type=int, default=32, help="SFT rows per micro-batch (RM, DPO: half as many pairs)")
+    parser.add_argument("--liger", action="store_true", help="model.use_liger_kernel: Liger's kernels in every causal LM")
+    parser.add_argument("--offload", action="store_true", help="rl.placement.ref_offload: RL's reference on the CPU between uses")
     args = parser.parse_args(argv)
     if args.report:
         print(report(json.loads(Path(args.report).read_text())), end="")
@@ -282,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         errors += chain_errors
     result = {"benchmark": "gpu_stages", "date": time.strftime("%Y-%m-%d"), "machine": machine(),
               "device": device_name(), "versions": versions(), "params": n_params,
-              "model": "tiny" if args.tiny else "qwen2-0.5b shape", "rows": rows, "errors": errors}
+              "model": "tiny" if args.tiny else "qwen2-0.5b shape", "options": {"Liger's kernels": args.liger,
+                                                                                 "the reference offloaded": args.offload},
+              "rows": rows, "errors": errors}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print("\n" + report(result), end="", flush=True)
     return 1 if errors else 0
