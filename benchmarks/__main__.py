@@ -1,6 +1,6 @@
 """Run registered benchmarks: one markdown table each on stdout, every measurement in a JSON file.
 
-    python -m benchmarks run [NAME ...] [--steps N] [--repeats N] [--out benchmarks.json]
+    python -m benchmarks run [NAME ...] [--steps N] [--repeats N] [--sft-steps N] [--out benchmarks.json]
     python -m benchmarks list
     python -m benchmarks report [--check]     # the docs' tables from the JSON in benchmarks/results/
 
@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--steps", type=int, help="optimizer steps per trial (default: each benchmark's own)")
     run_parser.add_argument("--repeats", type=int, help="trials per system (default: each benchmark's own: 1 for "
                             "the pipeline, 2 for the others)")
+    run_parser.add_argument("--sft-steps", type=int, help="SFT steps of the start policy that grpo, rl and rollout train "
+                            "once per run (default: 300, grpo_compare.SFT_STEPS; fewer: a quicker, less trained start)")
     run_parser.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
                             help="config overrides for the pipeline benchmark's `rlhf run`")
     run_parser.add_argument("--out", type=Path, default=Path("benchmarks.json"), help="JSON results file")
@@ -111,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="benchmarks-")))
         workdir.mkdir(parents=True, exist_ok=True)
-        options = RunOptions(steps=args.steps, repeats=args.repeats, workdir=workdir, overrides=args.overrides)
+        options = RunOptions(steps=args.steps, repeats=args.repeats, workdir=workdir, overrides=args.overrides,
+                             sft_steps=args.sft_steps)
         run(args.names or list(BENCHMARKS), options, args.out)
     return 0
 

@@ -1,10 +1,10 @@
 """GRPO throughput of our RL stage side by side with TRL's GRPOTrainer.
 
-    python -m benchmarks run grpo [--steps N] [--repeats N]
+    python -m benchmarks run grpo [--steps N] [--repeats N] [--sft-steps N]
     python -m benchmarks run grpo-50m [--steps N] [--repeats N]    # the compute-bound size (SIZE_ROLLOUT)
 
 Both systems start from the same policy (the tiny preset's base model after a short SFT run of our
-stage, made once per benchmark run) and train on the prompts of data prep's `prompts` split with the
+stage, SFT_STEPS steps or `--sft-steps`, made once per benchmark run) and train on the prompts of data prep's `prompts` split with the
 same rule reward (`rewards/arithmetic.py`), the same rollout shape (`rl.rollout.batch_size` prompts x
 `rl.rollout.n_samples_per_prompt` samples of at most `rl.rollout.generate_max_len` tokens, temperature 1, no top-k /
 top-p), the same optimizer steps per rollout (`train_batch_size` samples in micro-batches of
@@ -21,7 +21,7 @@ in one process, generating with the policy itself (no vLLM on a CPU).
 
 Samples are prompt x sample pairs (rollouts). Time is the rollout loop only: for ours the sum of its
 per-step timers (generation, reward, experience, training, weight sync; actor start-up and the
-held-out evals fall outside), for TRL a callback from `on_train_begin` to the last step's
+held-out evals fall outside, the evals cut to two greedy prompts: nothing reads them), for TRL a callback from `on_train_begin` to the last step's
 `on_step_end`, split by timing its own `_generate` (generation), `_calculate_rewards` (reward) and the
 rest of `_generate_and_score_completions` (experience: old and reference log-probs, advantages); the
 remainder of the loop is training. TRL has no weight sync: it samples from the model it trains.
@@ -71,8 +71,10 @@ EVAL_SAMPLES = 16  # our stage's held-out evals (outside the timed loop) on few 
 # x 4 samples of 64 tokens per rollout step, one optimizer step of 16 samples in micro-batches of 4.
 SIZE_ROLLOUT = {"tiny": [], "50m": ["rl.rollout.batch_size=4", "rl.rollout.n_samples_per_prompt=4",
                                    "rl.rollout.generate_max_len=64", "rl.rollout.prompt_max_len=256", "rl.rollout.micro_batch_size=4",
-                                   "rl.train_batch_size=16", "rl.micro_train_batch_size=4", "eval.max_samples=2",
-                                   "eval.samples_per_prompt=0", "eval.max_new_tokens=8"]}
+                                   "rl.train_batch_size=16", "rl.micro_train_batch_size=4"]}
+# our stage's held-out evals before and after the loop fall outside the timing and nothing here reads them:
+# both sizes keep them as short as they go (2 prompts, greedy, 8 tokens)
+UNTIMED_EVALS = ["eval.max_samples=2", "eval.samples_per_prompt=0", "eval.max_new_tokens=8"]
 SIZE_STEPS = {"tiny": DEFAULT_STEPS, "50m": 3}
 
 
@@ -89,7 +91,8 @@ def compare(options: RunOptions, size: str) -> Report:
     steps, repeats = options.steps or SIZE_STEPS[size], options.repeats_or(2)
     data = trl_compare.tiny_data(options.workdir, tuple(trl_compare.SIZES[size]))
     # the tiny size starts from a short SFT (rewards that vary within a group); the 50m one from its random init
-    policy = start_policy(options.workdir, data) if size == "tiny" else data["base_model"]
+    sft_steps = options.sft_steps or SFT_STEPS
+    policy = start_policy(options.workdir, data, sft_steps) if size == "tiny" else data["base_model"]
     peak = mfu.matmul_peak()
     print(f"[grpo] matmul peak: {peak / 1e9:,.1f} GFLOP/s (fp32, {mfu.threads()} threads)", flush=True)
     systems = SIZE_SYSTEMS[size]
@@ -98,7 +101,10 @@ def compare(options: RunOptions, size: str) -> Report:
         for system in systems:
             result = trl_compare.run_trial("grpo", system, steps, {**data, "policy": policy},
                                            options.workdir / f"grpo-{size}-{system}-{repeat}", module=__name__,
-                                           overrides=[*trl_compare.SIZES[size], *SIZE_ROLLOUT[size], *OUR_ROWS.get(system, [])])
+                                           overrides=[*trl_compare.SIZES[size], *SIZE_ROLLOUT[size], *UNTIMED_EVALS,
+                                                      *OUR_ROWS.get(system, [])])
+            if size == "tiny":
+                result["settings"]["sft_steps"] = sft_steps  # the start policy's (the trial's process records the default)
             trials[system].append(result)
             print(f"[grpo] trial {repeat + 1}/{repeats} {system}: {result['samples_per_s']:,.1f} samples/s "
                   f"({result['tokens_per_s']:,.0f} response tokens/s), training MFU {training_mfu(result, peak):.1%}", flush=True)

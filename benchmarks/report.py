@@ -17,6 +17,8 @@ class RunOptions:
     repeats: int | None  # trials per system; None: the benchmark's own default
     workdir: Path  # scratch space that lives as long as the run (benchmarks may share data there)
     overrides: list[str] = field(default_factory=list)  # KEY=VALUE config overrides (the pipeline benchmark)
+    # SFT steps of the start policy the GRPO-family benchmarks train (grpo, rl, rollout); None: their default
+    sft_steps: int | None = None
 
     def repeats_or(self, default: int) -> int:
         return self.repeats or default

@@ -28,7 +28,7 @@ VARIANTS = {
 def rl(options: RunOptions) -> Report:
     steps = options.steps or DEFAULT_STEPS
     data = trl_compare.tiny_data(options.workdir)
-    policy = grpo_compare.start_policy(options.workdir, data)
+    policy = grpo_compare.start_policy(options.workdir, data, options.sft_steps or grpo_compare.SFT_STEPS)
     results = {}
     for i, (name, overrides) in enumerate(VARIANTS.items()):
         result = trl_compare.run_trial("rl", "ours", steps, {**data, "policy": policy}, options.workdir / f"rl-{i}",

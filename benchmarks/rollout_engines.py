@@ -42,7 +42,7 @@ def rollout(options: RunOptions) -> Report:
 
     repeats = options.repeats_or(3)
     data = trl_compare.tiny_data(options.workdir)
-    policy = str(grpo_compare.start_policy(options.workdir, data))
+    policy = str(grpo_compare.start_policy(options.workdir, data, options.sft_steps or grpo_compare.SFT_STEPS))
     vllm_python = vllm_env.machine_cache_python()
     biggest = max(BATCH_SIZES)
     cfg = load_config(None, [f"rl.rollout.micro_batch_size={biggest}", "rl.rollout.engine=vllm", f"rl.rollout.vllm_python={vllm_python}"])
