@@ -41,9 +41,11 @@ def length_reward(tmp_path_factory):
     return str(path)
 
 
-def run_rl(prepared, root, overrides, fail_at: int | None = None, extra_inputs=None):
+def run_rl(prepared, root, overrides, fail_at: int | None = None, extra_inputs=None, logged: list | None = None):
+    """The RL stage on the fast config; `fail_at`: raise at that step's metrics (after its update), as a kill would
+    end it; `logged`: where the (step, metrics) go, read by a caller whose run raises."""
     cfg = load_config(None, [*RL_FAST, *overrides])
-    logged = []
+    logged = [] if logged is None else logged
 
     def log(metrics, step):
         if fail_at is not None and step == fail_at and "train/reward" in metrics:
@@ -256,16 +258,24 @@ def test_async_training_samples_one_update_behind_and_weighs_those_samples(grpo_
     assert {"eval/accuracy", "eval/reward"} <= set(result.metrics)
 
 
-def test_a_queue_of_two_steps_draws_two_updates_behind(grpo_args, prepared, tmp_path):
+def test_a_queue_of_two_steps_draws_two_updates_behind_and_resumes_with_its_queue(grpo_args, prepared, tmp_path):
     """rl.rollout.async_queue_size=2: steps 1 and 2 are drawn before any update (step 2 one update stale), step 3
-    during step 1 (two updates stale); only step 1's engine log-probs agree with the policy's."""
-    _, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.rollout.async_train=true", "rl.rollout.async_queue_size=2",
-                                            "rl.max_steps=3", "rl.eval_every=3", "rl.placement.colocate_all=false",
-                                            "rl.placement.colocate_models=true", "infra.cpus_per_worker=1"])
+    during step 1 (two updates stale); only step 1's engine log-probs agree with the policy's. Killed at step 4,
+    the rerun resumes from step 3's checkpoint, whose queue holds step 4's prompts: drawn again on the resumed
+    weights, so step 4 is on-policy."""
+    args = [*grpo_args, "rl.rollout.async_train=true", "rl.rollout.async_queue_size=2", "rl.max_steps=4", "rl.eval_every=4",
+            "rl.placement.colocate_all=false", "rl.placement.colocate_models=true", "infra.cpus_per_worker=1"]
+    logged: list = []
+    with pytest.raises(RuntimeError, match="killed at step 4"):
+        run_rl(prepared, tmp_path, args, fail_at=4, logged=logged)
     steps = {s: m for s, m in logged if "train/reward" in m}
     assert {s: m["rollout/staleness"] for s, m in steps.items()} == {1: 0, 2: 1, 3: 2}
     assert steps[1]["rollout/logprob_gap"] < 1e-4
     assert steps[2]["rollout/logprob_gap"] > 1e-3 and steps[3]["rollout/logprob_gap"] > 1e-3, steps
+    resumed, logged = run_rl(prepared, tmp_path, args)
+    assert resumed.metrics["resumed_from_step"] == 3.0
+    steps = {s: m for s, m in logged if "train/reward" in m}
+    assert list(steps) == [4] and steps[4]["rollout/staleness"] == 0 and steps[4]["rollout/logprob_gap"] < 1e-4
 
 
 def test_gspo_trains_another_policy_than_ppos_clip_from_the_same_samples(grpo, grpo_args, prepared, tmp_path):
