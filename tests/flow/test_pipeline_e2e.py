@@ -199,10 +199,12 @@ def test_dpo_beats_sft_on_sampled_held_out_accuracy_and_reports_reward_accuracy(
     assert len(versions_of(ws, "rlhf-dpo", dpo_run)) == 1
 
 
-# PPO (critic, GAE, the KL penalty in the reward) scored by the pipeline's own PRM, per step (min of its step scores)
+# PPO (critic, GAE, the KL penalty in the reward) scored by the pipeline's own PRM, per step (min of its step scores).
+# The test reads the training curves, not RL's held-out evals (before step 1 and after step 9): those score 16
+# greedy answers, not the preset's 200. Each rollout reseeds its sampler, so the evals leave the curves as they were.
 PPO_ON_THE_PRM = ("reward.source=prm", "rl.algorithm.advantage_estimator=gae", "rl.algorithm.use_kl_loss=false",
                   "rl.algorithm.init_kl_coef=0.05", "rl.algorithm.kl_estimator=k1", "rl.max_steps=9", "rl.eval_every=9",
-                  "eval.samples_per_prompt=0")
+                  "eval.samples_per_prompt=0", "eval.max_samples=16")
 
 
 def test_ppo_with_the_pipelines_prm_raises_the_reward_with_bounded_kl(ws, first_run):
