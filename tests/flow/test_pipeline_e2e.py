@@ -199,10 +199,12 @@ def test_dpo_beats_sft_on_sampled_held_out_accuracy_and_reports_reward_accuracy(
     assert len(versions_of(ws, "rlhf-dpo", dpo_run)) == 1
 
 
-# PPO (critic, GAE, the KL penalty in the reward) scored by the pipeline's own PRM, per step (min of its step scores)
+# PPO (critic, GAE, the KL penalty in the reward) scored by the pipeline's own PRM, per step (min of its step scores).
+# The test reads the training curves, not RL's held-out evals (before step 1 and after step 9): those score 16
+# greedy answers, not the preset's 200. Each rollout reseeds its sampler, so the evals leave the curves as they were.
 PPO_ON_THE_PRM = ("reward.source=prm", "rl.algorithm.advantage_estimator=gae", "rl.algorithm.use_kl_loss=false",
                   "rl.algorithm.init_kl_coef=0.05", "rl.algorithm.kl_estimator=k1", "rl.max_steps=9", "rl.eval_every=9",
-                  "eval.samples_per_prompt=0")
+                  "eval.samples_per_prompt=0", "eval.max_samples=16")
 
 
 def test_ppo_with_the_pipelines_prm_raises_the_reward_with_bounded_kl(ws, first_run):
@@ -359,21 +361,29 @@ def test_force_reruns_the_stage_and_its_consumers_follow(ws, first_run):
         assert second_eval.data.metrics[key] == first_eval.data.metrics[key]
 
 
-def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws, first_run):
+@pytest.fixture
+def workdir(ws) -> Path:
+    """The `cli` fixture's folder here: the module's store."""
+    return ws
+
+
+def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws, first_run, cli):
+    # `rlhf runs` and `rlhf compare` in this process (`cli`): they only read the store, and each CLI subprocess
+    # paid seconds of interpreter start and MLflow imports for it
     client = mlflow_client(ws)
     exp = client.get_experiment_by_name("rlhf-pipeline")
     parents = client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'", order_by=["attributes.start_time DESC"])
-    listed = run_cli(ws, "runs", "--limit", "50")
+    listed = cli("runs", "--limit", "50")
     assert listed.returncode == 0, listed.stderr
     assert all(p.info.run_id in listed.stdout for p in parents)
     cold, cached = first_run["cold_parent"], first_run["cached_parent"]
-    compared = run_cli(ws, "compare", cold, cached)
+    compared = cli("compare", cold, cached)
     assert compared.returncode == 0, compared.stderr
     assert "sft: eval/loss" in compared.stdout and "eval sft/accuracy" in compared.stdout
     # the terminal and the UI's compare view show the same numbers: the pipeline runs' headline metrics
     assert f"{client.get_run(cached).data.metrics['sft/eval/loss']:.4g} (cached)" in compared.stdout
     assert "(cached)" in compared.stdout and "(ran)" in compared.stdout
-    missing = run_cli(ws, "compare", "not-a-run")
+    missing = cli("compare", "not-a-run")
     assert missing.returncode == 2 and missing.stderr.strip() == f"error: run not-a-run: no such MLflow run in {client.tracking_uri}"
 
 
@@ -444,7 +454,7 @@ def served(ws, tmp_path_factory):
         deadline = time.monotonic() + 240
         while "prefect deployment run" not in log.read_text() and time.monotonic() < deadline:
             assert serve.poll() is None, log.read_text()[-3000:]
-            time.sleep(1)
+            time.sleep(0.2)
         assert answers(f"{api}/health") and answers(f"http://127.0.0.1:{mlflow_port}/health"), log.read_text()[-3000:]
         yield Served(api, mlflow_port, env, log, folder)
     finally:
@@ -505,8 +515,11 @@ def test_a_stage_that_raises_fails_the_flow_with_its_error_and_registers_nothing
     boom = tmp_path / "boom.py"
     boom.write_text("def reward_func(queries, prompts, labels):\n    raise ValueError('no reward today')\n")
     versions = len(mlflow_client(ws).search_model_versions("name = 'rlhf-rl'"))
-    # no KL term: no reference actor to start for a run that fails at its first scoring
-    result = run_cli(ws, "run", f"reward.func_path={boom}", "rl.max_steps=2", "rl.algorithm.init_kl_coef=0")
+    # no KL term: no reference actor to start for a run that fails at its first scoring, which is RL's eval of
+    # the SFT policy before its first step: 16 held-out prompts, not the preset's 200 (eval.* keys are RL's and
+    # eval's alone, so every stage before RL stays cached)
+    result = run_cli(ws, "run", f"reward.func_path={boom}", "rl.max_steps=2", "rl.algorithm.init_kl_coef=0",
+                     "eval.max_samples=16", "eval.samples_per_prompt=0")
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == f"error: reward_func in {boom} raised ValueError: no reward today"
     assert "Traceback" not in result.stdout + result.stderr  # it is in the stage's MLflow run, tag rlhf.error
