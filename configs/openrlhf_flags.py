@@ -83,7 +83,8 @@ MLFLOW = "runs go to MLflow (`rlhf ui`, `rlhf runs`)"
 CHECKPOINTS = "checkpoints are the stage run's MLflow artifacts (registered as models); a rerun resumes from the last one by itself"
 NOT_YET = "no counterpart yet"
 LAUNCHER = "set by the launcher"
-NO_RING = "ring attention is not supported"
+NO_RING = ("ring attention is not supported: a sequence stays on one rank; for long ones use {model}.gradient_checkpointing "
+           "and {model}.packing")
 NO_DYNAMIC_BATCH = "batches by token count are not supported: batches count rows"
 NO_MUON = "the Muon optimizer is not supported: AdamW only"
 NO_VLM = "VLM (image) training is not supported"
@@ -115,8 +116,10 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--ring_attn_size", "--ring_head_stride", "--ds.ring_attn_size", "--ds.ring_attn_head_stride"), (SFT, RM, DPO, PPO),
              why=NO_RING),
         Flag(("--ds_tensor_parallel_size", "--ds.tensor_parallel_size"), (SFT, RM, PRM, DPO, PPO),
-             why="DeepSpeed tensor parallelism is not supported: ZeRO data parallelism only"),
-        Flag(("--deepcompile", "--ds.deepcompile"), ALL, why="not supported"),
+             why="DeepSpeed tensor parallelism is not supported: ZeRO data parallelism only (infra.zero_stage: 3 "
+                 "shards a model across the ranks)"),
+        Flag(("--deepcompile", "--ds.deepcompile"), ALL, why="not supported: DeepSpeed runs its engines uncompiled; for speed use "
+                                                                  "{model}.packing and model.use_liger_kernel"),
         Flag(("--torch_compile",), ALL, why="not supported"),
         Flag(("--disable_trace_cache",), ALL, why="not supported"),
         Flag(("--zpg", "--ds.zpg"), ALL, why="ZeRO++ partitions are not supported"),

@@ -182,7 +182,8 @@ def test_unmapped_flags_are_listed_with_their_reasons():
             "(line 22)") in lines
     _, text = convert("train_reinforce_baseline_hybrid_engine.sh")
     lines = not_mapped(text)
-    assert "--ds.ring_attn_size 2: ring attention is not supported (line 77)" in lines
+    assert ("--ds.ring_attn_size 2: ring attention is not supported: a sequence stays on one rank; for long ones use "
+            "{model}.gradient_checkpointing and {model}.packing (line 77)") in lines
     assert "--train.dynamic_batch_enable: batches by token count are not supported: batches count rows (line 50)" in lines
     _, text = convert("train_vlm_math_hybrid_engine.sh")
     assert "--data.image_key images: VLM (image) training is not supported (line 72)" in not_mapped(text)
