@@ -4,8 +4,9 @@
 The critic is a token classifier with one output (LlamaForTokenClassification et al.): the value of the state
 before each next token is its head on that position's final hidden state. From the SFT policy its head is
 fresh. From a reward model (OpenRLHF's `--critic.model_name_or_path` naming one) backbone and head are the
-RM's, the head with the RM's normalization folded in, so that its value at a response's last token is the
-reward the RM gives that response.
+RM's, the head with the RM's normalization folded in where RL's rewards are normalized (reward.normalize, or the
+checkpoint's own normalize_reward), so that its value at a response's last token is the reward RL reads for that
+response.
 
 The saved value network is the critic as an HF checkpoint (LoRA adapters merged in): AutoModelForTokenClassification
 loads it whole, a value per token; its config also carries the reward-model fields (`value_head_prefix`,
@@ -74,7 +75,7 @@ def load(cfg: PipelineConfig, given: NodeInputs) -> torch.nn.Module:
             attn_implementation=checkpoint.attn_implementation(cfg.model), **lora.load_kwargs(critic.lora, "rl.critic.lora"),
         )
     if field is not None:
-        start_from_reward_head(model, source, field)
+        start_from_reward_head(model, source, field, cfg.reward.normalize)
     return lora.prepare(model, critic.lora, "TOKEN_CLS")[0]
 
 
@@ -88,13 +89,15 @@ def check_tokenizer(source: str, policy: str, field: str) -> None:
                               "rl.critic.init_from: sft")
 
 
-def start_from_reward_head(model: torch.nn.Module, source: str, field: str) -> None:
-    """The critic's head set to the RM's, normalization folded in (`RewardHead.scoring`)."""
+def start_from_reward_head(model: torch.nn.Module, source: str, field: str, normalize: bool | None = None) -> None:
+    """The critic's head set to the RM's, normalization folded in (`RewardHead.scoring`) where the rewards RL reads
+    are normalized: `normalize` is reward.normalize (as OpenRLHF's critic follows --reward.normalize_enable), None
+    as the checkpoint's own normalize_reward says."""
     from stages.rewards.errors import RewardError
     from stages.rewards.reward_model import read_reward_head
 
     try:
-        scoring = read_reward_head(source).scoring()
+        scoring = read_reward_head(source, normalize).scoring()
     except (RewardError, CheckpointError) as exc:
         raise CheckpointError(f"{field}: {exc}") from None
     head = value_head(model)

@@ -74,6 +74,19 @@ def test_a_critic_from_the_reward_model_starts_with_its_rewards_at_every_token(p
         torch.testing.assert_close(values[row, : n - 1], (rewards - rm.mean) / rm.std, atol=1e-4, rtol=1e-4)
 
 
+def test_a_critic_from_a_reward_model_read_raw_starts_at_its_raw_rewards(prepared, normalizing_rm):
+    """reward.normalize=false: RL reads the RM's raw rewards, and the critic starts at them, not at the z-scores
+    the checkpoint's own normalize_reward would give (OpenRLHF's critic follows --reward.normalize_enable)."""
+    rm = load_reward_model(normalizing_rm, "cpu")
+    batch = rollout(rm.tokenizer, prepared)
+    cfg = load_config(None, [*CRITIC, "rl.critic.init_from=reward_model", "reward.source=rm", "reward.normalize=false"])
+    with critic_worker(cfg, {"sft_model": prepared["base_model"], "reward_model": normalizing_rm}) as worker:
+        values = worker.values(batch)
+    n = int(batch["attention_mask"][0].sum())
+    rewards = torch.cat([rm(batch["input_ids"][:1, : t + 1], batch["attention_mask"][:1, : t + 1]) for t in range(n - 1)])
+    torch.testing.assert_close(values[0, : n - 1], rewards, atol=1e-4, rtol=1e-4)
+
+
 def test_a_critic_from_the_sft_model_does_not_start_at_the_reward_models_values(prepared, normalizing_rm):
     rm = load_reward_model(normalizing_rm, "cpu")
     batch = rollout(rm.tokenizer, prepared)
