@@ -79,11 +79,8 @@ def test_a_store_without_room_is_one_line_and_left_unmade(cli, workdir, prefect_
     """The first thing the flow writes is the new store's tables; the store cannot grow (see
     tests/full_disk.py): one line naming it, the flow run Failed without a Prefect traceback, and no
     half-made database left to stop the next run."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     monkeypatch.setenv("PREFECT_API_URL", prefect_server)
-    # in this process Prefect read the environment when a test first imported it: its settings say which server
-    with temporary_settings({PREFECT_API_URL: prefect_server}), sqlite_cannot_grow():
+    with sqlite_cannot_grow():
         result = cli("run", "--only", "data_prep")
     db = workdir / ".rlhf" / "mlflow.db"
     assert one_error_line(result) == f"error: no space left on device writing {db}: free space and rerun to resume"
