@@ -94,6 +94,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ExternalSignal as exc:  # a SIGTERM during the flow, which stopped its stages as for a Ctrl-C
             raise run_end.Terminated(run_end.stop_message(exc)) from None
         finally:
+            if prefect_server is not None:  # a run that failed before the flow: let the start end, then stop it
+                prefect_server.join(timeout=run_end.SERVER_START_S)
             run_end.end_prefect(temporary_server=prefect_server is not None)
             if fresh and not finished:
                 run_end.remove_if_unused(state_dir, tracking.resolve_uri(cfg.tracking))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 FORCE_EXIT_S = 60.0  # after the first Ctrl-C or SIGTERM, the longest the orderly stop may take
 DRAIN_S = 10.0  # the longest Prefect's event and log workers get to deliver what they hold
+SERVER_START_S = 30.0  # the longest a failed run waits for the temporary server's start (Prefect gives it 20 s)
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 STOP_ADVICE = "stopped; rerun to resume"
 

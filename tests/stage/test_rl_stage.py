@@ -241,7 +241,7 @@ def test_weight_sync_through_the_object_store_gives_the_broadcast_run(grpo, grpo
             assert m[key] == pytest.approx(by_step[step][key], abs=1e-6), (step, key)
     a = load_file(whole.outputs["rl_model"] / "model.safetensors")
     b = load_file(result.outputs["rl_model"] / "model.safetensors")
-    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < RERUN_GAP
 
 
 def test_async_training_samples_one_update_behind_and_weighs_those_samples(grpo_args, prepared, tmp_path):
@@ -359,6 +359,10 @@ def test_while_the_critic_warms_up_the_policy_is_left_as_it_was(prepared, length
 
 # a rollout (4 prompts x 4 samples) is one optimizer step (one average update); greedy evals only
 ONE_UPDATE = ["rl.train_batch_size=16", "eval.samples_per_prompt=0"]
+# Two runs of the same settings, each in processes of its own: the same training up to the CPU BLAS's rounding,
+# which may differ from process to process (MKL picks kernels by memory alignment; 6e-6 seen after one step).
+# A step moves the weights by about the learning rate (1e-3), so this still tells every step apart.
+RERUN_GAP = 5e-5
 
 
 def tag_weights(root, step: int) -> dict[str, torch.Tensor]:
@@ -383,8 +387,9 @@ def stepwise(prepared, grpo_args, tmp_path_factory):
 
 
 def gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """The largest difference between two state dicts, over the first's keys (the output's: a tied head once)."""
-    return max((a[k] - b[k]).abs().max().item() for k in a)
+    """The largest difference between two state dicts, over their common keys (an HF output's tied head is its
+    embedding, which a DeepSpeed checkpoint holds once)."""
+    return max((a[k] - b[k]).abs().max().item() for k in a.keys() & b.keys())
 
 
 def test_max_checkpoints_keeps_that_many_and_the_output_is_the_last_step(stepwise):
@@ -392,7 +397,7 @@ def test_max_checkpoints_keeps_that_many_and_the_output_is_the_last_step(stepwis
     output, not a checkpoint); without ema or a best metric the output is the last step's policy."""
     root, weights, _ = stepwise
     assert tags(root) == {"step1", "step2", "step3"} and not (root / "work" / "checkpoints" / "best").exists()
-    assert gap(weights[4], weights[3]) > 1e-4  # a trained step
+    assert all(gap(weights[s + 1], weights[s]) > 10 * RERUN_GAP for s in range(4))  # each step trains
 
 
 def test_the_saved_policy_is_the_moving_average_of_the_trained_weights_and_resumes(grpo_args, prepared, stepwise, tmp_path):
@@ -404,14 +409,16 @@ def test_the_saved_policy_is_the_moving_average_of_the_trained_weights_and_resum
     args = [*grpo_args, *ONE_UPDATE, "rl.max_steps=2", "rl.actor.ema_beta=0.75", "rl.eval_every=2"]
     with pytest.raises(RuntimeError, match="killed at step 2"):
         run_rl(prepared, tmp_path, args, fail_at=2)
-    assert gap(w[1], tag_weights(tmp_path, 1)) == 0.0  # the average is not what trains
+    w1 = tag_weights(tmp_path, 1)  # this run's trained weights after step 1
+    assert gap(w[1], w1) < RERUN_GAP  # the average is not what trains
     saved = torch.load(tmp_path / "work" / "checkpoints" / "policy" / "step1" / "ema.pt")
-    assert gap(saved, {k: 0.75 * w[0][k] + 0.25 * w[1][k] for k in saved}) < 1e-6
+    assert gap(saved, {k: 0.75 * w[0][k] + 0.25 * w1[k] for k in saved}) < 1e-6
     result, _ = run_rl(prepared, tmp_path, args)
     assert result.metrics["resumed_from_step"] == 1.0
     out = load_file(result.outputs["rl_model"] / "model.safetensors")
-    assert gap(out, {k: 0.5625 * w[0][k] + 0.1875 * w[1][k] + 0.25 * w[2][k] for k in out}) < 1e-6
-    assert gap(out, w[2]) > 1e-4  # not the trained weights
+    # W2 only from the stepwise run (this one saves the average): its rounding, weighed 0.25
+    assert gap(out, {k: 0.5625 * w[0][k] + 0.1875 * w1[k] + 0.25 * w[2][k] for k in out}) < 0.25 * RERUN_GAP
+    assert gap(out, w[2]) > 10 * RERUN_GAP  # not the trained weights
 
 
 def test_the_output_is_the_policy_of_the_best_eval_step(grpo_args, prepared, stepwise, tmp_path):
@@ -425,7 +432,8 @@ def test_the_output_is_the_policy_of_the_best_eval_step(grpo_args, prepared, ste
     assert rewards == {s: m["eval/reward"] for s, m in every if s > 0 and "eval/reward" in m}  # the same training
     best = min(s for s in rewards if rewards[s] == max(rewards.values()))
     assert result.metrics["best_step"] == float(best) and result.metrics["eval/reward"] == rewards[best]
-    assert gap(load_file(result.outputs["rl_model"] / "model.safetensors"), w[best]) == 0.0
+    out = load_file(result.outputs["rl_model"] / "model.safetensors")
+    assert gap(out, w[best]) < RERUN_GAP and all(gap(out, w[s]) > 10 * RERUN_GAP for s in (1, 2, 3, 4) if s != best)
     assert tags(tmp_path) == {"step2", "step3"}
 
 
