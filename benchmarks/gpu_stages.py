@@ -118,6 +118,32 @@ def reload_check(name: str, path: Path, device: str) -> str:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 
 
+def liger_parity(path: Path, cfg, device: str) -> dict:
+    """The SFT checkpoint loaded twice, as the stages load it (bf16): with Liger's kernels and without. How many
+    modules Liger replaced, and the gaps between the two models' token log-probs, mean token losses and
+    gradients on 8 rows of 64 random tokens: Liger computes the same function, to bf16's rounding."""
+    import torch
+
+    from stages.common.checkpoint import load_causal_lm
+
+    torch.manual_seed(0)
+    outs = {}
+    for liger in (False, True):
+        model = load_causal_lm(path, cfg.model.model_copy(update={"use_liger_kernel": liger}), precision="bf16", device_map=device)
+        ids = torch.randint(0, model.config.vocab_size, (8, 64), generator=torch.Generator().manual_seed(0)).to(device)
+        logp = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)
+        loss = -logp[:, :-1].gather(-1, ids[:, 1:, None]).mean()
+        loss.backward()
+        grads = torch.cat([w.grad.float().flatten() for w in model.parameters() if w.grad is not None])
+        replaced = sum(type(m).__name__.startswith("Liger") for m in model.modules())
+        outs[liger] = (logp.detach(), loss.item(), grads, replaced)
+        del model
+    (lp0, l0, g0, _), (lp1, l1, g1, replaced) = outs[False], outs[True]
+    return {"modules replaced": replaced, "max log-prob gap": round((lp0 - lp1).abs().max().item(), 5),
+            "loss": [round(l0, 5), round(l1, 5)],
+            "gradient gap / largest gradient": round(((g0 - g1).abs().max() / g0.abs().max()).item(), 5)}
+
+
 def rates(stage: str, logged: list[tuple[dict, int]], cfg) -> tuple[float | None, float | None]:
     """(training tokens/s, generation tokens/s) from what the stage logged."""
     if stage in ("sft", "rm", "dpo"):
@@ -185,6 +211,7 @@ def run_chain(args, zero: int, config: Path, prepared: dict[str, Path], n_params
         available.update(result.outputs)
         train_tps, gen_tps = rates(spec.name, logged, cfg)
         checks = {name: reload_check(name, path, args.device) for name, path in result.outputs.items() if name in MODEL_OUTPUTS}
+        parity = liger_parity(result.outputs["sft_model"], cfg, args.device) if args.liger and cuda and spec.name == "sft" else None
         rows.append({
             "stage": spec.name, "zero": zero, "status": "ok", "wall_s": round(wall, 1),
             "train_tokens_per_s": round(train_tps) if train_tps else None,
@@ -193,6 +220,7 @@ def run_chain(args, zero: int, config: Path, prepared: dict[str, Path], n_params
             "mfu": round(6 * n_params * train_tps / peak, 4) if peak and train_tps else None,
             "checkpoint": ", ".join(f"{k} {v}" for k, v in checks.items()) or "-",
             "metrics": {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))},
+            **({"liger_parity": parity} if parity else {}),
         })
         del result
         deepspeed_engine.release_engines()  # as a pooled stage worker does between stages
@@ -222,7 +250,12 @@ def report(result: dict) -> str:
     head = (f"{result['device']}, {result['date']}: {result['params'] / 1e6:.1f}M parameters ({result['model']}), "
             f"torch {v['torch']}, transformers {v['transformers']}, DeepSpeed {v['deepspeed']}"
             + (f"; with {' and '.join(asked)}." if asked else "."))
-    return head + "\n\n" + markdown(result["rows"])
+    parity = next((r["liger_parity"] for r in result["rows"] if "liger_parity" in r), None)
+    tail = ("\nLiger against the plain model (the SFT checkpoint, bf16, 8 x 64 random tokens): "
+            f"{parity['modules replaced']} modules replaced, log-probs within {parity['max log-prob gap']}, "
+            f"mean loss {parity['loss'][0]} -> {parity['loss'][1]}, gradients within "
+            f"{parity['gradient gap / largest gradient']:.2%} of the largest.\n") if parity else ""
+    return head + "\n\n" + markdown(result["rows"]) + tail
 
 
 def versions() -> dict[str, str]:
