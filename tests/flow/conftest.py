@@ -3,6 +3,7 @@ a real local Ray cluster, real DeepSpeed engines and an MLflow SQLite store in a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -71,7 +72,8 @@ def cli(workdir: Path, monkeypatch, capsys):
 
     def run(*args: str) -> subprocess.CompletedProcess:
         capsys.readouterr()  # drop what earlier calls printed
-        code = main(list(args))
+        with prefect_console_on_stderr():
+            code = main(list(args))
         out = capsys.readouterr()
         return subprocess.CompletedProcess(["rlhf", *args], code, out.out, out.err)
 
@@ -84,6 +86,27 @@ def cli(workdir: Path, monkeypatch, capsys):
     yield run
     hf_logging.enable_progress_bar()
     datasets.enable_progress_bars()
+
+
+@contextlib.contextmanager
+def prefect_console_on_stderr():
+    """Prefect's console handlers write to the stream that was sys.stderr when Prefect set up its logging: in
+    this process, maybe an earlier test's capture, closed since. For one in-process CLI call they write to
+    today's sys.stderr, which the test reads (a `rlhf run` process has one stderr all its life)."""
+    import logging
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]
+    handlers = {h for lg in loggers for h in lg.handlers if isinstance(h, PrefectConsoleHandler)}
+    saved = [(h, h.stream) for h in handlers]
+    for h in handlers:  # not setStream, which flushes the old stream
+        h.stream = h.console.file = sys.stderr
+    try:
+        yield
+    finally:
+        for h, stream in saved:
+            h.stream = h.console.file = stream
 
 
 def mlflow_client(workdir: Path):
