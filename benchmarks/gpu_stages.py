@@ -126,7 +126,6 @@ def liger_parity(path: Path, cfg, device: str) -> dict:
 
     from stages.common.checkpoint import load_causal_lm
 
-    torch.manual_seed(0)
     outs = {}
     for liger in (False, True):
         model = load_causal_lm(path, cfg.model.model_copy(update={"use_liger_kernel": liger}), precision="bf16", device_map=device)
