@@ -1,6 +1,6 @@
 """Run registered benchmarks: one markdown table each on stdout, every measurement in a JSON file.
 
-    python -m benchmarks run [NAME ...] [--steps N] [--repeats N] [--sft-steps N] [--out benchmarks.json]
+    python -m benchmarks run [NAME ...] [--steps N] [--repeats N] [--sft-steps N] [--systems S ...] [--out benchmarks.json]
     python -m benchmarks list
     python -m benchmarks report [--check]     # the docs' tables from the JSON in benchmarks/results/
 
@@ -90,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                             "the pipeline, 2 for the others)")
     run_parser.add_argument("--sft-steps", type=int, help="SFT steps of the start policy that grpo, rl and rollout train "
                             "once per run (default: 300, grpo_compare.SFT_STEPS; fewer: a quicker, less trained start)")
+    run_parser.add_argument("--systems", nargs="+", metavar="SYSTEM",
+                            help="grpo and grpo-50m only: the systems to run, with ours and trl among them (default: "
+                                 "all of the size's: " + "; ".join(f"{size}: {' '.join(systems)}"
+                                                                    for size, systems in grpo_compare.SIZE_SYSTEMS.items()) + ")")
     run_parser.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
                             help="config overrides for the pipeline benchmark's `rlhf run`")
     run_parser.add_argument("--out", type=Path, default=Path("benchmarks.json"), help="JSON results file")
@@ -110,11 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark {', '.join(unknown)} (registered: {', '.join(BENCHMARKS)})")
+    if args.systems:
+        problem = grpo_compare.systems_problem(args.names or list(BENCHMARKS), args.systems)
+        if problem:
+            parser.error(f"--systems: {problem}")
     with contextlib.ExitStack() as stack:
         workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="benchmarks-")))
         workdir.mkdir(parents=True, exist_ok=True)
         options = RunOptions(steps=args.steps, repeats=args.repeats, workdir=workdir, overrides=args.overrides,
-                             sft_steps=args.sft_steps)
+                             sft_steps=args.sft_steps, systems=args.systems)
         run(args.names or list(BENCHMARKS), options, args.out)
     return 0
 

@@ -86,6 +86,24 @@ def grpo_50m(options: RunOptions) -> Report:
     return compare(options, "50m")
 
 
+def systems_problem(benchmarks: list[str], systems: list[str]) -> str | None:
+    """What is wrong with running only `systems` in `benchmarks` (`--systems`), or None: only the GRPO
+    comparisons take a choice, each table compares against ours and TRL, and each name is a system of every
+    size asked for."""
+    sizes = {"grpo": "tiny", "grpo-50m": "50m"}
+    others = [name for name in benchmarks if name not in sizes]
+    if others:
+        return f"only grpo and grpo-50m run a choice of systems, not {', '.join(others)}"
+    missing = [s for s in ("ours", "trl") if s not in systems]
+    if missing:
+        return f"{' and '.join(missing)} must be among them (every ratio is to them)"
+    for name in benchmarks:
+        unknown = [s for s in systems if s not in SIZE_SYSTEMS[sizes[name]]]
+        if unknown:
+            return f"{name} has no system {', '.join(unknown)} (its systems: {' '.join(SIZE_SYSTEMS[sizes[name]])})"
+    return None
+
+
 def compare(options: RunOptions, size: str) -> Report:
     trl_compare.require_trl(f"grpo ({size})")
     steps, repeats = options.steps or SIZE_STEPS[size], options.repeats_or(2)
@@ -95,7 +113,7 @@ def compare(options: RunOptions, size: str) -> Report:
     policy = start_policy(options.workdir, data, sft_steps) if size == "tiny" else data["base_model"]
     peak = mfu.matmul_peak()
     print(f"[grpo] matmul peak: {peak / 1e9:,.1f} GFLOP/s (fp32, {mfu.threads()} threads)", flush=True)
-    systems = SIZE_SYSTEMS[size]
+    systems = [s for s in SIZE_SYSTEMS[size] if options.systems is None or s in options.systems]
     trials: dict[str, list[dict]] = {system: [] for system in systems}
     for repeat in range(repeats):
         for system in systems:

@@ -19,6 +19,8 @@ class RunOptions:
     overrides: list[str] = field(default_factory=list)  # KEY=VALUE config overrides (the pipeline benchmark)
     # SFT steps of the start policy the GRPO-family benchmarks train (grpo, rl, rollout); None: their default
     sft_steps: int | None = None
+    # the systems the GRPO comparisons (grpo, grpo-50m) run, a subset of their size's; None: all of them
+    systems: list[str] | None = None
 
     def repeats_or(self, default: int) -> int:
         return self.repeats or default

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING
 
-from matplotlib.figure import Figure
 from mlflow import MlflowClient
 from mlflow.entities import Metric, RunStatus
 from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
@@ -17,6 +17,9 @@ from artifacts import registry, run_owner, store
 from artifacts.datasets import context
 from artifacts.store import ArtifactRef
 from stages.eval_results import model_inputs, per_model
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 BAR_METRICS = ("reward", "sampled_reward", "accuracy", "sampled_accuracy")  # plotted where present
 RL_CURVES = ("train/reward", "train/kl", "train/response_length")  # the RL run's headline curves
@@ -29,6 +32,8 @@ KIND_EVAL_MODEL = "eval_model"
 def metrics_figure(models: dict[str, dict[str, float]], ranked_by: str) -> Figure:
     """Grouped bars: each model's `ranked_by` metric first, then its greedy and sampled held-out reward
     and accuracy where present."""
+    from matplotlib.figure import Figure  # where a run draws, not at every `rlhf run`'s start
+
     fig = Figure(figsize=(2.0 * len(models) + 2, 3.8))
     ax = fig.subplots()
     wanted = dict.fromkeys((ranked_by, *BAR_METRICS))
@@ -50,6 +55,8 @@ def metrics_figure(models: dict[str, dict[str, float]], ranked_by: str) -> Figur
 
 def curves_figure(curves: dict[str, list[tuple[int, float]]], title: str = "RL training curves") -> Figure:
     """One panel per metric history, against the training step."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(4.2 * len(curves), 3.4))
     axes = fig.subplots(1, len(curves), squeeze=False)[0]
     for ax, (name, points) in zip(axes, curves.items()):

@@ -31,10 +31,14 @@ def test_sft_benchmark_reports_both_systems_and_their_ratio(tmp_path, capsys):
 def test_grpo_benchmark_times_both_systems_on_the_same_rollout_shape(tmp_path, capsys):
     out = tmp_path / "benchmarks.json"
     # a start policy of 40 SFT steps (not the benchmark's 300): it already answers in the task's format and
-    # ends its responses, and nothing here depends on how well it does
-    assert main(["run", "grpo", "--steps", "1", "--repeats", "1", "--sft-steps", "40", "--out", str(out)]) == 0
+    # ends its responses, and nothing here depends on how well it does; the systems whose rows this checks
+    # (an RL run in padded rows, `ours_padded`'s layout: tests/stage/test_rl_stage.py's dense-reward test)
+    systems = ["ours", "ours_recompute", "ours_actors", "trl", "trl_ray"]
+    assert main(["run", "grpo", "--steps", "1", "--repeats", "1", "--sft-steps", "40", "--systems", *systems,
+                 "--out", str(out)]) == 0
 
     grpo = json.loads(out.read_text())["benchmarks"]["grpo"]
+    assert list(grpo["trials"]) == systems
     ours, trl = grpo["trials"]["ours"][0], grpo["trials"]["trl"][0]
     assert ours["samples"] == trl["samples"] == 16 * 8  # one rollout step of the tiny preset's 16 prompts x 8
     for trial in (ours, trl):

@@ -189,8 +189,9 @@ def quick_reward_model(stage, module, data: str, output: str, prepared, root):
 
 def test_reinforce_with_dense_process_rewards(prepared, tmp_path):
     prm_dir = quick_reward_model("prm", prm, "prm_data", "prm", prepared, tmp_path)
-    result, logged = run_rl(prepared, tmp_path / "rl", ["rl.algorithm.advantage_estimator=reinforce", "reward.source=prm"],
-                            extra_inputs={"prm": prm_dir})
+    # each sample in a padded row of its own (the preset computes a prompt's samples as one row)
+    result, logged = run_rl(prepared, tmp_path / "rl", ["rl.algorithm.advantage_estimator=reinforce", "reward.source=prm",
+                                                        "rl.shared_prompt=false"], extra_inputs={"prm": prm_dir})
     steps = [m for _, m in logged if "train/reward" in m]
     assert all("reward/prm/steps" in m for m in steps)
     assert result.outputs["rl_model"].is_dir()
