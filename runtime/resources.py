@@ -11,6 +11,7 @@ from collections.abc import Callable
 import ray
 
 from runtime import ray_shutdown
+from runtime.worker_setup import JOB_RUNTIME_ENV
 
 
 def start_local_cluster(num_cpus: int | None, log_to_driver: bool = True, num_gpus: int | None = None) -> None:
@@ -27,12 +28,15 @@ def start_local_cluster(num_cpus: int | None, log_to_driver: bool = True, num_gp
     the workers, which live on until they notice the raylet is gone, if ever. Kept in the driver's group,
     they die with it.
 
+    Every worker starts with `runtime.worker_setup`'s hook (imports no stage uses left out).
+
     Nothing reads Ray's task events here (no dashboard): they are off, and with them the driver's wait, at
     Ray's shutdown, to flush them to a GCS that a stop's signal to the group has already ended (5 s).
 
     `num_gpus`: the GPUs Ray schedules (None: those it detects); declared on a machine without CUDA they are
     logical, which walks a GPU layout's scheduling up to where torch would need one."""
     ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=log_to_driver,
+             runtime_env=JOB_RUNTIME_ENV,
              _system_config={"worker_niceness": 0, "process_group_cleanup_enabled": False,
                              "task_events_report_interval_ms": 0})
     ray_shutdown.reopen()

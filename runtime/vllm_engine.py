@@ -15,7 +15,7 @@ import ray
 
 from stages.rl.experience import Sample
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the folder of runtime/ and stages/, which the engine imports
 
 
 def runtime_env(python: str | None, threads: int) -> dict:

@@ -65,3 +65,17 @@ def test_relative_vllm_python_is_made_absolute_without_resolving_links(tmp_path,
     monkeypatch.chdir(tmp_path)
     assert rollout_engines.vllm_python(vllm_config("rl.rollout.vllm_python=.venv-vllm/bin/python")) == \
         str(tmp_path / ".venv-vllm" / "bin" / "python")
+
+
+def test_the_vllm_interpreter_is_pointed_at_the_pipelines_packages():
+    """Its own environment has none of the pipeline installed: the engine's module and the job's worker
+    set-up (runtime/worker_setup.py) come from PYTHONPATH."""
+    import os
+    from pathlib import Path
+
+    from runtime.vllm_engine import runtime_env
+
+    env = runtime_env("/somewhere/python", 2)
+    assert env["py_executable"] == "/somewhere/python" and env["env_vars"]["OMP_NUM_THREADS"] == "2"
+    root = Path(env["env_vars"]["PYTHONPATH"].split(os.pathsep)[0])
+    assert (root / "stages" / "rl" / "experience.py").is_file() and (root / "runtime" / "worker_setup.py").is_file()
