@@ -91,9 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--sft-steps", type=int, help="SFT steps of the start policy that grpo, rl and rollout train "
                             "once per run (default: 300, grpo_compare.SFT_STEPS; fewer: a quicker, less trained start)")
     run_parser.add_argument("--systems", nargs="+", metavar="SYSTEM",
-                            help="grpo and grpo-50m only: the systems to run, with ours and trl among them (default: "
-                                 "all of the size's: " + "; ".join(f"{size}: {' '.join(systems)}"
-                                                                    for size, systems in grpo_compare.SIZE_SYSTEMS.items()) + ")")
+                            help="grpo and grpo-50m only, named before it: the systems to run, with ours and trl among "
+                                 "them (default: all of the benchmark's: " + "; ".join(
+                                     f"{name}: {' '.join(grpo_compare.SIZE_SYSTEMS[size])}"
+                                     for name, size in grpo_compare.BENCHMARK_SIZES.items()) + ")")
     run_parser.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
                             help="config overrides for the pipeline benchmark's `rlhf run`")
     run_parser.add_argument("--out", type=Path, default=Path("benchmarks.json"), help="JSON results file")
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown benchmark {', '.join(unknown)} (registered: {', '.join(BENCHMARKS)})")
     if args.systems:
-        problem = grpo_compare.systems_problem(args.names or list(BENCHMARKS), args.systems)
+        problem = grpo_compare.systems_problem(args.names or list(BENCHMARKS), args.systems, BENCHMARKS)
         if problem:
             parser.error(f"--systems: {problem}")
     with contextlib.ExitStack() as stack:

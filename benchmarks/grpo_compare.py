@@ -39,6 +39,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from benchmarks import mfu, trl_compare
@@ -78,29 +79,35 @@ UNTIMED_EVALS = ["eval.max_samples=2", "eval.samples_per_prompt=0", "eval.max_ne
 SIZE_STEPS = {"tiny": DEFAULT_STEPS, "50m": 3}
 
 
+BENCHMARK_SIZES = {"grpo": "tiny", "grpo-50m": "50m"}  # the registered benchmarks (benchmarks/__main__.py)
+
+
 def grpo(options: RunOptions) -> Report:
-    return compare(options, "tiny")
+    return compare(options, BENCHMARK_SIZES["grpo"])
 
 
 def grpo_50m(options: RunOptions) -> Report:
-    return compare(options, "50m")
+    return compare(options, BENCHMARK_SIZES["grpo-50m"])
 
 
-def systems_problem(benchmarks: list[str], systems: list[str]) -> str | None:
-    """What is wrong with running only `systems` in `benchmarks` (`--systems`), or None: only the GRPO
-    comparisons take a choice, each table compares against ours and TRL, and each name is a system of every
-    size asked for."""
-    sizes = {"grpo": "tiny", "grpo-50m": "50m"}
-    others = [name for name in benchmarks if name not in sizes]
+def systems_problem(benchmarks: list[str], systems: list[str], all_benchmarks: Iterable[str] = ()) -> str | None:
+    """What is wrong with running only `systems` in `benchmarks` (`--systems`), or None: no system is a
+    benchmark's name (of `all_benchmarks`), only the GRPO comparisons take a choice, each table compares
+    against ours and TRL, and each name is a system of every benchmark asked for."""
+    named = [s for s in systems if s in all_benchmarks]
+    if named:  # `--systems ours trl grpo`: the benchmark's name taken for a system
+        return f"{', '.join(named)} is a benchmark, not a system: name the benchmarks before --systems"
+    others = [name for name in benchmarks if name not in BENCHMARK_SIZES]
     if others:
-        return f"only grpo and grpo-50m run a choice of systems, not {', '.join(others)}"
+        return f"only {' and '.join(BENCHMARK_SIZES)} run a choice of systems, not {', '.join(others)}"
     missing = [s for s in ("ours", "trl") if s not in systems]
     if missing:
         return f"{' and '.join(missing)} must be among them (every ratio is to them)"
     for name in benchmarks:
-        unknown = [s for s in systems if s not in SIZE_SYSTEMS[sizes[name]]]
+        own = SIZE_SYSTEMS[BENCHMARK_SIZES[name]]
+        unknown = [s for s in systems if s not in own]
         if unknown:
-            return f"{name} has no system {', '.join(unknown)} (its systems: {' '.join(SIZE_SYSTEMS[sizes[name]])})"
+            return f"{name} has no system {', '.join(unknown)} (its systems: {' '.join(own)})"
     return None
 
 

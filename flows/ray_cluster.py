@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from configs.errors import PipelineError, first_line
 from configs.schema import InfraConfig, PipelineConfig
 from runtime import ray_shutdown
-from runtime.worker_setup import JOB_RUNTIME_ENV
+from runtime.worker_setup import job_runtime_env
 from stages import dag
 from stages.contract import StageContext, StageResult, run_timed
 from stages.dag import StageSpec
@@ -140,7 +140,7 @@ class RaySession:
             if address:
                 use_local_token()
                 try:
-                    ray.init(address=address, log_to_driver=True, runtime_env=JOB_RUNTIME_ENV)
+                    ray.init(address=address, log_to_driver=True, runtime_env=job_runtime_env())
                 except (ConnectionError, RuntimeError, ValueError) as exc:
                     raise PipelineError(f"Ray cluster at {address} (RAY_ADDRESS / infra.ray_address): cannot connect ({exc})") from exc
                 self.where = f"cluster at {address}"

@@ -241,7 +241,7 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
     refs = store.publish(client, run_id, result.outputs, spec.register, info, linked=checkpoint_metrics(result.metrics, read),
                          uploaded=files is not None)
     if spec.plots_eval_series:
-        from flows import eval_report  # matplotlib: in this process only when there is a plot to draw
+        from flows import eval_report
 
         eval_report.log_rl_curves(client, run_id)
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import ray
 
 from runtime import ray_shutdown
-from runtime.worker_setup import JOB_RUNTIME_ENV
+from runtime.worker_setup import job_runtime_env
 
 
 def start_local_cluster(num_cpus: int | None, log_to_driver: bool = True, num_gpus: int | None = None) -> None:
@@ -36,7 +36,7 @@ def start_local_cluster(num_cpus: int | None, log_to_driver: bool = True, num_gp
     `num_gpus`: the GPUs Ray schedules (None: those it detects); declared on a machine without CUDA they are
     logical, which walks a GPU layout's scheduling up to where torch would need one."""
     ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=log_to_driver,
-             runtime_env=JOB_RUNTIME_ENV,
+             runtime_env=job_runtime_env(),
              _system_config={"worker_niceness": 0, "process_group_cleanup_enabled": False,
                              "task_events_report_interval_ms": 0})
     ray_shutdown.reopen()

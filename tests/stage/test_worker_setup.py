@@ -1,7 +1,5 @@
-"""The workers of the run's Ray job start without the imports no stage uses (runtime/worker_setup.py);
-the driver keeps its own. The vLLM engine's interpreter runs the same start (tests/stage/test_rl_vllm.py)."""
-
-import importlib.util
+"""The workers of the run's Ray job start without the imports no stage uses (runtime/worker_setup.py).
+The vLLM engine's interpreter runs the same start (tests/stage/test_rl_vllm.py)."""
 
 import pytest
 import ray
@@ -26,7 +24,3 @@ class Probe:
 def test_a_worker_starts_without_scikit_learn_and_transformers_does_not_look_for_it(options):
     probe = Probe.options(num_cpus=0, **options).remote()
     assert ray.get(probe.what_it_sees.remote(), timeout=300) == (None, False, False)
-
-
-def test_the_driver_keeps_scikit_learn():
-    assert importlib.util.find_spec("sklearn") is not None  # installed (MLflow's dependency), importable here

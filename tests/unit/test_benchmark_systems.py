@@ -14,12 +14,14 @@ def test_a_subset_with_ours_and_trl_is_accepted():
 
 @pytest.mark.parametrize(("names", "systems", "says"), [
     (["sft"], ["ours", "trl"], "only grpo and grpo-50m run a choice of systems, not sft"),
+    # `run --systems ours trl grpo`: argparse gives the name to --systems, and no benchmark is named
+    (["pipeline", "grpo"], ["ours", "trl", "grpo"], "grpo is a benchmark, not a system: name the benchmarks before --systems"),
     (["grpo"], ["ours", "trl_ray"], "trl must be among them"),
     (["grpo"], ["trl"], "ours must be among them"),
     (["grpo-50m"], ["ours", "trl", "ours_actors"], "grpo-50m has no system ours_actors (its systems: ours ours_padded trl)"),
 ])
 def test_a_subset_that_cannot_run_is_named(names, systems, says):
-    assert says in systems_problem(names, systems)
+    assert says in systems_problem(names, systems, ["pipeline", "sft", "grpo", "grpo-50m"])
 
 
 def test_the_cli_refuses_it_in_one_line_before_running_anything(tmp_path, capsys):
@@ -30,3 +32,10 @@ def test_the_cli_refuses_it_in_one_line_before_running_anything(tmp_path, capsys
     assert capsys.readouterr().err.splitlines()[-1].endswith(
         "--systems: grpo has no system typo (its systems: ours ours_recompute ours_padded ours_actors trl trl_ray)")
     assert not out.exists()
+
+
+def test_a_benchmark_named_after_the_systems_is_told_to_come_first(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--systems", "ours", "trl", "grpo", "--out", str(tmp_path / "benchmarks.json")])
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        "--systems: grpo is a benchmark, not a system: name the benchmarks before --systems")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-HEAVY = ("torch", "transformers", "peft", "deepspeed", "datasets", "vllm")
+HEAVY = ("torch", "transformers", "peft", "deepspeed", "datasets", "vllm", "matplotlib")  # matplotlib: where eval draws
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 

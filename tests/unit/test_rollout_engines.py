@@ -1,13 +1,16 @@
 """Choosing the rollout engine: vLLM's options from the config, and the one-line errors when the
 vLLM asked for cannot run (checked before any actor starts)."""
 
+import os
 import sys
+from pathlib import Path
 
 import pytest
 import ray
 
 from configs import ConfigError, load_config
 from runtime import rollout_engines
+from runtime.vllm_engine import runtime_env
 
 
 def vllm_config(*extra: str):
@@ -70,11 +73,6 @@ def test_relative_vllm_python_is_made_absolute_without_resolving_links(tmp_path,
 def test_the_vllm_interpreter_is_pointed_at_the_pipelines_packages():
     """Its own environment has none of the pipeline installed: the engine's module and the job's worker
     set-up (runtime/worker_setup.py) come from PYTHONPATH."""
-    import os
-    from pathlib import Path
-
-    from runtime.vllm_engine import runtime_env
-
     env = runtime_env("/somewhere/python", 2)
     assert env["py_executable"] == "/somewhere/python" and env["env_vars"]["OMP_NUM_THREADS"] == "2"
     root = Path(env["env_vars"]["PYTHONPATH"].split(os.pathsep)[0])
