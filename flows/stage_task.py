@@ -25,7 +25,7 @@ from artifacts.metrics import MlflowMetrics
 from artifacts.tracking import TrackingSetup
 from configs.errors import PipelineError, first_line
 from configs.schema import PipelineConfig
-from flows import eval_reuse, run_views
+from flows import eval_report, eval_reuse, run_views
 from flows.ray_cluster import RaySession
 from stages import dag
 from stages.common import checkpoint_paths
@@ -241,8 +241,6 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
     refs = store.publish(client, run_id, result.outputs, spec.register, info, linked=checkpoint_metrics(result.metrics, read),
                          uploaded=files is not None)
     if spec.plots_eval_series:
-        from flows import eval_report
-
         eval_report.log_rl_curves(client, run_id)
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
     shutil.rmtree(work_dir, ignore_errors=True)
