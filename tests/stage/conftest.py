@@ -23,6 +23,8 @@ FAST = [
     "sft.eval_every=10",
     "sft.micro_batch_size=16",
 ]
+# Rewards that differ between samples of the untrained model, so every estimator has a signal (the RL tests).
+LENGTH_REWARD = "def reward_func(queries, prompts, labels):\n    return [len(q) - len(p) for q, p in zip(queries, prompts)]\n"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -64,3 +66,16 @@ def ray_cluster():
     """A fresh local Ray cluster for the module (RL actors and rollout engines)."""
     with resources.local_cluster(num_cpus=2, log_to_driver=False):
         yield
+
+
+@pytest.fixture(scope="module")
+def length_reward(tmp_path_factory):
+    path = tmp_path_factory.mktemp("reward") / "length.py"
+    path.write_text(LENGTH_REWARD)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def grpo_args(length_reward) -> list[str]:
+    """A test module's GRPO run's settings (on top of tests/stage/rl_runs.py's RL_FAST): the tests that compare against it start from them."""
+    return ["rl.algorithm.advantage_estimator=group_norm", f"reward.func_path={length_reward}"]

@@ -15,7 +15,6 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from configs import DataError, load_config
-from runtime import rl_driver
 from stages import data_prep, evaluate, lora_merge, prm, reward_model, sft
 from stages.common import checkpoint, generation, shared_prompt
 from stages.common.tokenization import encode_segments
@@ -23,7 +22,7 @@ from stages.dpo import stage as dpo
 from stages.rl import stage as rl_stage
 from stages.rl.workers import sample
 from tests.model_families import FAMILIES, save_family_checkpoint
-from tests.stage.conftest import make_ctx, ray_cluster  # noqa: F401
+from tests.stage.conftest import make_ctx
 
 pytestmark = pytest.mark.slow
 
@@ -250,10 +249,12 @@ def test_rl_log_probs_of_a_prompts_samples_in_one_row_equal_padded_rows(family):
     assert torch.allclose(shared, padded, atol=1e-4)
 
 
-def test_rl_with_a_reward_func(family, ray_cluster):  # noqa: F811
+def test_rl_with_a_reward_func(family):
+    """The hybrid layout's one policy rank, in this process (`run_in_process`): what is checked is the family's model
+    through the RL driver; the same driver on Ray actors: tests/stage/test_rl_stage.py."""
     logged = []
     inputs = {"sft_model": family.data["base_model"], "prompts": family.data["prompts"], "eval_data": family.data["eval_data"]}
-    result = run_stage(family, rl_driver, "rl", inputs, logged=logged)
+    result = run_stage(family, SimpleNamespace(run=rl_stage.run_in_process), "rl", inputs, logged=logged)
     assert type(AutoModelForCausalLM.from_pretrained(result.outputs["rl_model"])) is type(AutoModelForCausalLM.from_pretrained(family.model))
     assert {"train/reward", "actor/policy_loss"} <= logged_keys(logged)
     assert ("actor/aux_loss" in logged_keys(logged)) == (family.name in MOE)

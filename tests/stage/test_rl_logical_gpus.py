@@ -9,8 +9,8 @@ from ray.util import placement_group_table
 
 from configs import load_config
 from runtime import resources, rl_driver
-from tests.stage.conftest import make_ctx
-from tests.stage.test_rl_stage import LENGTH_REWARD, RL_FAST
+from tests.stage.conftest import LENGTH_REWARD, make_ctx
+from tests.stage.rl_runs import RL_FAST
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

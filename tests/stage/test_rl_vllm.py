@@ -13,7 +13,7 @@ from flows import vllm_env
 from runtime import rollout_engines
 from runtime.vllm_engine import VLLMRolloutEngine, runtime_env
 from stages.contract import NodeInputs
-from tests.stage.test_rl_stage import run_rl
+from tests.stage.rl_runs import run_rl
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow,
               pytest.mark.timeout(1800)]  # the first test may build the vLLM environment
