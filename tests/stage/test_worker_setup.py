@@ -4,7 +4,13 @@ The vLLM engine's interpreter runs the same start (tests/stage/test_rl_vllm.py).
 import pytest
 import ray
 
+from configs import load_config
 from runtime import resources
+from runtime.resources import actor_class
+from runtime.rl_actors import RayActors
+from stages.contract import NodeInputs
+from stages.rl import stage as rl_stage
+from stages.rl.workers import RewardWorker
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]  # slow: a Ray cluster
 
@@ -24,3 +30,24 @@ class Probe:
 def test_a_worker_starts_without_scikit_learn_and_transformers_does_not_look_for_it(options):
     probe = Probe.options(num_cpus=0, **options).remote()
     assert ray.get(probe.what_it_sees.remote(), timeout=300) == (None, False, False)
+
+
+USES_SKLEARN = """import sklearn
+
+
+def reward_func(queries, prompts, labels):
+    return [float(bool(sklearn.__version__))] * len(queries)
+"""
+
+
+def test_a_reward_file_in_a_worker_imports_scikit_learn(tmp_path):
+    """The mark keeps scikit-learn out of what the stages import, not out of a user's reward_func.py."""
+    (tmp_path / "uses_sklearn.py").write_text(USES_SKLEARN)
+    cfg = load_config(None, ["reward.func_path=uses_sklearn.py"])
+    worker = actor_class(RewardWorker).options(num_cpus=0).remote(1)
+    try:
+        ray.get(worker.setup.remote(cfg, NodeInputs({}), [], str(tmp_path)), timeout=300)
+        scored = rl_stage.score(RayActors(), [worker], ["p"] * 2, ["r"] * 2, [None] * 2, cfg.reward)
+    finally:
+        ray.kill(worker)
+    assert scored.rewards.tolist() == [1.0, 1.0]
