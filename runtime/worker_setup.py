@@ -1,21 +1,13 @@
 """What each worker process of the run's Ray job does first, before it imports a stage: Ray's
 `worker_process_setup_hook`, which Ray runs only as the job's (`job_runtime_env`, given to `ray.init`),
-so in every worker, the vLLM engine's interpreter too: this module imports nothing but the standard library.
+so in every worker, the vLLM engine's interpreter too: this module and the one it calls import nothing
+but the standard library. What it keeps out, and why: stages/worker_imports.py."""
 
-transformers imports scikit-learn at start-up wherever it is installed (MLflow depends on it), for an
-option of assisted decoding that no stage sets; scikit-learn brings SciPy's statistics with it, a second
-or more of each worker's start (docs/benchmarks.md). Marked absent in the worker, both stay out."""
-
-import sys
-
-NOT_IMPORTED_IN_WORKERS = ("sklearn",)
+from stages import worker_imports
 
 
 def skip_unused_imports() -> None:
-    """`sys.modules[name] = None`: Python's own mark of a module that is not there (`import` raises
-    ImportError, `importlib.util.find_spec` answers None, which is how transformers asks)."""
-    for name in NOT_IMPORTED_IN_WORKERS:
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None is the mark
+    worker_imports.mark_absent()
 
 
 def job_runtime_env() -> dict:

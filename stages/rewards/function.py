@@ -9,23 +9,14 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 
 from configs.errors import first_line
-from stages import openrlhf_compat
+from stages import openrlhf_compat, worker_imports
 from stages.rewards.base import RewardBatch, as_rewards, check_batch, mean_logs
 from stages.rewards.errors import RewardError
-
-
-def unmark_absent_modules() -> None:
-    """A Ray worker starts with modules the stages never use marked absent (`sys.modules[name] = None`:
-    runtime/worker_setup.py); the libraries that would have imported them have looked by now. A user's file
-    may use them, so the marks go before it runs."""
-    for name in [name for name, module in sys.modules.items() if module is None]:
-        del sys.modules[name]
 
 
 def load_module(path: Path) -> ModuleType:
@@ -38,7 +29,7 @@ def load_module(path: Path) -> ModuleType:
         raise RewardError(f"reward function file {path}: cannot be imported (expected a .py file)")
     module = importlib.util.module_from_spec(spec)
     openrlhf_compat.provide()  # a file written for OpenRLHF imports its names
-    unmark_absent_modules()
+    worker_imports.lift_marks()  # a user's file may use what the stages leave unimported
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # the user's code: any error is theirs to fix, reported in one line

@@ -563,7 +563,7 @@ def test_a_stop_during_rl_ends_it_within_seconds_registers_nothing_and_keeps_its
     process's task thread, where no signal lands; the flow stops it and its actors, marks its MLflow run
     KILLED, registers nothing, and the process ends with 130 (143) and one line saying how to go on. Its
     checkpoints stay in the work dir of its fingerprint, where a rerun resumes (as SFT's above; RL's
-    resume itself: tests/stage/test_rl_stage.py)."""
+    resume itself: tests/stage/test_rl_algorithms.py)."""
     sig, status, word, own_server, steps = STOPS[stop]
     args = ["--only", "rl", f"rl.max_steps={steps}", "rl.save_every=1", "rl.eval_every=4", "rl.rollout.batch_size=8",
             "rl.rollout.n_samples_per_prompt=4", "rl.train_batch_size=32", "eval.max_samples=16", "eval.samples_per_prompt=0"]

@@ -18,13 +18,14 @@ RL_FAST = [
     "rl.rollout.generate_max_len=12", "rl.actor.lr=1e-3", "eval.max_samples=8", "eval.max_new_tokens=12",
     "eval.samples_per_prompt=2", "rl.placement.colocate_all=true", "infra.cpus_per_worker=2",
     "rl.algorithm.recompute_old_log_probs=true",  # the policy's own old log-probs: rollout_logprob_gap checks the weight sync
-    "rl.rollout.engine=hf",  # engine and reference actors (the preset's hybrid layout: the hybrid test and the flow tests)
+    "rl.rollout.engine=hf",  # an engine and a reference of their own (the preset's hybrid layout: the hybrid test and the flow tests)
 ]
 
 # a rollout (4 prompts x 4 samples) is one optimizer step (one average update); greedy evals only
 ONE_UPDATE = ["rl.train_batch_size=16", "eval.samples_per_prompt=0"]
-# Two runs of the same settings, each in processes of its own: the same training up to the CPU BLAS's rounding,
-# which may differ from process to process (MKL picks kernels by memory alignment; 6e-6 seen after one step).
+# Two runs of the same settings (in Ray workers of their own, or one after the other in the test's process): the
+# same training up to the CPU BLAS's rounding, which may differ from run to run (MKL picks kernels by memory
+# alignment; 6e-6 seen after one step).
 # A step moves the weights by about the learning rate (1e-3), so this still tells every step apart.
 RERUN_GAP = 5e-5
 

@@ -32,7 +32,7 @@ def test_grpo_benchmark_times_both_systems_on_the_same_rollout_shape(tmp_path, c
     out = tmp_path / "benchmarks.json"
     # a start policy of 40 SFT steps (not the benchmark's 300): it already answers in the task's format and
     # ends its responses, and nothing here depends on how well it does; the systems whose rows this checks
-    # (an RL run in padded rows, `ours_padded`'s layout: tests/stage/test_rl_stage.py's dense-reward test)
+    # (an RL run in padded rows, `ours_padded`'s layout: tests/stage/test_rl_algorithms.py's dense-reward test)
     systems = ["ours", "ours_recompute", "ours_actors", "trl", "trl_ray"]
     assert main(["run", "grpo", "--steps", "1", "--repeats", "1", "--sft-steps", "40", "--systems", *systems,
                  "--out", str(out)]) == 0

@@ -196,15 +196,6 @@ def run_iterative(prepared, root, length_reward, recorder=None):
 
 
 @pytest.fixture(scope="module")
-def length_reward(tmp_path_factory):
-    from tests.stage.test_rl_stage import LENGTH_REWARD
-
-    path = tmp_path_factory.mktemp("reward") / "length.py"
-    path.write_text(LENGTH_REWARD)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def iterative(prepared, length_reward, tmp_path_factory):
     rec, root = Recorder(), tmp_path_factory.mktemp("iterative")
     return run_iterative(prepared, root, length_reward, rec), rec, root

@@ -1,7 +1,7 @@
 """RL's critic started from a reward model (rl.critic.init_from) and kept as a value network
 (rl.critic.save_value_network), its worker driven in this process as `stages/rl/in_process.py` drives it: the
 values it starts with are the RM's rewards at the same tokens, and the checkpoint it leaves gives the values it
-ended with. (The RL stage on Ray with both: tests/stage/test_rl_stage.py.)"""
+ended with. (The RL stage with both: tests/stage/test_rl_algorithms.py.)"""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from configs import load_config
 from configs.errors import DataError
 from stages import rejection_sampling as rs
 from stages.common.tokenization import IGNORE_INDEX
-from tests.stage.conftest import FAST, make_ctx
+from tests.stage.conftest import FAST, LENGTH_REWARD, make_ctx
 from tests.stage.test_sft_stage import Recorder
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
@@ -27,8 +27,6 @@ def run_rs(prepared, root, reward_file, extra=(), recorder=None):
 
 
 def test_rounds_train_on_each_prompts_best_sample_resume_and_refuse_a_threshold_keeping_none(prepared, tmp_path, capsys):
-    from tests.stage.test_rl_stage import LENGTH_REWARD
-
     reward_file = tmp_path / "length.py"
     reward_file.write_text(LENGTH_REWARD)
     killed = Recorder(fail_at=4)  # round 2's last step dies logging; its step 1 was saved

@@ -33,15 +33,17 @@ def test_a_worker_starts_without_scikit_learn_and_transformers_does_not_look_for
 
 
 USES_SKLEARN = """import sklearn
+from transformers.utils import is_sklearn_available
 
 
 def reward_func(queries, prompts, labels):
-    return [float(bool(sklearn.__version__))] * len(queries)
+    return [float(bool(sklearn.__version__) and not is_sklearn_available())] * len(queries)
 """
 
 
 def test_a_reward_file_in_a_worker_imports_scikit_learn(tmp_path):
-    """The mark keeps scikit-learn out of what the stages import, not out of a user's reward_func.py."""
+    """The mark keeps scikit-learn out of what the stages import, not out of a user's reward_func.py; transformers,
+    which looked before the file ran, still takes it for absent."""
     (tmp_path / "uses_sklearn.py").write_text(USES_SKLEARN)
     cfg = load_config(None, ["reward.func_path=uses_sklearn.py"])
     worker = actor_class(RewardWorker).options(num_cpus=0).remote(1)

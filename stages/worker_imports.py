@@ -1,0 +1,26 @@
+"""Modules no stage uses that a library would import anyway, kept out of the stage workers.
+
+transformers imports scikit-learn at start-up wherever it is installed (MLflow depends on it), for an
+option of assisted decoding that no stage sets; scikit-learn brings SciPy's statistics with it, a second
+or more of each worker's start (docs/benchmarks.md). A Ray worker marks them absent before it imports a
+stage (runtime/worker_setup.py); the libraries that would have imported them have looked by the time a
+user's reward_func.py or agent_func.py runs, and that file may use them, so the marks are lifted first.
+Only the standard library here: the vLLM engine's interpreter runs the mark too."""
+
+import sys
+
+NOT_IMPORTED_IN_WORKERS = ("sklearn",)
+
+
+def mark_absent() -> None:
+    """`sys.modules[name] = None`: Python's own mark of a module that is not there (`import` raises
+    ImportError, `importlib.util.find_spec` answers None, which is how transformers asks)."""
+    for name in NOT_IMPORTED_IN_WORKERS:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None is the mark
+
+
+def lift_marks() -> None:
+    """Undo `mark_absent` (and only it: a mark set by anyone else stays) before a user's file runs."""
+    for name in NOT_IMPORTED_IN_WORKERS:
+        if name in sys.modules and sys.modules[name] is None:
+            sys.modules.pop(name, None)
