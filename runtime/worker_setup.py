@@ -1,16 +1,12 @@
 """What each worker process of the run's Ray job does first, before it imports a stage: Ray's
 `worker_process_setup_hook`, which Ray runs only as the job's (`job_runtime_env`, given to `ray.init`),
-so in every worker, the vLLM engine's interpreter too: this module and the one it calls import nothing
-but the standard library. What it keeps out, and why: stages/worker_imports.py."""
+so in every worker, the vLLM engine's interpreter too. The hook is `stages.worker_imports.mark_absent`,
+which imports nothing but the standard library; what it keeps out, and why: stages/worker_imports.py."""
 
-from stages import worker_imports
-
-
-def skip_unused_imports() -> None:
-    worker_imports.mark_absent()
+from stages.worker_imports import mark_absent
 
 
 def job_runtime_env() -> dict:
     """The runtime environment of every job the pipeline starts or joins (a new dict each time: Ray adds to
     the one it is given); an actor's own (its threads, the vLLM interpreter) adds to it."""
-    return {"worker_process_setup_hook": f"{__name__}.{skip_unused_imports.__name__}"}
+    return {"worker_process_setup_hook": f"{mark_absent.__module__}.{mark_absent.__name__}"}
