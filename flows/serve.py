@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -43,25 +44,44 @@ def answers(url: str) -> bool:
         return False
 
 
-def start(command: list[str], health_url: str, what: str, log: Path, env: dict | None = None) -> subprocess.Popen:
-    """Start a server in its own session (so stopping it stops its children) and wait until it answers."""
+@dataclass
+class Starting:
+    """A server process started, perhaps not answering yet."""
+
+    proc: subprocess.Popen
+    health_url: str
+    what: str
+    log: Path
+
+    def ready(self) -> subprocess.Popen:
+        """Wait until it answers; stopped (SIGTERM, Ctrl-C) or failed meanwhile, nothing is left running."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise PipelineError(f"{self.what} exited with code {self.proc.returncode} while starting; see {self.log}")
+                if answers(self.health_url):
+                    return self.proc
+                time.sleep(0.5)
+        except BaseException:
+            stop(self.proc)
+            raise
+        stop(self.proc)
+        raise PipelineError(f"{self.what} did not answer at {self.health_url} within {START_TIMEOUT_S} s; see {self.log}")
+
+
+def launch(command: list[str], health_url: str, what: str, log: Path, env: dict | None = None) -> Starting:
+    """Start a server in its own session (so stopping it stops its children), without waiting for it."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, **(env or {})})
-    deadline = time.monotonic() + START_TIMEOUT_S
-    try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise PipelineError(f"{what} exited with code {proc.returncode} while starting; see {log}")
-            if answers(health_url):
-                return proc
-            time.sleep(0.5)
-    except BaseException:  # stopped (SIGTERM, Ctrl-C) while it started: nothing is left running
-        stop(proc)
-        raise
-    stop(proc)
-    raise PipelineError(f"{what} did not answer at {health_url} within {START_TIMEOUT_S} s; see {log}")
+    return Starting(proc, health_url, what, log)
+
+
+def start(command: list[str], health_url: str, what: str, log: Path, env: dict | None = None) -> subprocess.Popen:
+    """Start a server and wait until it answers."""
+    return launch(command, health_url, what, log, env).ready()
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -96,11 +116,12 @@ def mlflow_ui_command(uri: str, port: int) -> list[str]:
     return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
 
 
-def mlflow_ui(uri: str, state_dir: Path, port: int) -> subprocess.Popen:
+def mlflow_ui(uri: str, state_dir: Path, port: int) -> Starting:
+    """The MLflow UI on the store at `uri`, started (`.ready()` waits until it answers)."""
     url = f"http://127.0.0.1:{port}"
     if answers(url + "/health"):
         raise PipelineError(f"port {port} is taken (something answers at {url}); pick --mlflow-port")
-    return start(mlflow_ui_command(uri, port), url + "/health", "the MLflow UI", state_dir / "logs" / "mlflow-ui.log")
+    return launch(mlflow_ui_command(uri, port), url + "/health", "the MLflow UI", state_dir / "logs" / "mlflow-ui.log")
 
 
 def terminated(signum: int, frame) -> None:
@@ -116,12 +137,14 @@ def serve(config: str | None, prefect_port: int, mlflow_port: int | None) -> Non
     # a SIGTERM before the runner takes it over (while the servers start, the deployments register) ends
     # the serve through `finally`, not at once with its servers left running
     signal.signal(signal.SIGTERM, terminated)
-    try:
+    try:  # the two servers start side by side
+        ui = mlflow_ui(setup.uri, setup.state_dir, mlflow_port) if mlflow_port else None
+        started += [ui.proc] if ui else []
         api, proc = prefect_server(setup.state_dir, prefect_port)
         started += [proc] if proc else []
         os.environ["PREFECT_API_URL"] = api  # for the runner below and the flow runs it starts
-        if mlflow_port:
-            started.append(mlflow_ui(setup.uri, setup.state_dir, mlflow_port))
+        if ui:
+            ui.ready()
         serve_deployments(config or "tiny", api, mlflow_port)
     finally:
         for proc in reversed(started):
