@@ -26,7 +26,7 @@ def python_of(path: Path) -> Path:
 def create(path: Path) -> Path:
     """Create (or complete) the environment at `path`; returns its interpreter. torch comes first, through pip
     (which takes the CPU wheel a machine keeps for it); the rest through uv, which resolves and installs vLLM's
-    150 packages in seconds where pip took minutes, and then keeps the torch it finds."""
+    150 packages several times faster than pip (docs/algorithms.md), and keeps the torch it finds."""
     import ray
     from uv import find_uv_bin
 
