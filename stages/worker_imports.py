@@ -2,14 +2,17 @@
 
 transformers imports scikit-learn at start-up wherever it is installed (MLflow depends on it), for an
 option of assisted decoding that no stage sets; scikit-learn brings SciPy's statistics with it, a second
-or more of each worker's start (docs/benchmarks.md). A Ray worker marks them absent before it imports a
+or more of each worker's start. Its losses import SciPy's optimizers for the object-detection loss, which
+no stage computes: another half second (docs/benchmarks.md). A Ray worker marks them absent before it imports a
 stage (runtime/worker_setup.py); the libraries that would have imported them have looked by the time a
 user's reward_func.py or agent_func.py runs, and that file may use them, so the marks are lifted first.
 Only the standard library here: the vLLM engine's interpreter runs the mark too."""
 
+import contextlib
 import sys
+from collections.abc import Iterator
 
-NOT_IMPORTED_IN_WORKERS = ("sklearn",)
+NOT_IMPORTED_IN_WORKERS = ("sklearn", "scipy")
 
 
 def mark_absent() -> None:
@@ -24,3 +27,18 @@ def lift_marks() -> None:
     for name in NOT_IMPORTED_IN_WORKERS:
         if name in sys.modules and sys.modules[name] is None:
             sys.modules.pop(name, None)
+
+
+@contextlib.contextmanager
+def absent_while_importing(name: str) -> Iterator[None]:
+    """`name` marked absent for the block when nothing has imported it yet, then importable again: for a
+    library that imports it at start-up only to offer a feature no stage uses."""
+    if name in sys.modules:
+        yield
+        return
+    sys.modules[name] = None  # type: ignore[assignment]  # None is the mark
+    try:
+        yield
+    finally:
+        if sys.modules.get(name, ...) is None:
+            del sys.modules[name]

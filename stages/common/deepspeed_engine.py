@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from configs.schema import InfraConfig, OptimConfig, TrainingConfig
+from stages import worker_imports
 from stages.common.precision import resolve_precision
 
 RESUME_TAG = "latest"
@@ -25,8 +26,19 @@ _ENGINES: weakref.WeakSet = weakref.WeakSet()
 SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's ShareMemCommBuilder.NAME
 
 
+def import_deepspeed() -> None:
+    """Import DeepSpeed without MLflow: its autotuner, which no stage runs, imports MLflow wherever it is
+    installed, two seconds of the start of every process that trains (a policy or critic rank logs
+    nothing to MLflow; a stage worker imports it later, for its metrics)."""
+    if "deepspeed" in sys.modules:
+        return
+    with worker_imports.absent_while_importing("mlflow"):
+        import deepspeed  # noqa: F401
+
+
 def init_distributed() -> None:
     """Join the process group the launcher described in the environment (gloo on CPU, nccl on GPU)."""
+    import_deepspeed()
     import deepspeed
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -96,6 +108,7 @@ def engine_config(infra: InfraConfig, train: TrainingConfig, total_steps: int) -
 
 
 def initialize(model: torch.nn.Module, config: dict[str, Any]):
+    import_deepspeed()
     import deepspeed
 
     import_muon_uncompiled()
