@@ -72,7 +72,7 @@ def cli(workdir: Path, monkeypatch, capsys):
 
     def run(*args: str) -> subprocess.CompletedProcess:
         capsys.readouterr()  # drop what earlier calls printed
-        with prefect_console_on_stderr():
+        with prefect_console_on_stderr(), prefect_api_from_environment():
             code = main(list(args))
         out = capsys.readouterr()
         return subprocess.CompletedProcess(["rlhf", *args], code, out.out, out.err)
@@ -107,6 +107,17 @@ def prefect_console_on_stderr():
     finally:
         for h, stream in saved:
             h.stream = h.console.file = stream
+
+
+@contextlib.contextmanager
+def prefect_api_from_environment():
+    """PREFECT_API_URL as the environment holds it now, as a `rlhf run` process would read it at its start:
+    this process's Prefect read its settings when first imported, so a server set since (the tests' shared
+    one) would be missed, and the run would start a temporary server of its own."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: os.environ.get("PREFECT_API_URL")}):
+        yield
 
 
 def mlflow_client(workdir: Path):
