@@ -11,12 +11,20 @@ import sys
 def prepare_process(num_threads: int) -> None:
     """In a fresh Ray worker process: name the accelerator, use the cores this actor holds, quiet HF bars."""
     import torch
-    import transformers
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # say it, rather than have DeepSpeed warn it guessed
     use_threads(num_threads)
-    transformers.utils.logging.disable_progress_bar()
+    quiet_progress_bars()
+
+
+def quiet_progress_bars() -> None:
+    """HF's progress bars off in this process, without importing transformers for it (a reward worker of a
+    rule function never does): transformers reads huggingface_hub's setting when it is first imported."""
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+    else:
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 
 
 def use_threads(num_threads: int) -> None:

@@ -11,13 +11,14 @@ from configs.schema import RewardConfig
 from stages.reward_file import resolve_func_path
 from stages.rewards.base import RewardSource
 from stages.rewards.errors import RewardError
-from stages.rewards.function import FunctionScorer
-from stages.rewards.process_reward import ProcessRewardScorer
-from stages.rewards.remote import RemoteScorer
-from stages.rewards.reward_model import RewardModelScorer
+
+# Each builder imports its scorer's module: a process that scores with a rule function (an RL reward
+# worker) then never imports transformers or requests.
 
 
 def reward_models(cfg: RewardConfig, own: Path | str | None, offload: bool) -> RewardSource:
+    from stages.rewards.reward_model import RewardModelScorer
+
     paths: list[str | Path] = [*cfg.rm_paths] or ([own] if own is not None else [])
     if not paths:
         raise RewardError("reward.source=rm: no reward model (reward.rm_paths is empty and the pipeline has none of its own)")
@@ -25,6 +26,8 @@ def reward_models(cfg: RewardConfig, own: Path | str | None, offload: bool) -> R
 
 
 def process_reward_model(cfg: RewardConfig, own: Path | str | None, offload: bool) -> RewardSource:
+    from stages.rewards.process_reward import ProcessRewardScorer
+
     path = cfg.prm_path or own
     if path is None:
         raise RewardError("reward.source=prm: no process reward model (reward.prm_path is empty and the pipeline has none of its own)")
@@ -32,10 +35,14 @@ def process_reward_model(cfg: RewardConfig, own: Path | str | None, offload: boo
 
 
 def reward_function(cfg: RewardConfig, own: Path | str | None, offload: bool) -> RewardSource:
+    from stages.rewards.function import FunctionScorer
+
     return FunctionScorer(resolve_func_path(cfg.func_path))
 
 
 def remote_server(cfg: RewardConfig, own: Path | str | None, offload: bool) -> RewardSource:
+    from stages.rewards.remote import RemoteScorer
+
     if not cfg.url:
         raise RewardError("reward.source=remote needs reward.url (e.g. http://127.0.0.1:5001/get_reward)")
     return RemoteScorer(cfg.url, cfg.timeout_s, cfg.retries, batch_size=cfg.batch_size)

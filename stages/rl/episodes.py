@@ -16,7 +16,7 @@ from configs.errors import DataError, RewardError
 from stages.rewards.base import RewardBatch
 from stages.rl.experience import Sample
 from stages.rl.generation import Sampling, generate
-from stages.rl.workers import RewardWorker
+from stages.rl.reward_worker import RewardWorker
 
 
 class Playing(Sampling, Protocol):

@@ -40,7 +40,7 @@ from stages.contract import StageContext, StageResult, node_inputs
 from stages.data_prep import read_split
 from stages.eval_metrics import by_prompt, held_out_metrics
 from stages.rewards.base import RewardBatch, concat
-from stages.rl import weight_sync, workers
+from stages.rl import reward_worker, weight_sync, workers
 from stages.rl.advantages import compute_advantages, groups_in_range, overlong_penalty, stop_properly_penalty, varied_groups
 from stages.rl.backend import Backend, Ref, RolloutEngine, Sampler, one
 from stages.rl.best import BestFolder, BestStep, reported
@@ -114,7 +114,7 @@ class Actors:
         self.policy = [b.start(workers.PolicyWorker, Role.ACTOR, i, i, n[Role.ACTOR]) for i in range(n[Role.ACTOR])]
         self.critic = [b.start(workers.CriticWorker, Role.CRITIC, i, i, n[Role.CRITIC]) for i in range(n[Role.CRITIC])]
         self.own_ref = [b.start(workers.ReferenceWorker, Role.REF, i, cfg, given) for i in range(n[Role.REF])]
-        self.reward = [b.start(workers.RewardWorker, Role.REWARD, i) for i in range(n[Role.REWARD])]
+        self.reward = [b.start(reward_worker.RewardWorker, Role.REWARD, i) for i in range(n[Role.REWARD])]
         self.engines: list[RolloutEngine] = b.start_engines(cfg, given) if n[Role.ENGINE] else []
         hosted_ref = self.hosts.get(Role.REF) == Role.ACTOR
         self.ref: Sequence[workers.HoldsReference] = (self.policy if Role.REF in wanted else []) if hosted_ref else self.own_ref
@@ -474,7 +474,7 @@ def _slice(scored: RewardBatch, a: int, b: int) -> RewardBatch:
     return RewardBatch(rewards=scored.rewards[a:b], step_rewards=steps, extra_logs=scored.extra_logs, scores=scores)
 
 
-def score(backend: Backend, scorers: Sequence[workers.RewardWorker], prompts: list[str], responses: list[str], labels: list[str | None],
+def score(backend: Backend, scorers: Sequence[reward_worker.RewardWorker], prompts: list[str], responses: list[str], labels: list[str | None],
           reward: RewardConfig) -> RewardBatch:
     """Rewards from the reward workers, each scoring an equal contiguous share. A `reward_func` share not
     scored within `reward.timeout_s` ends the stage, and its workers are killed: nothing else stops a

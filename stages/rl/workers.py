@@ -1,6 +1,6 @@
 """The RL stage's workers: the policy and critic (DeepSpeed engines, one worker per rank), the frozen
-reference model, the reward scorer, and HF rollout engines. The driver (stages/rl/stage.py) moves
-tensors between them; each worker holds one model and does one job, except with rl.rollout.engine=hybrid,
+reference model and HF rollout engines (the reward scorer's: stages/rl/reward_worker.py). The driver
+(stages/rl/stage.py) moves tensors between them; each worker holds one model and does one job, except with rl.rollout.engine=hybrid,
 where each policy rank also samples and holds the reference (verl's fused worker). They are plain
 classes: the pipeline runs each as a Ray actor (runtime/rl_actors.py), a one-process run as an
 object in the driver (stages/rl/in_process.py)."""
@@ -20,7 +20,7 @@ from stages.common.generation import sampling_config
 from stages.common.offload import FrozenModel
 from stages.common.trainer import build_engine
 from stages.contract import NodeInputs
-from stages.rl import agent, critic_model, weight_sync
+from stages.rl import critic_model, weight_sync
 from stages.rl.ema import PolicyAverage
 from stages.rl.experience import Sample, micro_batches, prompt_lengths, trim
 from stages.rl.layout import Role, hosts
@@ -397,42 +397,6 @@ class ReferenceWorker(Worker, HoldsReference):
         super().__init__(threads)
         self.rl = cfg.rl
         self.reference = load_reference(given.path("sft_model"), cfg)
-
-
-class RewardWorker(Worker):
-    """The shared scorer (RM, PRM, rule function or remote server) behind one actor, and with
-    `rl.agent.path` its share of a rollout's multi-turn episodes (stages/rl/agent.py)."""
-
-    def setup(self, cfg: PipelineConfig, given: NodeInputs, models: list[str], cwd: str) -> None:
-        """Build the scorer (`models`: the names of the pipeline's own reward models among the stage's
-        inputs): in a call rather than the constructor, so that a bad reward config reaches the driver as
-        the RewardError it is (a constructor's error kills the actor, and Ray prints its traceback)."""
-        from stages.rewards.factory import build_scorer
-
-        os.chdir(cwd)  # a relative reward.func_path means what it meant to the user
-        # an agent's episodes give their own rewards: the reward section then scores nothing here
-        self.episodes = agent.Episodes(agent.resolve(cfg.rl.agent.path)) if cfg.rl.agent.path else None
-        self.scorer = None if self.episodes else build_scorer(cfg.reward, {name: given.path(name) for name in models},
-                                                              offload=cfg.rl.placement.reward_offload)
-
-    def score(self, prompts: list[str], responses: list[str], labels: list[str | None]):
-        if self.scorer is None:
-            raise RuntimeError("a reward worker with rl.agent.path scores no rollouts; the agent's episodes give the rewards")
-        return self.scorer.score(prompts, responses, labels)
-
-    def agent_reset(self, prompts: list[str], labels: list[str | None]) -> list[str]:
-        return self.held_episodes().reset(prompts, labels)
-
-    def agent_step(self, episodes: list[int], observations: list[str], actions: list[str]) -> list[tuple[float, str, bool]]:
-        return self.held_episodes().step(episodes, observations, actions)
-
-    def agent_outcomes(self) -> list[tuple[float | None, dict[str, float]]]:
-        return self.held_episodes().outcomes()
-
-    def held_episodes(self) -> agent.Episodes:
-        if self.episodes is None:
-            raise RuntimeError("a reward worker without rl.agent.path holds no episodes; the driver runs them only with one")
-        return self.episodes
 
 
 class HFRolloutEngine(Worker):

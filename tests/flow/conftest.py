@@ -37,6 +37,14 @@ def cli_env(workdir: Path) -> dict[str, str]:
     return env
 
 
+# The server's loop services that act on schedules, late or paused runs, work pools and automations: the
+# flow tests' runs report to this server, and no deployment runs on it (the served deployments and the
+# cluster's work pool have servers of their own). Off, an idle server uses less CPU (docs/benchmarks.md).
+IDLE_SERVICES_OFF = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in (
+    "SCHEDULER", "LATE_RUNS", "PAUSE_EXPIRATIONS", "REPOSSESSOR", "CLEANUP_RECONCILER", "FOREMAN",
+    "CANCELLATION_CLEANUP", "TRIGGERS")}
+
+
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
     """A real Prefect server (`prefect server start`) that the flow tests' CLI runs report to, started
@@ -45,7 +53,16 @@ def prefect_server(tmp_path_factory):
     from flows.serve import stop
 
     saved = os.environ.pop("PREFECT_API_URL", None)
-    api, proc = start_server(tmp_path_factory.mktemp("prefect-server"), free_port())
+    before = {key: os.environ.get(key) for key in IDLE_SERVICES_OFF}
+    os.environ.update(IDLE_SERVICES_OFF)  # the server process's environment, not this one's for long
+    try:
+        api, proc = start_server(tmp_path_factory.mktemp("prefect-server"), free_port())
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key)
+            else:
+                os.environ[key] = value
     os.environ[SHARED_PREFECT] = api
     yield api
     del os.environ[SHARED_PREFECT]

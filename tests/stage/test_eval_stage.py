@@ -6,7 +6,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassificat
 
 from configs import ConfigError, load_config
 from stages import eval_results, evaluate
-from stages.rewards import RewardModelScorer
+from stages.rewards.reward_model import RewardModelScorer
 from tests.stage.conftest import FAST, make_ctx
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)

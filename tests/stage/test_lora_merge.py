@@ -14,7 +14,7 @@ from configs import CheckpointError, load_config
 from stages import lora_merge, prm, reward_model, sft
 from stages.common import checkpoint_paths, lora
 from stages.dpo import stage as dpo
-from stages.rewards import load_reward_model
+from stages.rewards.reward_model import load_reward_model
 from tests.stage.conftest import FAST, make_ctx
 
 LORA = ["lora.rank=4", "lora.alpha=8", "max_steps=4", "eval_every=2", "save_every=2", "lr=5e-3"]

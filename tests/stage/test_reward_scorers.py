@@ -27,14 +27,11 @@ from configs.errors import CheckpointError
 from configs.schema import RewardConfig, TinyModelConfig
 from stages.common import checkpoint
 from stages.common.dist_env import free_port
-from stages.rewards import (
-    ProcessRewardScorer,
-    RemoteScorer,
-    RewardError,
-    RewardModelScorer,
-    aggregate,
-    build_scorer,
-)
+from stages.rewards.errors import RewardError
+from stages.rewards.factory import build_scorer
+from stages.rewards.process_reward import ProcessRewardScorer, aggregate
+from stages.rewards.remote import RemoteScorer
+from stages.rewards.reward_model import RewardModelScorer
 from stages.tiny_model import STEP, build_model, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

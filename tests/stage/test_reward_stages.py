@@ -10,7 +10,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from configs import load_config
 from stages import prm, reward_model
 from stages.data_prep import read_split
-from stages.rewards import ProcessRewardScorer, RewardModelScorer
+from stages.rewards.process_reward import ProcessRewardScorer
+from stages.rewards.reward_model import RewardModelScorer
 from tests.stage.conftest import FAST, make_ctx
 
 SHORT = [*FAST, "rm.max_steps=10", "rm.eval_every=5", "rm.save_every=5", "prm.max_steps=10", "prm.eval_every=5", "prm.save_every=5"]

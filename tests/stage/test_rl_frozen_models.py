@@ -11,8 +11,8 @@ from transformers import AutoModelForSequenceClassification
 
 from configs import load_config
 from stages.common import checkpoint, checkpoint_paths
+from stages.rl import reward_worker, workers
 from stages.rl import stage as rl_stage
-from stages.rl import workers
 from stages.rl.in_process import InProcess
 from tests.stage.conftest import FAST, make_ctx
 
@@ -84,7 +84,7 @@ def test_offloaded_reference_and_reward_model_give_the_run_without_offload(prepa
     plain_backend, plain_logged = plain
     backend, logged = run(prepared, openrlhf_rm, tmp_path, ["rl.placement.ref_offload=true", "rl.placement.reward_offload=true"])
     reference = backend.one(workers.ReferenceWorker).reference
-    (reward_model,) = backend.one(workers.RewardWorker).scorer.models
+    (reward_model,) = backend.one(reward_worker.RewardWorker).scorer.models
     for held in (reference, reward_model):
         assert held.offload and held.weights_device == torch.device("cpu") and held.hosted
     assert reference.lent == 2  # two rollout steps

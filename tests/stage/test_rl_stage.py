@@ -256,7 +256,7 @@ def test_a_reward_func_that_never_returns_ends_the_stage_and_its_worker(tmp_path
     from runtime.resources import actor_class
     from runtime.rl_actors import RayActors
     from stages.rewards.errors import RewardError
-    from stages.rl.workers import RewardWorker
+    from stages.rl.reward_worker import RewardWorker
 
     (tmp_path / "stuck.py").write_text(STUCK_REWARD)
     cfg = load_config(None, ["reward.func_path=stuck.py", "reward.timeout_s=1.5"])
@@ -284,7 +284,7 @@ def test_a_reward_file_that_fails_to_load_in_the_worker_is_the_users_error(tmp_p
     from flows.stage_task import unwrap
     from runtime.resources import actor_class
     from stages.rewards.errors import RewardError
-    from stages.rl.workers import RewardWorker
+    from stages.rl.reward_worker import RewardWorker
 
     (tmp_path / "needs.py").write_text("import no_such_module_xyz\n\n\ndef reward_func(queries, prompts, labels):\n"
                                        "    return [0.0] * len(queries)\n")

@@ -10,7 +10,7 @@ from runtime.resources import actor_class
 from runtime.rl_actors import RayActors
 from stages.contract import NodeInputs
 from stages.rl import stage as rl_stage
-from stages.rl.workers import RewardWorker
+from stages.rl.reward_worker import RewardWorker
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]  # slow: a Ray cluster
 
@@ -33,17 +33,15 @@ def test_a_worker_starts_without_scikit_learn_and_transformers_does_not_look_for
 
 
 USES_SKLEARN = """import sklearn
-from transformers.utils import is_sklearn_available
 
 
 def reward_func(queries, prompts, labels):
-    return [float(bool(sklearn.__version__) and not is_sklearn_available())] * len(queries)
+    return [float(bool(sklearn.__version__))] * len(queries)
 """
 
 
 def test_a_reward_file_in_a_worker_imports_scikit_learn(tmp_path):
-    """The mark keeps scikit-learn out of what the stages import, not out of a user's reward_func.py; transformers,
-    which looked before the file ran, still takes it for absent."""
+    """The mark keeps scikit-learn out of what the stages import, not out of a user's reward_func.py."""
     (tmp_path / "uses_sklearn.py").write_text(USES_SKLEARN)
     cfg = load_config(None, ["reward.func_path=uses_sklearn.py"])
     worker = actor_class(RewardWorker).options(num_cpus=0).remote(1)
@@ -53,3 +51,27 @@ def test_a_reward_file_in_a_worker_imports_scikit_learn(tmp_path):
     finally:
         ray.kill(worker)
     assert scored.rewards.tolist() == [1.0, 1.0]
+
+
+SEES_ITS_IMPORTS = """import os
+import sys
+
+
+def reward_func(queries, prompts, labels):
+    heavy = [name for name in ("transformers", "deepspeed", "mlflow", "datasets", "peft") if name in sys.modules]
+    return [float(len(heavy)), float(os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == "1")]
+"""
+
+
+def test_the_reward_worker_of_a_rule_function_imports_no_model_library(tmp_path):
+    """A rule function's reward worker needs torch and the file: no transformers, DeepSpeed or MLflow (each
+    RL run's reward actor starts seconds sooner), and HF's bars are off for a library the file may import."""
+    (tmp_path / "sees_its_imports.py").write_text(SEES_ITS_IMPORTS)
+    cfg = load_config(None, ["reward.func_path=sees_its_imports.py"])
+    worker = actor_class(RewardWorker).options(num_cpus=0).remote(1)
+    try:
+        ray.get(worker.setup.remote(cfg, NodeInputs({}), [], str(tmp_path)), timeout=300)
+        scored = rl_stage.score(RayActors(), [worker], ["p"] * 2, ["r"] * 2, [None] * 2, cfg.reward)
+    finally:
+        ray.kill(worker)
+    assert scored.rewards.tolist() == [0.0, 1.0]

@@ -17,7 +17,7 @@ from stages.contract import NodeInputs
 from stages.rl.episodes import Hosts, run_episodes
 from stages.rl.experience import Sample, place_on_actions, sequence_batch
 from stages.rl.in_process import InProcess
-from stages.rl.workers import RewardWorker
+from stages.rl.reward_worker import RewardWorker
 from stages.tiny_model import train_tokenizer
 
 PROMPT = "<|user|>\nCompute 7+14-9\n<|assistant|>\n"

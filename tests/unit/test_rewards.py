@@ -19,22 +19,17 @@ from configs.schema import RewardConfig
 from stages import reward_file
 from stages.common.dist_env import free_port
 from stages.common.tokenization import last_token_index
-from stages.rewards import (
-    FunctionScorer,
-    RemoteScorer,
-    RewardBatch,
-    RewardError,
-    RewardSource,
-    build_scorer,
-)
-from stages.rewards.factory import resolve_func_path
+from stages.rewards.base import RewardBatch, RewardSource
+from stages.rewards.errors import RewardError
+from stages.rewards.factory import build_scorer, resolve_func_path
+from stages.rewards.function import FunctionScorer
 from stages.rewards.process_reward import (
     aggregate,
     split_steps,
     step_probabilities,
     with_placeholders,
 )
-from stages.rewards.remote import backoff_delays
+from stages.rewards.remote import RemoteScorer, backoff_delays
 from stages.rewards.reward_model import rm_query
 
 PH = "<|step|>"
