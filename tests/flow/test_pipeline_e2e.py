@@ -150,6 +150,21 @@ def versions_of(ws, name: str, run) -> list:
     return mlflow_client(ws).search_model_versions(f"name = '{name}' and run_id = '{run.info.run_id}'")
 
 
+@pytest.fixture
+def workdir(ws) -> Path:
+    """The `cli` fixture's folder here: the module's store."""
+    return ws
+
+
+@pytest.fixture
+def in_process(cli, monkeypatch, prefect_server):
+    """`rlhf ARGS` in this process (`cli`), from the module's folder and reporting to the tests' shared Prefect
+    server: a run whose process start is not what its test checks, without the seconds of interpreter start
+    and imports a subprocess pays. The stop, kill and fault tests run the CLI as a process of its own."""
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server)
+    return cli
+
+
 def test_killed_during_sft_then_resumed(first_run):
     # the local Ray cluster is the run's process group: its workers too, not in groups of their own
     assert first_run["cluster_groups"] == {first_run["cli_pid"]}
@@ -207,10 +222,10 @@ PPO_ON_THE_PRM = ("reward.source=prm", "rl.algorithm.advantage_estimator=gae", "
                   "eval.samples_per_prompt=0", "eval.max_samples=16")
 
 
-def test_ppo_with_the_pipelines_prm_raises_the_reward_with_bounded_kl(ws, first_run):
+def test_ppo_with_the_pipelines_prm_raises_the_reward_with_bounded_kl(ws, first_run, in_process):
     """`--only rl` with the PRM as the reward source: RL runs on the cached SFT policy and the cached PRM (the
     reward model is not needed, so it is not asked for), and PPO raises the PRM's reward."""
-    result = run_cli(ws, "run", "--only", "rl", *PPO_ON_THE_PRM)
+    result = in_process("run", "--only", "rl", *PPO_ON_THE_PRM)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "prm": "cached", "rl": "ran"}
     client = mlflow_client(ws)
@@ -225,13 +240,13 @@ def test_ppo_with_the_pipelines_prm_raises_the_reward_with_bounded_kl(ws, first_
     assert max(kl) < 0.2
 
 
-def test_iterative_dpo_samples_better_answers_round_by_round(ws, first_run):
+def test_iterative_dpo_samples_better_answers_round_by_round(ws, first_run, in_process):
     """`--only dpo` with three rounds of 25 steps: each round samples 4 answers to 128 prompts from the current
     policy, ranks them by the rule reward and trains on best-vs-worst pairs. The share of correct answers in the
     policy's own samples rises round by round (a 6-round run read 0.58, 0.69, 0.76, 0.78, 0.84, 0.86:
     docs/benchmarks.md); 512 answers a round put the standard error of a difference near 0.03."""
-    result = run_cli(ws, "run", "--only", "dpo", "dpo.iterative.rounds=3", "dpo.max_steps=75",
-                     "dpo.iterative.prompts_per_round=128")
+    result = in_process("run", "--only", "dpo", "dpo.iterative.rounds=3", "dpo.max_steps=75",
+                        "dpo.iterative.prompts_per_round=128")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "dpo": "ran"}
     assert "[dpo] round 3/3: 128 prompts x 4 samples" in result.stdout
@@ -339,14 +354,14 @@ def test_reward_models_are_accurate_and_registered(ws, first_run):
     assert rm["eval/accuracy"] >= 0.9 and prm["eval/step_accuracy"] >= 0.9
 
 
-def test_force_reruns_the_stage_and_its_consumers_follow(ws, first_run):
+def test_force_reruns_the_stage_and_its_consumers_follow(ws, first_run, in_process):
     """Nothing changed, but `--force dpo` reruns DPO; eval consumes its new checkpoint, so its fingerprint
     changes and it reruns too, scoring only the new DPO checkpoint (the other models' scores are the first
     eval's, per model: flows/eval_reuse.py); everything else stays cached."""
     first_eval = made(ws, first_run, "eval")
     versions = len(mlflow_client(ws).search_model_versions("name = 'rlhf-dpo'"))
     evals_before = {r.info.run_id for r in stage_runs(ws, "eval")}
-    result = run_cli(ws, "run", "--force", "dpo")
+    result = in_process("run", "--force", "dpo")
     assert result.returncode == 0, result.stderr[-3000:]
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "cached", "prm": "cached", "rl": "cached",
                                   "dpo": "ran", "lora_merge": "skipped", "eval": "ran"}
@@ -361,10 +376,6 @@ def test_force_reruns_the_stage_and_its_consumers_follow(ws, first_run):
         assert second_eval.data.metrics[key] == first_eval.data.metrics[key]
 
 
-@pytest.fixture
-def workdir(ws) -> Path:
-    """The `cli` fixture's folder here: the module's store."""
-    return ws
 
 
 def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws, first_run, cli):
@@ -387,7 +398,7 @@ def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws, first_r
     assert missing.returncode == 2 and missing.stderr.strip() == f"error: run not-a-run: no such MLflow run in {client.tracking_uri}"
 
 
-def test_a_pinned_input_runs_one_stage_on_the_cluster_named_in_the_config(ws, first_run, ray_head):
+def test_a_pinned_input_runs_one_stage_on_the_cluster_named_in_the_config(ws, first_run, ray_head, in_process):
     """`--only eval inputs.rl_model=runs:/<dpo run>/dpo_model infra.ray_address=...`: eval runs on the offline
     DPO checkpoint in the RL slot, on the `ray start` cluster; the rl stage does not run at all, and the
     eval run records that lineage."""
@@ -406,7 +417,7 @@ def test_a_pinned_input_runs_one_stage_on_the_cluster_named_in_the_config(ws, fi
     (pinned,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_INPUT_PREFIX + "rl_model") == pin]
     m = pinned.data.metrics
     assert m["rl/accuracy"] == m["dpo/accuracy"] and m["rl/sampled_accuracy"] == m["dpo/sampled_accuracy"]
-    unknown = run_cli(ws, "run", "--only", "eval", f"inputs.rl_model=runs:/{dpo.info.run_id}/nothing")
+    unknown = in_process("run", "--only", "eval", f"inputs.rl_model=runs:/{dpo.info.run_id}/nothing")
     assert unknown.returncode == 2 and f"inputs.rl_model=runs:/{dpo.info.run_id}/nothing: run" in unknown.stderr
 
 
