@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from artifacts import store
-from tests.flow.conftest import mlflow_client, run_cli
+from tests.flow.conftest import mlflow_client
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +33,9 @@ FAST = [
 ]
 
 
-def test_two_ranks_with_zero3(workdir, monkeypatch, prefect_server):
-    result = run_cli(workdir, "run", *FAST, "infra.num_workers=2", "infra.cpus_per_worker=1", "infra.zero_stage=3")
+def test_two_ranks_with_zero3(workdir, monkeypatch, prefect_server, cli):
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server)  # `cli`: the run in this process, without a CLI process's start
+    result = cli("run", *FAST, "infra.num_workers=2", "infra.cpus_per_worker=1", "infra.zero_stage=3")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     client = mlflow_client(workdir)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # for the artifact download below
