@@ -21,7 +21,8 @@ def lines(rows) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
-def test_a_config_of_only_model_data_and_reward_runs_every_stage(cli, workdir):
+def test_a_config_of_only_model_data_and_reward_runs_every_stage(cli, workdir, prefect_server, monkeypatch):
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server)  # the tests' shared server, not a temporary one of its own
     pairs = [(a, a % 5 + 1) for a in range(40)]
     ask = lambda a, b: f"What is {a} plus {b}?"  # noqa: E731
     sft_rows = [{"question": ask(a, b), "response": f"{a + b}"} for a, b in pairs]
