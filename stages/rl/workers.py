@@ -1,9 +1,9 @@
 """The RL stage's workers: the policy and critic (DeepSpeed engines, one worker per rank), the frozen
 reference model and HF rollout engines (the reward scorer's: stages/rl/reward_worker.py). The driver
-(stages/rl/stage.py) moves tensors between them; each worker holds one model and does one job, except with rl.rollout.engine=hybrid,
-where each policy rank also samples and holds the reference (verl's fused worker). They are plain
-classes: the pipeline runs each as a Ray actor (runtime/rl_actors.py), a one-process run as an
-object in the driver (stages/rl/in_process.py)."""
+(stages/rl/stage.py) moves tensors between them; each worker holds one model and does one job, except
+with rl.rollout.engine=hybrid, where each policy rank also samples and holds the reference (verl's fused
+worker). They are plain classes: the pipeline runs each as a Ray actor (runtime/rl_actors.py), a
+one-process run as an object in the driver (stages/rl/in_process.py)."""
 
 from __future__ import annotations
 

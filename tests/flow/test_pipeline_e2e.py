@@ -376,8 +376,6 @@ def test_force_reruns_the_stage_and_its_consumers_follow(ws, first_run, in_proce
         assert second_eval.data.metrics[key] == first_eval.data.metrics[key]
 
 
-
-
 def test_runs_lists_pipeline_runs_and_compare_puts_them_side_by_side(ws, first_run, cli):
     # `rlhf runs` and `rlhf compare` in this process (`cli`): they only read the store, and each CLI subprocess
     # paid seconds of interpreter start and MLflow imports for it

@@ -40,17 +40,21 @@ def reward_func(queries, prompts, labels):
 """
 
 
-def test_a_reward_file_in_a_worker_imports_scikit_learn(tmp_path):
-    """The mark keeps scikit-learn out of what the stages import, not out of a user's reward_func.py."""
-    (tmp_path / "uses_sklearn.py").write_text(USES_SKLEARN)
-    cfg = load_config(None, ["reward.func_path=uses_sklearn.py"])
+def rewards_in_a_worker(folder, reward_file: str) -> list[float]:
+    """The rewards a fresh reward actor gives two answers with `reward_file` (in `folder`) as its rule function."""
+    (folder / "reward.py").write_text(reward_file)
+    cfg = load_config(None, ["reward.func_path=reward.py"])
     worker = actor_class(RewardWorker).options(num_cpus=0).remote(1)
     try:
-        ray.get(worker.setup.remote(cfg, NodeInputs({}), [], str(tmp_path)), timeout=300)
-        scored = rl_stage.score(RayActors(), [worker], ["p"] * 2, ["r"] * 2, [None] * 2, cfg.reward)
+        ray.get(worker.setup.remote(cfg, NodeInputs({}), [], str(folder)), timeout=300)
+        return rl_stage.score(RayActors(), [worker], ["p"] * 2, ["r"] * 2, [None] * 2, cfg.reward).rewards.tolist()
     finally:
         ray.kill(worker)
-    assert scored.rewards.tolist() == [1.0, 1.0]
+
+
+def test_a_reward_file_in_a_worker_imports_scikit_learn(tmp_path):
+    """The mark keeps scikit-learn out of what the stages import, not out of a user's reward_func.py."""
+    assert rewards_in_a_worker(tmp_path, USES_SKLEARN) == [1.0, 1.0]
 
 
 SEES_ITS_IMPORTS = """import os
@@ -66,12 +70,4 @@ def reward_func(queries, prompts, labels):
 def test_the_reward_worker_of_a_rule_function_imports_no_model_library(tmp_path):
     """A rule function's reward worker needs torch and the file: no transformers, DeepSpeed or MLflow (each
     RL run's reward actor starts seconds sooner), and HF's bars are off for a library the file may import."""
-    (tmp_path / "sees_its_imports.py").write_text(SEES_ITS_IMPORTS)
-    cfg = load_config(None, ["reward.func_path=sees_its_imports.py"])
-    worker = actor_class(RewardWorker).options(num_cpus=0).remote(1)
-    try:
-        ray.get(worker.setup.remote(cfg, NodeInputs({}), [], str(tmp_path)), timeout=300)
-        scored = rl_stage.score(RayActors(), [worker], ["p"] * 2, ["r"] * 2, [None] * 2, cfg.reward)
-    finally:
-        ray.kill(worker)
-    assert scored.rewards.tolist() == [0.0, 1.0]
+    assert rewards_in_a_worker(tmp_path, SEES_ITS_IMPORTS) == [0.0, 1.0]
