@@ -4,6 +4,7 @@ a real local Ray cluster, real DeepSpeed engines and an MLflow SQLite store in a
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import signal
@@ -78,31 +79,50 @@ def run_cli(workdir: Path, *args: str, timeout: int = 600) -> subprocess.Complet
 
 
 @pytest.fixture
-def cli(workdir: Path, monkeypatch, capsys):
+def cli(workdir: Path, monkeypatch):
     """`rlhf ARGS` run in this process from `workdir` (what the subprocess runs, without the interpreter
     start and imports it pays each time): returns exit code, stdout and stderr like `run_cli`."""
-    from flows.cli import main
-
     monkeypatch.chdir(workdir)
     for key in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "PREFECT_API_URL", "PREFECT_HOME"):
         monkeypatch.delenv(key, raising=False)
+    return main_in_process
 
-    def run(*args: str) -> subprocess.CompletedProcess:
-        capsys.readouterr()  # drop what earlier calls printed
-        with prefect_console_on_stderr(), prefect_api_from_environment():
-            code = main(list(args))
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(["rlhf", *args], code, out.out, out.err)
 
-    # the CLI turns HF's progress bars off before transformers and datasets are imported; here they may be
+def main_in_process(*args: str) -> subprocess.CompletedProcess:
+    """`rlhf ARGS` run by the CLI's `main` in this process, from the current folder with the current
+    environment, its stdout and stderr captured: what `run_cli` returns, without a new process's start."""
     import datasets
     from transformers.utils import logging as hf_logging
 
+    from flows.cli import main
+
+    # the CLI turns HF's progress bars off before transformers and datasets are imported; here they may be
     hf_logging.disable_progress_bar()
     datasets.disable_progress_bars()
-    yield run
-    hf_logging.enable_progress_bar()
-    datasets.enable_progress_bars()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), prefect_console_on_stderr(), \
+                prefect_api_from_environment():
+            code = main(list(args))
+    finally:
+        hf_logging.enable_progress_bar()
+        datasets.enable_progress_bars()
+    return subprocess.CompletedProcess(["rlhf", *args], code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def as_a_cli_process(workdir: Path):
+    """For the block, this process's folder and environment are what `run_cli` gives a new one (`cli_env`):
+    for `main_in_process` where a function-scoped `cli` cannot serve (a module's fixture)."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(cli_env(workdir))
+    try:
+        with contextlib.chdir(workdir):
+            yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @contextlib.contextmanager

@@ -37,7 +37,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import configs
 from artifacts import store
-from tests.flow.conftest import CLI, cli_env, mlflow_client, run_cli
+from tests.flow.conftest import CLI, as_a_cli_process, cli_env, main_in_process, mlflow_client, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first test pays the module's whole first run
 PREFECT = str(Path(sys.executable).parent / "prefect")
@@ -127,13 +127,15 @@ def first_run(ws) -> dict:
     sft_runs = stage_runs(ws, "sft")
     seen["killed_sft_runs"] = [r.data.tags.get(store.TAG_STATUS) for r in sft_runs]
     seen["killed_sft_versions"] = mlflow_client(ws).search_model_versions("name = 'rlhf-sft'")
-    seen["rerun"] = run_cli(ws, "run", timeout=1500)  # the rest of SFT and every other stage of the preset
+    with as_a_cli_process(ws):  # in this process: what the rerun checks is not a process's start
+        seen["rerun"] = main_in_process("run")  # the rest of SFT and every other stage of the preset
     seen["statuses"] = stage_statuses(ws)
     seen["cold_parent"] = newest_pipeline_run(ws).info.run_id
     seen["complete"] = {stage: [r.info.run_id for r in stage_runs(ws, stage) if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
                         for stage in ("sft", "rm", "prm", "rl", "dpo", "eval")}
     seen["sft_runs_before_cached"] = len(stage_runs(ws, "sft"))
-    seen["cached"] = run_cli(ws, "run")
+    with as_a_cli_process(ws):
+        seen["cached"] = main_in_process("run")
     seen["cached_statuses"] = stage_statuses(ws)
     seen["cached_parent"] = newest_pipeline_run(ws).info.run_id
     seen["sft_runs_after_cached"] = len(stage_runs(ws, "sft"))
