@@ -1,5 +1,6 @@
-"""End-to-end tests drive the real `rlhf` CLI in a subprocess: real Prefect (temporary server),
-a real local Ray cluster, real DeepSpeed engines and an MLflow SQLite store in a temp folder."""
+"""End-to-end tests drive the real `rlhf` CLI, in a subprocess or through its `main` in the test's process
+(`cli`, `main_in_process`): real Prefect (the tests' shared server, or a run's temporary one), a real local
+Ray cluster, real DeepSpeed engines and an MLflow SQLite store in a temp folder."""
 
 from __future__ import annotations
 
