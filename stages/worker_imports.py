@@ -3,9 +3,10 @@
 transformers imports scikit-learn at start-up wherever it is installed (MLflow depends on it), for an
 option of assisted decoding that no stage sets; scikit-learn brings SciPy's statistics with it, a second
 or more of each worker's start. Its losses import SciPy's optimizers for the object-detection loss, which
-no stage computes: a few tenths of a second more (docs/benchmarks.md). A Ray worker marks them absent before it imports a
-stage (runtime/worker_setup.py); the libraries that would have imported them have looked by the time a
-user's reward_func.py or agent_func.py runs, and that file may use them, so the marks are lifted first.
+no stage computes: a few tenths of a second more (docs/benchmarks.md). A Ray worker marks them absent
+before it imports a stage (runtime/worker_setup.py). A user's reward_func.py or agent_func.py may use
+them, so the marks are lifted before it runs (a rule function's reward worker has not imported
+transformers by then: if the file does, transformers finds scikit-learn as it would anywhere).
 Only the standard library here: the vLLM engine's interpreter runs the mark too."""
 
 import contextlib
