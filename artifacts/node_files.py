@@ -66,8 +66,10 @@ class RunFiles:
 
     def fetch_inputs(self, names: list[str] | None = None) -> dict[str, Path]:
         """The inputs (or the named ones), downloaded to this node once per producing run (ranks and actors on
-        one node share the copy)."""
-        return {name: store.download(store.ArtifactRef(name, run), node_dir() / "downloads", self.tracking_uri)
+        one node share the copy). Always a copy of the node's own, never the store's folder in place: no disk is
+        assumed shared, and a LoRA adapter input is merged beside it (`runtime.worker_pool.whole_models`)."""
+        return {name: store.download(store.ArtifactRef(name, run), node_dir() / "downloads", self.tracking_uri,
+                                     in_place=False)
                 for name, run in self.inputs.items() if names is None or name in names}
 
     def work_dir(self) -> Path:

@@ -1,14 +1,19 @@
 """Stage runs in MLflow: the cache look-up by fingerprint, publishing a finished stage's outputs
 (artifacts + registered models), and downloading an upstream output for a consumer.
 
+On a local store a checkpoint exists once: a stage's output folder is moved into the store, not copied,
+and a consumer reads the store's folder (or the folder an import references) in place.
+
 A stage run is a cache entry only once it is FINISHED and tagged `rlhf.status=complete`, which
 is set after every output is logged, so a failed or killed stage is never consumed.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -55,7 +60,12 @@ def _local_path(artifact_uri: str) -> Path | None:
 
 
 def artifacts_present(client: MlflowClient, run, names: list[str]) -> bool:
-    """Every named output still exists in the artifact store (a deleted one means a rerun)."""
+    """Every named output still exists in the artifact store (a deleted one means a rerun), or, for an
+    import that references a folder, that folder does."""
+    from artifacts import imported
+
+    if (referenced := run.data.tags.get(imported.TAG_PATH)) is not None:
+        return Path(referenced).is_dir()
     local = _local_path(run.info.artifact_uri)
     for name in names:
         if local is not None:
@@ -92,19 +102,21 @@ def run_inputs(run) -> dict[str, str]:
 
 def publish(client: MlflowClient, run_id: str, outputs: dict[str, Path], register: tuple[str, ...],
             info: CheckpointInfo | None = None, linked: tuple[list[str], object] = ([], None),
-            uploaded: bool = False) -> dict[str, ArtifactRef]:
+            uploaded: bool = False, scratch: Path | None = None) -> dict[str, ArtifactRef]:
     """Log each output directory under its name, register model outputs, then mark the run complete.
     With `info`, each model output is first a logged model of the run (an `MLmodel` file in its folder
     gives the registry its schema), its version is described and tagged with `info`, and the run's
     `linked` metric names (on the dataset given) are attached to it. `uploaded`: the stage's worker put
-    the outputs in the run already (on a tracking server, `artifacts.node_files`): only `MLmodel` is added."""
+    the outputs in the run already (on a tracking server, `artifacts.node_files`): only `MLmodel` is added.
+    `scratch`: the stage's own folder, removed after publishing; an output inside it is moved into a local
+    store rather than copied (`log_output`)."""
     refs, models = {}, {}
     for name, path in outputs.items():
         if info is not None and name in register:
             models[name] = registry.log_checkpoint(client, info, name, run_id).model_id
             add_mlmodel(client, run_id, name, path, models[name], info, uploaded)
         if not uploaded:
-            client.log_artifacts(run_id, str(path), name)
+            log_output(client, run_id, path, name, movable=scratch is not None and path.is_relative_to(scratch))
         refs[name] = ArtifactRef(name, run_id)
     artifact_uri = client.get_run(run_id).info.artifact_uri
     for name in register:
@@ -116,6 +128,28 @@ def publish(client: MlflowClient, run_id: str, outputs: dict[str, Path], registe
     client.set_tag(run_id, TAG_OUTPUTS, ",".join(outputs))
     client.set_tag(run_id, TAG_STATUS, COMPLETE)
     return refs
+
+
+def log_output(client: MlflowClient, run_id: str, path: Path, name: str, movable: bool) -> None:
+    """Output folder `path` as the run's artifact `name`: renamed into a local store when it may be (`movable`,
+    on the store's file system, no links in it that the store's copy would have followed), so a checkpoint is
+    written once; copied otherwise."""
+    store = _local_path(client.get_run(run_id).info.artifact_uri)
+    if movable and store is not None and not (store / name).exists() and not has_links(path):
+        store.mkdir(parents=True, exist_ok=True)
+        try:
+            path.rename(store / name)
+            return
+        except OSError:  # another file system (EXDEV): copied
+            pass
+    client.log_artifacts(run_id, str(path), name)
+
+
+def has_links(folder: Path) -> bool:
+    for root, dirs, files in os.walk(folder):
+        if any(os.path.islink(os.path.join(root, entry)) for entry in dirs + files):
+            return True
+    return False
 
 
 def add_mlmodel(client: MlflowClient, run_id: str, name: str, path: Path, model_id: str, info: CheckpointInfo,
@@ -132,16 +166,17 @@ def add_mlmodel(client: MlflowClient, run_id: str, name: str, path: Path, model_
             client.log_model_artifact(model_id, str(Path(folder) / "MLmodel"))
 
 
-def resolve_pin(client: MlflowClient, field: str, uri: str, experiment_id: str) -> ArtifactRef:
+def resolve_pin(client: MlflowClient, field: str, uri: str, experiment_id: str,
+                hash_cache: Path | None = None) -> ArtifactRef:
     """The artifact a pinned input names: `runs:/<run_id>/<name>`, `models:/<name>/<version>` (or `/latest`)
     or `models:/<name>@<alias>` (a registered version points at the run and artifact it came from), or a
-    checkpoint folder or hub id, imported into the store once (`artifacts.imported`).
-    One-line errors name `field` and what is missing."""
+    checkpoint folder or hub id, imported into the store once (`artifacts.imported`; `hash_cache` keeps its
+    files' digests). One-line errors name `field` and what is missing."""
     from artifacts import imported
 
     if imported.is_external(uri):
         name = field.removeprefix("inputs.")
-        pinned = ArtifactRef(name, imported.import_checkpoint(client, experiment_id, field, name, uri))
+        pinned = ArtifactRef(name, imported.import_checkpoint(client, experiment_id, field, name, uri, hash_cache))
     elif uri.startswith("runs:/"):
         pinned = ArtifactRef.parse(uri)
     else:
@@ -159,24 +194,29 @@ def resolve_pin(client: MlflowClient, field: str, uri: str, experiment_id: str) 
     return pinned
 
 
-def download(ref: ArtifactRef, cache_root: Path, tracking_uri: str | None = None) -> Path:
-    """A local copy of an upstream output, kept per run so repeated consumers copy once (from the store at
-`tracking_uri`, default this process's).
+def download(ref: ArtifactRef, cache_root: Path, tracking_uri: str | None = None, hash_cache: Path | None = None,
+             in_place: bool = True) -> Path:
+    """The local folder of an upstream output (from the store at `tracking_uri`, default this process's).
 
-    Each caller downloads into its own temp dir and renames it into place, so stages that start at
-    once (and other pipeline processes) never see a partial copy; the first rename wins.
+    On a local store that is the store's own folder, or the folder an import references (its hash checked,
+    by stamp through `hash_cache`), read in place: a consumer never writes into it. Otherwise (or with
+    `in_place` False: a node's own copy, `artifacts.node_files`) a copy kept per run under `cache_root`, so
+    repeated consumers copy once; each caller downloads into its own temp dir and renames it into place, so
+    stages that start at once (and other pipeline processes) never see a partial copy; the first rename wins.
     """
     target = cache_root / ref.run_id / ref.name
     if target.exists():
         return target
+    run = MlflowClient(tracking_uri).get_run(ref.run_id)
+    if in_place and (found := in_place_folder(run, ref.name, hash_cache)) is not None:
+        return found
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{ref.name}.", dir=target.parent))
     try:
         # from the run's artifact location: through `runs:/` MLflow replaces the reason a copy failed
         # (a full disk) with "please ensure that the path is correct"
-        artifact_uri = MlflowClient(tracking_uri).get_run(ref.run_id).info.artifact_uri
         with disk_full.reported(target):
-            mlflow.artifacts.download_artifacts(artifact_uri=f"{artifact_uri}/{ref.name}", dst_path=str(tmp),
+            mlflow.artifacts.download_artifacts(artifact_uri=f"{run.info.artifact_uri}/{ref.name}", dst_path=str(tmp),
                                                 tracking_uri=tracking_uri)
         try:
             (tmp / ref.name).rename(target)
@@ -185,6 +225,31 @@ def download(ref: ArtifactRef, cache_root: Path, tracking_uri: str | None = None
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def in_place_folder(run, name: str, hash_cache: Path | None = None) -> Path | None:
+    """Artifact `name` of `run` where it lies on this machine (an import's referenced folder, or the folder
+    in a local artifact store); None when it is not a local folder here."""
+    from artifacts import imported
+
+    if (referenced := imported.checked_folder(run, hash_cache)) is not None:
+        return referenced
+    store = _local_path(run.info.artifact_uri)
+    return store / name if store is not None and (store / name).is_dir() else None
+
+
+def linked(ref: ArtifactRef, folder: Path, cache_root: Path) -> Path:
+    """`folder`'s place under `cache_root`, as a download's: the folder itself when it is a downloaded copy,
+    else a link to it, for what writes beside its input (a merged adapter) and must not write into the store."""
+    target = cache_root / ref.run_id / ref.name
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{ref.name}.{os.getpid()}.{threading.get_ident()}.link")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(folder, target_is_directory=True)
+    tmp.replace(target)  # atomic: a concurrent consumer sees the link or none
     return target
 
 

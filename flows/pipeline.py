@@ -25,7 +25,7 @@ from configs.errors import PipelineError, first_line
 from configs.schema import PipelineConfig
 from flows import eval_report, pre_run, retries, run_end, run_views
 from flows.ray_cluster import RaySession, session_for
-from flows.stage_task import StageOutcome, execute_stage
+from flows.stage_task import HASH_CACHE, StageOutcome, execute_stage
 from flows.summary import markdown, print_summary, summary_rows
 from stages import dag, preflight
 from stages.rl.layout import describe_layout
@@ -78,7 +78,8 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
     with disk_full.reported(setup.state_dir, setup.sqlite_file):
         client = tracking.open_store(setup)
         experiment_id = tracking.experiment_id(client, setup)
-        pins = {name: store.resolve_pin(client, f"inputs.{name}", uri, experiment_id) for name, uri in cfg.inputs.items()}
+        pins = {name: store.resolve_pin(client, f"inputs.{name}", uri, experiment_id, setup.state_dir / HASH_CACHE)
+                for name, uri in cfg.inputs.items()}
         if closed := run_owner.close_orphans(client, experiment_id):
             print(f"[mlflow] marked FAILED {len(closed)} run(s) left RUNNING by a process that ended: {', '.join(closed)}",
                   flush=True)

@@ -187,7 +187,8 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
     # on a tracking server the stage's workers fetch their own inputs (`node_files`); here, only the
     # datasets, for their digests
     fetched = {n: ref for n, ref in inputs.items() if not setup.remote or n in dag.DATASETS}
-    local_inputs = {n: store.download(ref, setup.state_dir / "downloads") for n, ref in fetched.items()}
+    downloads = setup.state_dir / "downloads"
+    local_inputs = {n: store.download(ref, downloads, hash_cache=setup.state_dir / HASH_CACHE) for n, ref in fetched.items()}
     read = dataset_inputs(client, inputs, local_inputs, setup.state_dir / HASH_CACHE)
     if spec.datasets:  # data prep: what the config's data section names
         read += datasets.config_sources(cfg.data, cfg.seed, setup.state_dir / HASH_CACHE)
@@ -202,9 +203,7 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
             print(f"[{spec.name}] resuming from the checkpoints of MLflow run {files.resume_run}", flush=True)
         local_inputs = {}
     elif not spec.takes_adapters and any(checkpoint_paths.is_adapter(p) for p in local_inputs.values()):
-        from stages import lora_merge  # peft and torch: in this process only when there is an adapter to merge
-
-        local_inputs = {n: lora_merge.materialize(p) for n, p in local_inputs.items()}  # the stage gets it merged
+        local_inputs = merged_adapters(inputs, local_inputs, downloads)  # the stage gets it merged
     output_dir = work_dir / "output"  # with `files`, the worker's node has its own
     if files is None:
         shutil.rmtree(output_dir, ignore_errors=True)  # a previous, interrupted attempt's partial outputs
@@ -239,12 +238,22 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
         parents={n: ref.identity for n, ref in inputs.items() if n not in dag.DATASETS},
     )
     refs = store.publish(client, run_id, result.outputs, spec.register, info, linked=checkpoint_metrics(result.metrics, read),
-                         uploaded=files is not None)
+                         uploaded=files is not None, scratch=output_dir)
     if spec.plots_eval_series:
         eval_report.log_rl_curves(client, run_id)
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
     shutil.rmtree(work_dir, ignore_errors=True)
     return refs, result.metrics | {k: v for k, v in logged.items() if k == store.METRIC_COMPUTE_S}
+
+
+def merged_adapters(inputs: dict[str, store.ArtifactRef], local: dict[str, Path], downloads: Path) -> dict[str, Path]:
+    """Each LoRA adapter input merged into its base model, once per producing run: `materialize` writes beside
+    the folder it is given, so it is given the input's place in `downloads` (a link to a folder read in place),
+    never the store's own folder."""
+    from stages import lora_merge  # peft and torch: in this process only when there is an adapter to merge
+
+    return {n: lora_merge.materialize(store.linked(inputs[n], p, downloads)) if checkpoint_paths.is_adapter(p) else p
+            for n, p in local.items()}
 
 
 def dataset_inputs(client: MlflowClient, inputs: dict[str, store.ArtifactRef], local: dict[str, Path],

@@ -101,10 +101,12 @@ def test_a_new_store_copied_from_its_template_without_room_is_not_left_half_made
     assert not setup.sqlite_file.exists() and not list(small_disk.glob(".mlflow.db.*"))
 
 
-def test_a_stage_out_of_space_fails_its_run_with_one_line(client, tmp_path, small_disk):
+def test_a_stage_out_of_space_fails_its_run_with_one_line(client, tmp_path, small_disk, monkeypatch):
     """SFT downloads its inputs into a state folder on a disk without room for them: the stage's error is
     the one line, its MLflow run is FAILED (owned by this process, the traceback in `rlhf.error`), and no
-    partial download is left."""
+    partial download is left. (A store whose artifacts are not this machine's files: a local one is read
+    in place.)"""
+    monkeypatch.setattr(store, "in_place_folder", lambda run, name, hash_cache=None: None)
     cfg = load_config(None, [])
     outputs = {}
     for name in ("base_model", "sft_data"):
