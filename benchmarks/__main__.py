@@ -22,7 +22,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import agent, async_rl, grpo_compare, pipeline, rl_objectives, rl_throughput, rollout_engines, threads, time_to_quality, trl_compare
+from benchmarks import (
+    agent,
+    async_rl,
+    grpo_compare,
+    pipeline,
+    rl_objectives,
+    rl_throughput,
+    rollout_engines,
+    scale,
+    threads,
+    time_to_quality,
+    trl_compare,
+)
 from benchmarks.report import Report, RunOptions
 
 BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report | dict[str, Report]], str]] = {
@@ -46,6 +58,8 @@ BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report | dict[str, Report]], 
     "rollout": (rollout_engines.rollout, "rollout engines: HF `generate` vs vLLM (CPU build) tokens/s by batch size"),
     "threads": (threads.threads, "torch's threads from OMP_NUM_THREADS vs `torch.set_num_threads`: training step "
                                  "and generate time of the tiny model"),
+    "scale": (scale.scale, "a ~0.5B checkpoint and 20k/200k/1M-row files through `rlhf run --only data_prep,sft`: time "
+                           "per stage (compute vs overhead), bytes stored, peak RSS per process, vs `datasets.map`"),
 }
 VERSIONED = ("torch", "transformers", "deepspeed", "trl")
 
@@ -77,6 +91,17 @@ def run(names: list[str], options: RunOptions, out: Path) -> None:
     print(f"{len(names)} benchmark(s) in {time.monotonic() - started:.0f} s; wrote {out}")
 
 
+def rows_list(text: str) -> list[int]:
+    """`--scale-rows 20000,200000`: positive row counts."""
+    try:
+        counts = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: row counts separated by commas, e.g. 20000,200000") from None
+    if not counts or min(counts) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: at least one positive row count")
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -97,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
                                      for name, size in grpo_compare.BENCHMARK_SIZES.items()) + ")")
     run_parser.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
                             help="config overrides for the pipeline benchmark's `rlhf run`")
+    run_parser.add_argument("--scale-rows", type=rows_list, metavar="N,N,...",
+                            help="scale only: the row counts of its files (default: 20000,200000,1000000)")
+    run_parser.add_argument("--scale-model", choices=sorted(scale.MODELS), help="scale only: the generated checkpoint's "
+                            "shape (default: 0.5b, ~2 GB; 50m: a quick check of the harness)")
+    run_parser.add_argument("--scale-cache", type=Path, help="scale only: where its generated checkpoint and files are "
+                            "kept for the next run (default: ~/.cache/rlhf-benchmarks/scale)")
     run_parser.add_argument("--out", type=Path, default=Path("benchmarks.json"), help="JSON results file")
     run_parser.add_argument("--workdir", type=Path, help="scratch folder, kept afterwards (default: a temporary one)")
     args, rest = parser.parse_known_args(argv)
@@ -123,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="benchmarks-")))
         workdir.mkdir(parents=True, exist_ok=True)
         options = RunOptions(steps=args.steps, repeats=args.repeats, workdir=workdir, overrides=args.overrides,
-                             sft_steps=args.sft_steps, systems=args.systems)
+                             sft_steps=args.sft_steps, systems=args.systems, scale_rows=args.scale_rows,
+                             scale_model=args.scale_model, scale_cache=args.scale_cache)
         run(args.names or list(BENCHMARKS), options, args.out)
     return 0
 

@@ -21,6 +21,10 @@ class RunOptions:
     sft_steps: int | None = None
     # the systems the GRPO comparisons (grpo, grpo-50m) run, a subset of their size's; None: all of them
     systems: list[str] | None = None
+    # the scale benchmark: row counts of its files, the checkpoint's shape, where its generated files are kept
+    scale_rows: list[int] | None = None
+    scale_model: str | None = None
+    scale_cache: Path | None = None
 
     def repeats_or(self, default: int) -> int:
         return self.repeats or default

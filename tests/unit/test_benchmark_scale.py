@@ -1,0 +1,115 @@
+"""The scale benchmark's pure parts: the generated rows (deterministic, a smaller set a prefix of a larger one,
+~650-byte SFT rows), the process roles, SFT's first step from its progress line, and its tables from a result
+built by hand (the run itself is minutes to hours: `python -m benchmarks run scale`)."""
+
+import json
+
+import pytest
+
+from benchmarks import scale
+from benchmarks.__main__ import rows_list
+
+
+def test_rows_are_drawn_from_the_seed_and_a_smaller_set_is_a_prefix():
+    small = list(scale.rows("sft", 7, 1500))
+    assert small == list(scale.rows("sft", 7, 1500))
+    assert list(scale.rows("sft", 7, 2300))[:1500] == small  # across the 1000-row chunks too
+    assert list(scale.rows("sft", 8, 1500)) != small
+    assert len(small) == 1500 and set(small[0]) == {"prompt", "response"}
+    mean = sum(len(json.dumps(r)) + 1 for r in small) / len(small)
+    assert 550 < mean < 750  # ~650-byte lines
+    pref, prompts = next(scale.rows("preference", 7, 1)), next(scale.rows("prompts", 7, 1))
+    assert set(pref) == {"prompt", "chosen", "rejected"} and pref["chosen"] != pref["rejected"]
+    assert set(prompts) == {"prompt", "label"} and prompts["label"].isdigit()
+    assert pref["prompt"] != small[0]["prompt"]  # each kind has its own stream
+
+
+def test_dataset_files_are_written_once_and_reused(tmp_path):
+    files = scale.dataset_files(tmp_path, 3, 20)
+    assert [json.loads(line) for line in files["sft"].read_text().splitlines()] == list(scale.rows("sft", 3, 20))
+    stamp = files["sft"].stat().st_mtime_ns
+    assert scale.dataset_files(tmp_path, 3, 20) == files and files["sft"].stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [f"data-v{scale.VERSION}-seed3"]  # no temporary folder left
+
+
+def test_process_roles_from_command_lines():
+    assert scale.role(["python", "-m", "flows.cli", "run"], True) == "driver"
+    assert scale.role(["ray::StageWorker.run"], False) == "stage worker"
+    assert scale.role(["ray::IDLE"], False) == "ray idle worker"
+    assert scale.role(["/x/ray/core/src/ray/raylet/raylet", "--node_ip_address=1"], False) == "raylet"
+    assert scale.role(["/x/gcs_server", "--port"], False) == "gcs_server"
+    assert scale.role(["python", "-m", "uvicorn", "prefect.server.api.server:create_app"], False) == "prefect server"
+    assert scale.role(["sleep", "1"], False) == "other"
+
+
+def test_first_step_from_the_progress_line():
+    lines = [(100.0, "(StageWorker pid=1) [data_prep] rows: 10"),
+             (130.0, "(StageWorker pid=1) [sft] step 2/2 (100%) loss=10.46 lr=2.5e-06 | 0.25 it/s, eta 0s")]
+    found = scale.first_step(lines, compute_start=110.0)
+    # the loop started 2 / 0.25 = 8 s before the line: 12 s of setup, then one 4 s step
+    assert found == {"first_step_s": 16.0, "setup_s": 12.0, "step_s": 4.0, "to_step_s": 20.0, "step": 2}
+    assert scale.first_step(lines[:1], 110.0) == {}
+
+
+def test_rows_option():
+    assert rows_list("20000,200_000") == [20000, 200000]
+    with pytest.raises(Exception, match="row counts"):
+        rows_list("20k")
+
+
+def stage(name, wall, compute, store, downloads, worker, tree, **extra):
+    return {"stage": name, "wall_s": wall, "compute_s": compute, "store_bytes": store, "download_bytes": downloads,
+            "tree_mib": tree, "roles": {"stage worker": {"process_mib": worker, "sum_mib": worker}}, **extra}
+
+
+def size(rows, stages, wall, tree, mlartifacts):
+    return {"rows": rows, "stages": stages, "wall_s": wall,
+            "peaks": {"tree_mib": tree, "roles": {"driver": {"process_mib": 300.0, "sum_mib": 300.0},
+                                                  "stage worker": {"process_mib": tree - 500, "sum_mib": tree - 400}}},
+            "state_before": {}, "state_after": {"mlartifacts": mlartifacts, "downloads": 5e6},
+            "reference": {"num_proc": 2, "sft": {"load_s": 1.0, "map_s": 4.0}, "prompts": {"load_s": 0.5, "map_s": 1.5},
+                          "cache_bytes": 3e6, "peaks": {"tree_mib": 900.0, "roles": {"driver": {"process_mib": 600.0,
+                                                                                                   "sum_mib": 600.0}}}}}
+
+
+def test_tables_from_a_result_built_by_hand():
+    data = {"model": {"name": "50m", "params": 60_000_000, "bytes": 240e6},
+            "sizes": [size(20_000, [stage("data_prep", 20.0, 15.0, 4e6, 0, 800.0, 2000.0),
+                                    stage("sft", 30.0, 25.0, 240e6, 5e6, 2000.0, 3000.0, first_step_s=10.0)], 60.0, 3100.0, 244e6),
+                      size(1_000_000, [stage("data_prep", 200.0, 190.0, 200e6, 0, 1800.0, 3000.0),
+                                       stage("sft", 80.0, 70.0, 240e6, 200e6, 2250.0, 3500.0, first_step_s=55.0)],
+                           290.0, 3600.0, 440e6)],
+            "pin": [{"run": "rerun", "wall_s": 12.0, "state_before": {}, "state_after": {}},
+                    {"run": "pin-1", "wall_s": 15.5, "state_before": {"mlartifacts": 10}, "state_after": {"mlartifacts": 240e6 + 10}}]}
+    made = scale.reports(data)
+    assert list(made) == ["scale", "scale-processes", "scale-pin"]
+    main = made["scale"]
+    assert main.columns == scale.COLUMNS
+    assert main.rows[0] == ["20k", "data_prep", "20.0", "15.0", "5.0", "", "4", "0", "800", "2,000"]
+    assert main.rows[1] == ["20k", "sft", "30.0", "25.0", "5.0", "10.0", "240", "5", "2,000", "3,000"]
+    assert main.rows[2] == ["20k", "rlhf run (whole command)", "60.0", "", "", "", "244", "5", "", "3,100"]
+    assert main.rows[3] == ["20k", "datasets.map (2 procs): load + map", "7.0", "5.5", "1.5", "", "", "3", "600", "900"]
+    assert main.rows[7][:2] == ["1M", "datasets.map (2 procs): load + map"]
+    # growth, largest against smallest: times as ratios, bytes (MB) and memory (MiB) as differences
+    assert main.rows[8] == ["20k → 1M", "data_prep growth", "×10.00", "×12.67", "×2.00", "", "+196", "+0", "+1,000", "+1,000"]
+    assert main.rows[9] == ["20k → 1M", "sft growth", "×2.67", "×2.80", "×2.00", "×5.50", "+0", "+195", "+250", "+500"]
+    assert len(main.rows) == 10
+    assert "60M-parameter Llama (50m, fp32 safetensors 240 MB) and 20k, 1M rows" in main.title
+    assert main.as_json()["sizes"][0]["rows"] == 20_000  # the measurements travel with the table
+    procs = made["scale-processes"]
+    assert procs.columns == ["process role", "20k: largest / all MiB", "1M: largest / all MiB"]
+    assert procs.rows == [["driver", "300 / 300", "300 / 300"], ["stage worker", "2,600 / 2,700", "3,100 / 3,200"],
+                          ["whole tree", "3,100", "3,600"]]
+    pin = made["scale-pin"]
+    assert pin.rows == [["rerun, nothing changed (all cached)", "12.0", "", "0", "0"],
+                        ["+ inputs.sft_model=<the folder>, first time", "15.5", "+3.5", "240", "0"]]
+    assert "\n| 20k | sft | 30.0 |" in main.markdown()
+
+
+def test_peaks_by_role_and_for_a_span():
+    w = scale.Watched(1.0, 0.0, samples=[(1.0, 10, "driver", 100 * scale.MiB), (1.0, 11, "stage worker", 200 * scale.MiB),
+                                         (1.0, 12, "stage worker", 50 * scale.MiB), (2.0, 10, "driver", 120 * scale.MiB),
+                                         (2.0, 11, "stage worker", 300 * scale.MiB)])
+    assert w.peaks() == {"tree_mib": 420.0, "roles": {"driver": {"process_mib": 120.0, "sum_mib": 120.0},
+                                                      "stage worker": {"process_mib": 300.0, "sum_mib": 300.0}}}
+    assert w.peaks((0.5, 1.5))["roles"]["stage worker"] == {"process_mib": 200.0, "sum_mib": 250.0}
