@@ -1,6 +1,6 @@
-"""Datasets as MLflow run inputs (`MlflowClient.log_inputs`, what `mlflow.log_input` logs): each split file
-a stage reads (`sft_data/train.jsonl`, ...) as a dataset named by its artifact, with its split as the
-context, a digest of its content, its row count and its columns. The runs list's Dataset column, the
+"""Datasets as MLflow run inputs (`MlflowClient.log_inputs`, what `mlflow.log_input` logs): each split
+a stage reads (`sft_data/train`, ...) as a dataset named by its artifact, with its split as the
+context, the digest of its content data prep recorded, its row count and its columns. The runs list's Dataset column, the
 dataset filter and a logged model's "datasets used" read them."""
 
 from __future__ import annotations
@@ -22,17 +22,20 @@ from artifacts.store import ArtifactRef
 from configs.schema import FILE_DATASETS
 
 DIGEST_CHARS = 8  # as MLflow's own dataset digests
-SPLIT_SUFFIX = ".jsonl"
+MANIFEST = "splits.json"  # written by data prep beside its splits (stages/prepared_data.py): rows, digest, first row
 RUN_ARTIFACT_SOURCE = "mlflow_run_artifact"  # where no MLflow dataset source reads the artifact store's scheme
 
 
-def split_files(folder: Path) -> dict[str, Path]:
-    """`{"train": <folder>/train.jsonl, "eval": ...}`: the splits of a dataset artifact, in name order."""
-    return {f.name.removesuffix(SPLIT_SUFFIX): f for f in sorted(folder.glob(f"*{SPLIT_SUFFIX}"))}
+def split_entries(folder: Path) -> dict[str, dict]:
+    """`{"train": {"rows", "sha256", "first"}, "eval": ...}`: the splits of a dataset artifact as data prep
+    recorded them, in name order; read from its manifest, so no split's Arrow files are read or hashed here."""
+    path = folder / MANIFEST
+    entries = json.loads(path.read_text()) if path.is_file() else {}
+    return dict(sorted(entries.items()))
 
 
 def columns(first_row: dict) -> str | None:
-    """The MLflow column schema of a JSONL row (`{"mlflow_colspec": [...]}`), None for a row it cannot type."""
+    """The MLflow column schema of a row (`{"mlflow_colspec": [...]}`), None for a row it cannot type."""
     from mlflow.models import infer_signature
 
     try:
@@ -41,8 +44,8 @@ def columns(first_row: dict) -> str | None:
         return None
 
 
-def source_of(uri: str, ref: ArtifactRef | None, split_file: str) -> tuple[str, str]:
-    """(source type, source JSON) of a split file: MLflow's own source for the artifact store's URI
+def source_of(uri: str, ref: ArtifactRef | None, split_path: str) -> tuple[str, str]:
+    """(source type, source JSON) of a split: MLflow's own source for the artifact store's URI
     (`local` for a file URI, `s3`, `gs`, ...), else the `runs:/` URI that loads it."""
     try:
         with warnings.catch_warnings():  # MLflow registers the local source twice and says so, every time
@@ -50,30 +53,23 @@ def source_of(uri: str, ref: ArtifactRef | None, split_file: str) -> tuple[str, 
             source = resolve_dataset_source(uri)
         return source._get_source_type(), source.to_json()
     except MlflowException:
-        return RUN_ARTIFACT_SOURCE, json.dumps({"uri": f"{ref.identity}/{split_file}" if ref is not None else uri})
+        return RUN_ARTIFACT_SOURCE, json.dumps({"uri": f"{ref.identity}/{split_path}" if ref is not None else uri})
 
 
-def dataset(name: str, split: Path, ref: ArtifactRef, artifact_uri: str, hashes: FileHashes) -> Dataset:
-    """The MLflow dataset entity of one split file of artifact `name` (run `ref`), whose artifact folder
-    lies at `artifact_uri` in the store."""
-    digest = hashes.digest(split).partition(":")[2][:DIGEST_CHARS]
-    with open(split, encoding="utf-8") as f:
-        first = f.readline()
-        rows = (1 if first.strip() else 0) + sum(1 for line in f if line.strip())
-    source_type, source = source_of(f"{artifact_uri}/{split.name}", ref, split.name)
-    return Dataset(name=name, digest=digest, source_type=source_type, source=source,
-                   schema=columns(json.loads(first)) if first.strip() else None, profile=json.dumps({"num_rows": rows}))
+def dataset(name: str, split: str, entry: dict, ref: ArtifactRef, artifact_uri: str) -> Dataset:
+    """The MLflow dataset entity of split `split` of artifact `name` (run `ref`), whose artifact folder
+    lies at `artifact_uri` in the store; `entry` is the split's manifest entry."""
+    source_type, source = source_of(f"{artifact_uri}/{split}", ref, split)
+    first = entry.get("first")
+    return Dataset(name=name, digest=entry["sha256"][:DIGEST_CHARS], source_type=source_type, source=source,
+                   schema=columns(first) if first else None, profile=json.dumps({"num_rows": entry["rows"]}))
 
 
-def dataset_inputs(local: dict[str, Path], refs: dict[str, ArtifactRef], artifact_uris: dict[str, str],
-                   hash_cache: Path | None = None) -> list[DatasetInput]:
-    """One input per split file of each dataset artifact in `local` (its downloaded folder), the split
-    as its context (`train`, `eval`)."""
-    hashes = FileHashes(hash_cache)
-    found = [DatasetInput(dataset(name, path, refs[name], artifact_uris[name], hashes), [InputTag(MLFLOW_DATASET_CONTEXT, split)])
-             for name, folder in local.items() for split, path in split_files(folder).items()]
-    hashes.save()
-    return found
+def dataset_inputs(local: dict[str, Path], refs: dict[str, ArtifactRef], artifact_uris: dict[str, str]) -> list[DatasetInput]:
+    """One input per split of each dataset artifact in `local` (its folder), the split as its context
+    (`train`, `eval`)."""
+    return [DatasetInput(dataset(name, split, entry, refs[name], artifact_uris[name]), [InputTag(MLFLOW_DATASET_CONTEXT, split)])
+            for name, folder in local.items() for split, entry in split_entries(folder).items()]
 
 
 def config_sources(data, seed: int, hash_cache: Path | None = None) -> list[DatasetInput]:

@@ -238,7 +238,7 @@ def trl_trainer(cfg, data: dict[str, Path], work: Path):
     from trl import GRPOConfig, GRPOTrainer
 
     from configs.schema import TrainingConfig
-    from stages.data_prep import read_split
+    from stages.prepared_data import read_split
     from stages.rewards.factory import build_scorer
 
     rl = cfg.rl
@@ -333,7 +333,7 @@ class PartClock:
 def mean_prompt_tokens(cfg, data: dict[str, Path]) -> float:
     """The prompts' mean length in tokens, as both systems encode them (the rollouts draw them evenly)."""
     from stages.common import checkpoint
-    from stages.data_prep import read_split
+    from stages.prepared_data import read_split
     from stages.rl.stage import encode_prompts
 
     tokenizer = checkpoint.load_tokenizer(str(data["policy"]))

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     single_rank_env()
     from configs import load_config
     from stages import data_prep, evaluate
-    from stages.data_prep import read_split
+    from stages.prepared_data import read_split
     from stages.rewards.factory import build_scorer
 
     cfg = load_config(None, [*(["kd.teacher=dpo"] if "kd" in names else []), *overrides])

@@ -37,7 +37,7 @@ def rollout(options: RunOptions) -> Report:
     from runtime.vllm_engine import VLLMRolloutEngine, runtime_env
     from stages.common import checkpoint
     from stages.contract import NodeInputs
-    from stages.data_prep import read_split
+    from stages.prepared_data import read_split
     from stages.rl.workers import HFRolloutEngine
 
     repeats = options.repeats_or(3)

@@ -221,7 +221,7 @@ def sft_rows(cfg, data: dict[str, Path], steps: int) -> list[tuple[list[int], li
     """(ids, labels) of the SFT rows in training order, tokenized as our stage tokenizes them."""
     from stages.common import checkpoint
     from stages.common.tokenization import encode_segments
-    from stages.data_prep import read_split
+    from stages.prepared_data import read_split
 
     tokenizer = checkpoint.load_tokenizer(data["base_model"])
     rows = read_split(data["sft_data"], "train")
@@ -231,7 +231,7 @@ def sft_rows(cfg, data: dict[str, Path], steps: int) -> list[tuple[list[int], li
 
 def pref_rows(cfg, data: dict[str, Path], steps: int) -> list[dict]:
     """The preference pairs (prompt, chosen, rejected text) in training order."""
-    from stages.data_prep import read_split
+    from stages.prepared_data import read_split
 
     rows = read_split(data["pref_data"], "train")
     return [rows[i] for i in drawn_rows(len(rows), cfg.dpo, steps, cfg.seed)]

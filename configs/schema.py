@@ -145,6 +145,9 @@ class DataConfig(Section):
                                                  "and counted (rows/<set>/<split>/dropped), or with strict_lengths an error")
     strict_lengths: bool = Field(False, description="a row longer than max_len is an error naming its file and line, "
                                                     "not dropped")
+    num_proc: int | None = Field(None, gt=0, description="processes that render and tokenize data prep's rows (HF "
+                                                         "datasets' num_proc); empty: the cores data prep's worker has. "
+                                                         "Sets of under 10,000 rows use one")
 
     @model_validator(mode="after")
     def _files_need_prompts(self) -> DataConfig:

@@ -82,6 +82,7 @@ SEQUENCE_NAMES = {"pref_data": ("chosen", "rejected")}
 
 
 def preview(cfg: PipelineConfig, n: int, console: Console) -> None:
+    from stages import prepared_data
     from stages.data_prep import build_datasets, tokenizer_for
 
     tokenizer = tokenizer_for(cfg)
@@ -94,9 +95,10 @@ def preview(cfg: PipelineConfig, n: int, console: Console) -> None:
     console.print(f"tokenizer: {tokenizer.name_or_path or 'the tiny model'} ({len(tokenizer)} tokens, chat template: "
                   f"{'yes' if tokenizer.chat_template else 'no'}); tokens that carry loss are {legend}")
     for name, splits in build_datasets(cfg, tokenizer).items():
-        for split, rows in splits.items():
-            if not rows:
+        for split, ds in splits.items():
+            if not len(ds):
                 continue
+            rows = prepared_data.rows(ds)
             lengths = [max(len(encode_segments(tokenizer, *seq)[0]) for seq in row_sequences(name, row, placeholder))
                        for row in rows]
             console.print(Text(f"\n== {name}/{split}: {len(rows)} rows; {length_line(lengths, cfg.data.max_len)}",

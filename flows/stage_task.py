@@ -189,7 +189,7 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
     fetched = {n: ref for n, ref in inputs.items() if not setup.remote or n in dag.DATASETS}
     downloads = setup.state_dir / "downloads"
     local_inputs = {n: store.download(ref, downloads, hash_cache=setup.state_dir / HASH_CACHE) for n, ref in fetched.items()}
-    read = dataset_inputs(client, inputs, local_inputs, setup.state_dir / HASH_CACHE)
+    read = dataset_inputs(client, inputs, local_inputs)
     if spec.datasets:  # data prep: what the config's data section names
         read += datasets.config_sources(cfg.data, cfg.seed, setup.state_dir / HASH_CACHE)
     datasets.log(client, run_id, read)
@@ -256,12 +256,12 @@ def merged_adapters(inputs: dict[str, store.ArtifactRef], local: dict[str, Path]
             for n, p in local.items()}
 
 
-def dataset_inputs(client: MlflowClient, inputs: dict[str, store.ArtifactRef], local: dict[str, Path],
-                   hash_cache: Path) -> list:
-    """The MLflow dataset inputs of the dataset artifacts among a stage's inputs (their downloaded copies)."""
+def dataset_inputs(client: MlflowClient, inputs: dict[str, store.ArtifactRef], local: dict[str, Path]) -> list:
+    """The MLflow dataset inputs of the dataset artifacts among a stage's inputs (from the manifests in their
+    local folders)."""
     names = [n for n in local if n in dag.DATASETS]
     uris = {n: f"{client.get_run(inputs[n].run_id).info.artifact_uri}/{n}" for n in names}
-    return datasets.dataset_inputs({n: local[n] for n in names}, {n: inputs[n] for n in names}, uris, hash_cache)
+    return datasets.dataset_inputs({n: local[n] for n in names}, {n: inputs[n] for n in names}, uris)
 
 
 def checkpoint_metrics(metrics: dict[str, float], read: list) -> tuple[list[str], object]:

@@ -19,7 +19,7 @@ from configs.errors import DataError
 from stages.common import checkpoint, conditioning, deepspeed_engine, moe
 from stages.common.tokenization import encode_segments
 from stages.contract import StageContext, StageResult
-from stages.data_prep import read_split
+from stages.prepared_data import read_split
 from stages.rewards.factory import reward_models
 from stages.sft import fit_lm
 

@@ -90,7 +90,7 @@ def load_source(path: str, split: str, subset: str | None = None, paths_key: str
             raise _empty(file, paths_key)
     strings = _csv_strings(files[0]) if builder == "csv" else None
     try:  # the files of a split, in order, are its rows ("train" is what data_files become)
-        with _quiet():
+        with quiet():
             return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
                                          **({"features": strings} if strings else {}))
     except Exception as exc:  # datasets raises many types (ValueError, ArrowInvalid, DatasetGenerationError, ...)
@@ -161,22 +161,26 @@ def _load_saved(path: str, local: Path, split: str) -> Dataset:
 
 def _load(builder: str, shown: str, **kwargs) -> Dataset:
     try:
-        with _quiet():
+        with quiet():
             return datasets.load_dataset(builder, **kwargs)
     except Exception as exc:  # datasets raises many types (FileNotFound, ConnectionError, ValueError, ...)
         raise DataError(f"{shown}: cannot load dataset ({_reason(exc)})") from exc
 
 
 @contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """HF `datasets` logs the error of a file it cannot parse before raising it: the DataError made
-    of it is the one line the user sees."""
+    of it is the one line the user sees. Its progress bars are off meanwhile (a stage prints its own lines)."""
     level = datasets.utils.logging.get_verbosity()
+    bars = datasets.is_progress_bar_enabled()
     datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)
+    datasets.disable_progress_bars()
     try:
         yield
     finally:
         datasets.utils.logging.set_verbosity(level)
+        if bars:
+            datasets.enable_progress_bars()
 
 
 def _reason(exc: BaseException) -> str:

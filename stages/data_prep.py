@@ -1,6 +1,7 @@
 """Data prep stage: the base model and tokenizer, and every dataset later stages train or evaluate on.
 
-Outputs (each a directory; datasets hold `train.jsonl` and/or `eval.jsonl`):
+Outputs (each a directory; a dataset holds a `train` and/or `eval` split as Arrow, see stages/prepared_data.py;
+every row is rendered and measured here, once, and an SFT row tokenized):
   base_model  HF checkpoint with tokenizer and chat template (the tiny preset builds one), or a
               pointer to `model.name_or_path` (a full copy where its tokenizer changes: the PRM
               placeholder added, data.tokenizer_chat_template set)
@@ -16,18 +17,25 @@ Outputs (each a directory; datasets hold `train.jsonl` and/or `eval.jsonl`):
 
 from __future__ import annotations
 
-import json
+import functools
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+import datasets
+import numpy as np
 from transformers import PreTrainedTokenizerBase, set_seed
 
 from configs.errors import DataError
 from configs.schema import DatasetConfig, PipelineConfig
-from stages import chat_template, data_files, data_values, prm_rows, synthetic_task, tiny_model
+from stages import chat_template, data_files, data_values, prepared_data, prm_rows, synthetic_task, tiny_model
 from stages.common import checkpoint, checkpoint_paths
 from stages.common.answers import extract_answer
-from stages.common.tokenization import encode_segments
+from stages.common.tokenization import segments_with_mask
 from stages.contract import StageContext, StageResult
 
 if TYPE_CHECKING:
@@ -139,46 +147,132 @@ def add_prm_placeholder(tokenizer, cfg: PipelineConfig) -> bool:
     return add_placeholder_token(tokenizer, token)
 
 
-def n_tokens(tokenizer, row: dict, text_fields: tuple[str, ...]) -> int:
-    if "texts" in row:
-        return len(encode_segments(tokenizer, row["texts"], row["train"])[0])
-    return sum(len(tokenizer(row[f], add_special_tokens=False)["input_ids"]) for f in text_fields)
+CHAR_SLACK = 4  # how far a row's characters may exceed max_len x the longest token before it surely cannot fit
+PARALLEL_MIN_ROWS = 10_000  # below it, starting worker processes costs more than they save
+SOURCE_PREFIX = "source."  # a source column's name while its rows are made
+WRITER_BATCH = 1000  # rows `datasets` renders and writes at a time: what data prep holds of a set
 
 
-def check_rows(name: str, rows: list[dict], tokenizer, max_len: int | None, text_fields: tuple[str, ...],
-               strict: bool = True, may_be_empty: tuple[str, ...] = ()) -> list[dict]:
-    """Every row non-empty but in `may_be_empty` (an error names the dataset and row); the rows within
-    `data.max_len` tokens (unless `max_len` is None), a longer one dropped, or with `strict` an error."""
-    if not rows:
-        raise DataError(f"{name}: dataset is empty")
-    kept = []
-    for i, row in enumerate(rows):
-        for field in (f for f in text_fields if f not in may_be_empty):
+def num_proc(cfg: PipelineConfig, n_rows: int) -> int:
+    """Processes for `n_rows` rows: `data.num_proc`, else the cores this worker has (Ray sets
+    OMP_NUM_THREADS to them)."""
+    if n_rows < PARALLEL_MIN_ROWS:
+        return 1
+    return cfg.data.num_proc or int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
+
+
+def char_limit(tokenizer, max_len: int) -> int:
+    """Characters beyond which a text cannot be `max_len` tokens or fewer: no token spells more characters
+    than its vocabulary entry has (a byte-level entry has one per byte), with `CHAR_SLACK` for what a
+    normalizer or template changes."""
+    return max_len * max(map(len, tokenizer.get_vocab())) * CHAR_SLACK
+
+
+def n_chars(value) -> int:
+    """Characters of a text column's value (a conversation's contents included)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list | tuple):
+        return sum(map(n_chars, value))
+    if isinstance(value, dict):
+        return sum(map(n_chars, value.values()))
+    return 0
+
+
+@dataclass
+class RowPreparer:
+    """`datasets.map`'s function for one split: each row made (`make`; None for rows already rendered),
+    its text fields checked, its tokens counted, an SFT row given its `input_ids` and `loss_mask`; a row over
+    `max_len` tokens is an error with `strict`; any other row gets each text field's ids (`<field>_ids`). An
+    error names the row by `where(row, index)`."""
+
+    tokenizer: PreTrainedTokenizerBase
+    text_fields: tuple[str, ...]
+    may_be_empty: tuple[str, ...]
+    max_len: int
+    strict: bool
+    where: Callable[[dict, int], str]
+    make: Callable[[dict], dict] | None = None
+
+    def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        made = []
+        names = [name.removeprefix(SOURCE_PREFIX) for name in batch]
+        for index, values in zip(indices, zip(*batch.values(), strict=True), strict=True):
+            source = dict(zip(names, values, strict=True))
+            try:
+                row = self.make(source) if self.make is not None else source
+                self.check_filled(row)
+            except DataError as exc:
+                raise DataError(f"{self.where(source, index)}: {exc}") from exc
+            made.append((source, index, {k: v for k, v in row.items() if k not in data_files.ORIGIN_COLUMNS}))
+        texts = [text for _, _, row in made for text in self.texts_of(row)]
+        tokenized = iter(self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])  # the batch at once
+        out: dict[str, list] = {}
+        for source, index, row in made:
+            segments = [next(tokenized) for _ in self.texts_of(row)]
+            if "texts" in row:
+                ids, mask = segments_with_mask(segments, row["train"])
+                row["input_ids"], row["loss_mask"] = np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.int8)
+            else:  # each text field's ids, tokenized apart as the policy sees a prompt and produces a response
+                row.update({prepared_data.ids_column(f): np.asarray(seg, dtype=np.int32)
+                            for f, seg in zip(self.text_fields, segments, strict=True)})
+            row["n_tokens"] = n = sum(map(len, segments))
+            if self.strict and n > self.max_len:
+                raise DataError(f"{self.where(source, index)}: {n} tokens, longer than data.max_len={self.max_len} "
+                                "(data.strict_lengths)")
+            for key, value in row.items():
+                out.setdefault(key, []).append(value)
+        return out
+
+    def texts_of(self, row: dict) -> list[str]:
+        return list(row["texts"]) if "texts" in row else [row[f] for f in self.text_fields]
+
+    def check_filled(self, row: dict) -> None:
+        for field in (f for f in self.text_fields if f not in self.may_be_empty):
             value = row[field]
             if value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
-                raise DataError(f"{name} row {i}: empty {field!r}")
-        if max_len is not None and (n := n_tokens(tokenizer, row, text_fields)) > max_len:
-            if strict:
-                raise DataError(f"{name} row {i}: {n} tokens, longer than data.max_len={max_len}")
-            continue
-        kept.append(row)
-    if not kept:
-        raise DataError(f"{name}: every row is longer than data.max_len={max_len}; raise data.max_len")
-    return kept
+                raise DataError(f"empty {field!r}")
 
 
-def write_split(out_dir: Path, split: str, rows: list[dict]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / f"{split}.jsonl", "w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows)
+def prepare(name: str, ds: datasets.Dataset, preparer: RowPreparer, procs: int, scratch: Path | None) -> tuple[datasets.Dataset, int]:
+    """The split's rows as the stages read them, and how many were dropped for `max_len`: rendered and
+    tokenized by `procs` processes into Arrow files under `scratch` (None: in memory), never held whole."""
+    if not len(ds):
+        raise DataError(f"{name}: dataset is empty")
+    where = {"cache_file_name": str(scratch / f"{name.replace('/', '-')}.arrow")} if scratch else {"keep_in_memory": True}
+    # renamed, so that a made column of a source column's name gets its own type (`datasets` keeps the source's)
+    source = ds.rename_columns({c: SOURCE_PREFIX + c for c in ds.column_names})
+    started = time.monotonic()
+    with data_files.quiet():
+        made = source.map(preparer, batched=True, batch_size=WRITER_BATCH, writer_batch_size=WRITER_BATCH, with_indices=True,
+                          remove_columns=source.column_names, num_proc=procs if procs > 1 else None, **where)
+    if len(ds) >= PARALLEL_MIN_ROWS:
+        print(f"[data_prep] {name}: {len(ds)} rows rendered and measured in {time.monotonic() - started:.1f} s "
+              f"({procs} process{'es' if procs > 1 else ''})", flush=True)
+    lengths = np.asarray(made.select_columns("n_tokens").with_format("numpy")[:]["n_tokens"])
+    kept = np.flatnonzero(lengths <= preparer.max_len)
+    if not len(kept):
+        raise DataError(f"{name}: every row is longer than data.max_len={preparer.max_len}; raise data.max_len")
+    if len(kept) < len(made):
+        made = made.select(kept)
+    return made.remove_columns("n_tokens"), len(ds) - len(kept)
 
 
-def read_split(dataset_dir: Path, split: str) -> list[dict]:
-    path = Path(dataset_dir) / f"{split}.jsonl"
-    if not path.is_file():
-        raise DataError(f"{path}: missing (expected a dataset written by data prep)")
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def drop_unfit(ds: datasets.Dataset, text_columns: list[str], limit: int, strict: bool, locate: Callable[[dict], str],
+               procs: int, scratch: Path | None) -> datasets.Dataset:
+    """`ds` without the rows whose text columns hold over `limit` characters (they cannot fit, and one of
+    500 MB must not be tokenized to find that out); with `strict` the first is an error naming it."""
+    def fits(batch: dict[str, list]) -> list[bool]:
+        return [sum(n_chars(batch[c][i]) for c in text_columns) <= limit for i in range(len(batch[text_columns[0]]))]
+
+    where = {"cache_file_name": str(scratch / f"fits-{id(ds)}.arrow")} if scratch else {"keep_in_memory": True}
+    with data_files.quiet():
+        fitting = ds.filter(fits, batched=True, batch_size=WRITER_BATCH, num_proc=procs if procs > 1 else None, **where)
+    if strict and len(fitting) < len(ds):
+        first = next(i for i in range(len(ds)) if not fits({c: [ds[i][c]] for c in text_columns})[0])
+        raise DataError(f"{locate(ds[first])}: over {limit} characters, more than data.max_len tokens can hold "
+                        "(data.strict_lengths)")
+    return fitting
 
 
 # --- the two sources -----------------------------------------------------------------------------
@@ -303,36 +397,24 @@ def templated_response(tokenizer, messages: list[dict], response: str) -> str:
     return text[: text.index(eos) + len(eos)] if eos in text else text + eos
 
 
-def _checked_rows(ds, cfg: DatasetConfig, make, tokenizer, max_len: int, text_fields: tuple[str, ...],
-                  strict: bool) -> list[dict]:
-    """`make(row)` for every row within `data.max_len` tokens: a longer one is dropped (OpenRLHF's datasets drop
-    or cut them: a cut response would teach stopping mid-answer with no end token, a cut pair compares cut
-    texts), or with `strict` an error. An error names the file and line the row came from (its values were
-    checked when its file was read)."""
-    out = []
-    for row in ds:
-        try:
-            made = make(row)
-            if (n := n_tokens(tokenizer, made, text_fields)) > max_len:
-                if not strict:
-                    continue
-                raise DataError(f"{n} tokens, longer than data.max_len={max_len} (data.strict_lengths)")
-        except DataError as exc:
-            raise DataError(f"{data_files.locate(cfg, row)}: {exc}") from exc
-        out.append(made)
-    return out
+TEXT_KEYS = ("input_key", "output_key", "chosen_key", "rejected_key")  # the config fields of columns that hold text
 
 
-def file_datasets(cfg: PipelineConfig, tokenizer, dropped: dict[str, int] | None = None) -> dict[str, dict[str, list[dict]]]:
-    """Every dataset a `data.source: files` config names, rendered; rows are checked here, where
-    their file and line are known. `dropped` gets each `<set>/<split>`'s count of rows over `data.max_len`."""
-    out: dict[str, dict[str, list[dict]]] = {}
+def file_datasets(cfg: PipelineConfig, tokenizer, dropped: dict[str, int] | None = None,
+                  scratch: Path | None = None) -> dict[str, dict[str, datasets.Dataset]]:
+    """Every dataset a `data.source: files` config names, rendered and tokenized (`prepare`); rows are
+    checked here, where their file and line are known. `dropped` gets each `<set>/<split>`'s count of rows
+    over `data.max_len`: OpenRLHF's datasets drop or cut them (a cut response would teach stopping
+    mid-answer with no end token, a cut pair compares cut texts); with `data.strict_lengths` the first
+    is an error naming its file and line. `scratch`: where `datasets` writes while it works (None: memory)."""
+    out: dict[str, dict[str, datasets.Dataset]] = {}
     data = cfg.data
     pretrain = cfg.sft.pretrain_mode
+    limit = char_limit(tokenizer, data.max_len)
     for line in chat_template.warnings(cfg):
         print(f"[data_prep] {line}", flush=True)
 
-    def rendered(section: str, name: str, make) -> dict[str, list[dict]]:
+    def rendered(section: str, name: str, make) -> dict[str, datasets.Dataset]:
         """The section's rows by split; one that holds nothing out has one split (eval_prompts: eval)."""
         plain = pretrain and section == "sft"
         ds_cfg = data_files.as_read(data, section)
@@ -345,12 +427,20 @@ def file_datasets(cfg: PipelineConfig, tokenizer, dropped: dict[str, int] | None
             parts = {"eval" if section == "eval_prompts" else "train": train}
             if not len(train):
                 raise DataError(f"data.{section}: no rows in split {ds_cfg.split!r} of {', '.join(ds_cfg.paths)}")
+        fields = {**columns, **data_files.optional_columns(section, ds_cfg)}
+        text_columns = list(dict.fromkeys(c for f, c in fields.items() if f in TEXT_KEYS and c in train.column_names))
+        locate = functools.partial(data_files.locate, ds_cfg)
+        preparer = RowPreparer(tokenizer, text_fields(name, cfg), MAY_BE_EMPTY.get(name, ()), data.max_len,
+                               data.strict_lengths, where=lambda row, _: locate(row), make=make)
         splits = {}
         for split, ds in parts.items():
-            splits[split] = _checked_rows(ds, ds_cfg, make, tokenizer, data.max_len, text_fields(name, cfg),
-                                          data.strict_lengths)
+            procs = num_proc(cfg, len(ds))
+            fitting = drop_unfit(ds, text_columns, limit, data.strict_lengths, locate, procs, scratch)
+            if not len(fitting):
+                raise DataError(f"{name}/{split}: every row is longer than data.max_len={data.max_len}; raise data.max_len")
+            splits[split], over = prepare(f"{name}/{split}", fitting, preparer, procs, scratch)
             if dropped is not None:
-                dropped[f"{name}/{split}"] = len(ds) - len(splits[split])
+                dropped[f"{name}/{split}"] = len(ds) - len(fitting) + over
         return splits
 
     if data.sft is not None:
@@ -421,9 +511,28 @@ def tokenizer_for(cfg: PipelineConfig):
     return tokenizer
 
 
-def build_datasets(cfg: PipelineConfig, tokenizer, dropped: dict[str, int] | None = None) -> dict[str, dict[str, list[dict]]]:
-    """Every dataset's splits as the stages read them, rendered with `tokenizer` (`dropped`: see file_datasets)."""
-    return synthetic_datasets(cfg, tokenizer) if cfg.data.source == "synthetic" else file_datasets(cfg, tokenizer, dropped)
+def row_number(shown: str, _: dict, index: int) -> str:
+    return f"{shown} row {index}"
+
+
+def build_datasets(cfg: PipelineConfig, tokenizer, dropped: dict[str, int] | None = None,
+                   scratch: Path | None = None) -> dict[str, dict[str, datasets.Dataset]]:
+    """Every dataset's splits as the stages read them, rendered and tokenized with `tokenizer` (`dropped`,
+    `scratch`: see file_datasets)."""
+    if cfg.data.source == "files":
+        return file_datasets(cfg, tokenizer, dropped, scratch)
+    out: dict[str, dict[str, datasets.Dataset]] = {}
+    for name, splits in synthetic_datasets(cfg, tokenizer).items():
+        out[name] = {}
+        for split, rows in splits.items():
+            shown = f"{name}/{split}"
+            preparer = RowPreparer(tokenizer, text_fields(name, cfg), (), cfg.data.max_len, cfg.data.strict_lengths,
+                                   where=functools.partial(row_number, shown))
+            ds = datasets.Dataset.from_list(rows)
+            out[name][split], over = prepare(shown, ds, preparer, num_proc(cfg, len(rows)), scratch)
+            if dropped is not None:
+                dropped[shown] = over
+    return out
 
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
@@ -445,24 +554,23 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         changed.append("data.tokenizer_chat_template saved as the tokenizer's chat template")
     if changed:  # the base model saved with its tokenizer: later stages and exported checkpoints take both
         resize_base_model(cfg, tokenizer, base_dir, "; ".join(changed))
+    scratch = ctx.work_dir / "rows"  # what `datasets` writes while it renders; gone once the splits are saved
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
     dropped: dict[str, int] = {}
-    datasets_by_name = build_datasets(cfg, tokenizer, dropped)
+    datasets_by_name = build_datasets(cfg, tokenizer, dropped, scratch)  # every dataset checked before any is written
 
     outputs: dict[str, Path] = {"base_model": base_dir}
     metrics: dict[str, float] = {}
-    # rows read from files were measured where their file and line are known
-    max_len = cfg.data.max_len if cfg.data.source == "synthetic" else None
     for name, splits_of in datasets_by_name.items():
-        for split, rows in splits_of.items():
-            splits_of[split] = check_rows(f"{name}/{split}", rows, tokenizer, max_len, text_fields(name, cfg),
-                                          cfg.data.strict_lengths, MAY_BE_EMPTY.get(name, ()) if cfg.data.source == "files" else ())
-            dropped[f"{name}/{split}"] = dropped.get(f"{name}/{split}", 0) + len(rows) - len(splits_of[split])
-    for name, splits_of in datasets_by_name.items():  # written once every dataset is checked
-        for split, rows in splits_of.items():
-            write_split(ctx.output_dir / name, split, rows)
-            metrics[f"rows/{name}/{split}"] = float(len(rows))
+        folder = ctx.output_dir / name
+        entries = {split: prepared_data.save(ds, folder, split) for split, ds in splits_of.items()}
+        prepared_data.write_manifest(folder, entries)
+        for split, entry in entries.items():
+            metrics[f"rows/{name}/{split}"] = float(entry["rows"])
             metrics[f"rows/{name}/{split}/dropped"] = float(dropped.get(f"{name}/{split}", 0))
-        outputs[name] = ctx.output_dir / name
+        outputs[name] = folder
+    shutil.rmtree(scratch, ignore_errors=True)
     print("[data_prep] rows: " + ", ".join(f"{k.removeprefix('rows/')}={int(v)}" for k, v in metrics.items()
                                            if not k.endswith("/dropped")), flush=True)
     if over := {k: n for k, n in dropped.items() if n}:

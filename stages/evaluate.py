@@ -30,9 +30,9 @@ from stages.common.generation import generate
 from stages.common.progress import Progress
 from stages.common.tokenization import encode_segments, pad_batch
 from stages.contract import StageContext, StageResult
-from stages.data_prep import read_split
 from stages.eval_metrics import by_prompt, held_out_metrics
 from stages.eval_results import SCORE, model_inputs
+from stages.prepared_data import read_split
 from stages.rewards.base import RewardSource
 from stages.rewards.factory import build_scorer
 

@@ -20,7 +20,7 @@ from stages.common import checkpoint, deepspeed_engine, lora, moe, packing
 from stages.common.tokenization import IGNORE_INDEX, pad_batch
 from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
-from stages.data_prep import read_split
+from stages.prepared_data import MappedRows, field_ids, ids_column, load
 
 
 def single_token_id(tokenizer, token: str, field: str) -> int:
@@ -30,11 +30,14 @@ def single_token_id(tokenizer, token: str, field: str) -> int:
     return ids[0]
 
 
+PRM_COLUMNS = (ids_column("prompt"), ids_column("response"), "labels")
+
+
 def encode_prm_row(tokenizer, row: dict, placeholder_id: int, reward_ids: tuple[int, int],
                    reward_tokens: tuple[str, str], where: str) -> tuple[list[int], list[int]]:
-    """Ids of prompt + response and labels that hold a reward-token id at each placeholder, -100 elsewhere."""
-    ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-    ids = ids + tokenizer(row["response"], add_special_tokens=False)["input_ids"]
+    """Ids of prompt + response (data prep's where the row has them) and labels that hold a reward-token id at
+    each placeholder, -100 elsewhere."""
+    ids = field_ids(tokenizer, row, "prompt") + field_ids(tokenizer, row, "response")
     positions = [i for i, t in enumerate(ids) if t == placeholder_id]
     if len(positions) != len(row["labels"]):
         raise DataError(f"{where}: {len(positions)} step placeholders but {len(row['labels'])} labels")
@@ -73,10 +76,12 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     good, bad = p.reward_tokens
     reward_ids = (single_token_id(tokenizer, good, "prm.reward_tokens"), single_token_id(tokenizer, bad, "prm.reward_tokens"))
 
-    def encode(split: str) -> list[tuple[list[int], list[int]]]:
-        rows = read_split(inputs["prm_data"], split)
-        return [encode_prm_row(tokenizer, row, placeholder_id, reward_ids, p.reward_tokens, f"prm_data/{split} row {i}")
-                for i, row in enumerate(rows)]
+    def encode(split: str) -> MappedRows[tuple[list[int], list[int]]]:
+        """The split's rows as (ids, labels), made from data prep's ids as a batch reads them (data prep checked
+        each row's placeholders against its labels)."""
+        def make(row: dict) -> tuple[list[int], list[int]]:
+            return encode_prm_row(tokenizer, row, placeholder_id, reward_ids, p.reward_tokens, f"prm_data/{split}")
+        return MappedRows(load(inputs["prm_data"], split), PRM_COLUMNS, make, "a PRM split")
 
     train_rows, eval_rows = encode("train"), encode("eval")
     pad_id = tokenizer.pad_token_id

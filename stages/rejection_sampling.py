@@ -26,10 +26,10 @@ from transformers import set_seed
 
 from configs.errors import DataError
 from stages.common import checkpoint, deepspeed_engine, generation, moe
-from stages.common.tokenization import IGNORE_INDEX, encode_segments
+from stages.common.tokenization import IGNORE_INDEX
 from stages.common.trainer import SampleStream, total_steps
 from stages.contract import StageContext, StageResult
-from stages.data_prep import read_split
+from stages.prepared_data import read_split, token_rows
 from stages.rewards.factory import build_scorer
 from stages.sft import eval_loss, fit_lm
 
@@ -98,7 +98,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
     pad_id = tokenizer.pad_token_id
     prompt_rows = read_split(inputs["prompts"], "train")
-    eval_rows = [encode_segments(tokenizer, r["texts"], r["train"]) for r in read_split(inputs["sft_data"], "eval")]
+    eval_rows = token_rows(inputs["sft_data"], "eval")
     scorer = build_scorer(cfg.reward, inputs)
     policy, offset, outcome = inputs["sft_model"], 0, None
     for r in range(s.rounds):

@@ -9,6 +9,8 @@ training, the mean and std of rewards on the eval split are stored in the checkp
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
@@ -21,7 +23,7 @@ from configs.errors import CheckpointError
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe, packing
 from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
-from stages.data_prep import read_split
+from stages.prepared_data import MappedRows, field_ids, ids_column, load
 
 PairRow = tuple[list[int], list[int], float]  # chosen ids, rejected ids, margin
 
@@ -35,11 +37,12 @@ def pairwise_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Te
 
 
 def encode_pair(tokenizer, row: dict) -> PairRow:
-    """Prompt and response tokenized separately, as the policy produces them."""
-    prompt = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-    chosen = tokenizer(row["chosen"], add_special_tokens=False)["input_ids"]
-    rejected = tokenizer(row["rejected"], add_special_tokens=False)["input_ids"]
+    """Prompt and response tokenized separately, as the policy produces them (data prep's ids where the row has them)."""
+    prompt, chosen, rejected = (field_ids(tokenizer, row, f) for f in ("prompt", "chosen", "rejected"))
     return prompt + chosen, prompt + rejected, float(row.get("margin") or 0.0)
+
+
+PAIR_COLUMNS = tuple(ids_column(f) for f in ("prompt", "chosen", "rejected")) + ("margin",)
 
 
 def pair_batch(rows: list[PairRow], pad_id: int) -> dict[str, torch.Tensor]:
@@ -107,7 +110,7 @@ def bt_loss(engine, batch: dict, aux_loss_coef: float = 0.0) -> tuple[torch.Tens
     return moe.add_aux_loss(loss, aux, aux_loss_coef, logs), logs, int(batch["attention_mask"].sum())
 
 
-def eval_pairs(engine, rows: list[PairRow], batch_size: int, pad_id: int, rank: int, world: int) -> tuple[dict[str, float], torch.Tensor]:
+def eval_pairs(engine, rows: Sequence[PairRow], batch_size: int, pad_id: int, rank: int, world: int) -> tuple[dict[str, float], torch.Tensor]:
     """Pairwise accuracy, mean reward margin and loss over the eval pairs; also every reward seen (for the stats)."""
     sums = torch.zeros(4, dtype=torch.float64)  # correct, margin, loss*n, n
     seen: list[torch.Tensor] = []
@@ -175,8 +178,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         packing.check_loaded(model, "rm.packing")
     model, signature = lora.prepare(model, r.lora, "SEQ_CLS")  # with LoRA: adapters plus a trainable score head
 
-    train_rows = [encode_pair(tokenizer, row) for row in read_split(inputs["pref_data"], "train")]
-    eval_rows = [encode_pair(tokenizer, row) for row in read_split(inputs["pref_data"], "eval")]
+    train_rows, eval_rows = (MappedRows(load(inputs["pref_data"], split), PAIR_COLUMNS, functools.partial(encode_pair, tokenizer),
+                                        "a preference split") for split in ("train", "eval"))
     pad_id = tokenizer.pad_token_id
     engine, outcome = fit(
         ctx, LastTokenReward(model, r.packing), r, train_rows,

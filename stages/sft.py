@@ -11,6 +11,7 @@ data position), so a killed run loses at most `save_every` steps.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -18,10 +19,10 @@ import torch.distributed as dist
 from transformers import set_seed
 
 from stages.common import checkpoint, deepspeed_engine, lora, moe, packing
-from stages.common.tokenization import IGNORE_INDEX, encode_segments, pack_batch, pad_batch
+from stages.common.tokenization import IGNORE_INDEX, pack_batch, pad_batch
 from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
-from stages.data_prep import read_split
+from stages.prepared_data import token_rows
 
 
 def lm_loss(engine, batch: dict, aux_loss_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float], int]:
@@ -42,7 +43,7 @@ def lm_loss(engine, batch: dict, aux_loss_coef: float = 0.0) -> tuple[torch.Tens
     return moe.add_aux_loss(loss, aux, aux_loss_coef, logs), logs, tokens
 
 
-def eval_loss(engine, rows: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int, rank: int, world: int) -> float:
+def eval_loss(engine, rows: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int, rank: int, world: int) -> float:
     """Token-weighted mean loss over the eval rows, sharded across ranks."""
     total = torch.zeros(2, dtype=torch.float64)
     for chunk, weight in eval_batches(rows, rank, world, batch_size):
@@ -55,7 +56,7 @@ def eval_loss(engine, rows: list[tuple[list[int], list[int]]], batch_size: int, 
     return float(total[0] / total[1].clamp(min=1))
 
 
-def fit_lm(ctx: StageContext, model, train, train_rows: list, eval_rows: list, pad_id: int, packing: bool = False):
+def fit_lm(ctx: StageContext, model, train, train_rows: Sequence, eval_rows: Sequence, pad_id: int, packing: bool = False):
     """`fit` with the SFT objective (response-token NLL, plus the MoE router loss) and held-out loss: the
     SFT stage's training, and that of the stages that fine-tune on responses of their own (rs, csft)."""
     return fit(
@@ -76,10 +77,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     if s.packing:
         packing.check_loaded(model, "sft.packing")
 
-    def encode(split: str) -> list[tuple[list[int], list[int]]]:
-        return [encode_segments(tokenizer, r["texts"], r["train"]) for r in read_split(inputs["sft_data"], split)]
-
-    train_rows, eval_rows = encode("train"), encode("eval")
+    train_rows, eval_rows = (token_rows(inputs["sft_data"], split) for split in ("train", "eval"))
     pad_id = tokenizer.pad_token_id
     engine, outcome = fit_lm(ctx, model, s, train_rows, eval_rows, pad_id, packing=s.packing)
 

@@ -14,13 +14,24 @@ def encode_segments(tokenizer: PreTrainedTokenizerBase, texts: list[str], train:
     Segments are tokenized one by one, so a prompt's tokens never merge with its response's:
     the ids trained on are the ids the model sees when it generates after that prompt.
     """
+    segment_ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
+    ids, mask = segments_with_mask(segment_ids, train)
+    return ids, labels_of(ids, mask)
+
+
+def segments_with_mask(segment_ids: list[list[int]], train: list[bool]) -> tuple[list[int], list[int]]:
+    """Tokenized segments end to end, and a mask that is 1 on the tokens of the trained ones."""
     ids: list[int] = []
-    labels: list[int] = []
-    for text, trained in zip(texts, train, strict=True):
-        seg = tokenizer(text, add_special_tokens=False)["input_ids"]
+    mask: list[int] = []
+    for seg, trained in zip(segment_ids, train, strict=True):
         ids.extend(seg)
-        labels.extend(seg if trained else [IGNORE_INDEX] * len(seg))
-    return ids, labels
+        mask.extend([int(trained)] * len(seg))
+    return ids, mask
+
+
+def labels_of(ids: list[int], mask: list[int]) -> list[int]:
+    """Labels for `ids`: the id where the mask is 1, IGNORE_INDEX where it is 0."""
+    return [i if m else IGNORE_INDEX for i, m in zip(ids, mask, strict=True)]
 
 
 def pad_batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:

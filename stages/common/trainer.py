@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -51,20 +51,20 @@ class SampleStream:
 
     def __init__(self, n_rows: int, micro_batch_size: int, rank: int, world_size: int, seed: int):
         self.n, self.mbs, self.rank, self.world, self.seed = n_rows, micro_batch_size, rank, world_size, seed
-        self._perms: dict[int, list[int]] = {}
+        self._perms: dict[int, torch.Tensor] = {}  # a tensor, not a list: 8 bytes a row, not ~36
 
-    def _perm(self, epoch: int) -> list[int]:
+    def _perm(self, epoch: int) -> torch.Tensor:
         if epoch not in self._perms:
             gen = torch.Generator().manual_seed(self.seed + epoch)
-            self._perms = {epoch: torch.randperm(self.n, generator=gen).tolist()}
+            self._perms = {epoch: torch.randperm(self.n, generator=gen)}
         return self._perms[epoch]
 
     def micro_batch(self, g: int) -> list[int]:
         start = (g * self.world + self.rank) * self.mbs
-        return [self._perm(p // self.n)[p % self.n] for p in range(start, start + self.mbs)]
+        return [int(self._perm(p // self.n)[p % self.n]) for p in range(start, start + self.mbs)]
 
 
-def eval_batches(rows: list, rank: int, world: int, batch_size: int):
+def eval_batches(rows: Sequence, rank: int, world: int, batch_size: int):
     """This rank's share of `rows` as (batch, weight) pairs, padded so every rank runs the same number
     of forward passes (under ZeRO-3 each one gathers weights from all ranks): a rank that runs out of
     rows gets filler batches of one row with weight 0."""
@@ -87,7 +87,7 @@ def fit(
     ctx: StageContext,
     model: torch.nn.Module,
     train: TrainingConfig,
-    rows: list,
+    rows: Sequence,
     collate: Callable[[list], dict],
     loss_fn: LossFn,
     evaluate: Callable[[object], dict[str, float]],

@@ -33,7 +33,6 @@ from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, 
 from stages.common.shared_prompt import MASKED_ATTENTION, attention_window
 from stages.common.trainer import SampleStream, build_engine, eval_batches, fit, total_steps, train_loop
 from stages.contract import StageContext, StageResult
-from stages.data_prep import read_split
 from stages.dpo.iterative import Rounds
 from stages.dpo.losses import (
     chosen_nll,
@@ -43,6 +42,7 @@ from stages.dpo.losses import (
     sequence_logps,
     token_logps,
 )
+from stages.prepared_data import field_ids, read_split
 from stages.rewards.factory import build_scorer
 
 Seq = tuple[list[int], list[int]]  # prompt ids, response ids
@@ -55,19 +55,19 @@ def is_unpaired(rows: list[dict]) -> bool:
 
 
 def encode_examples(tokenizer, rows: list[dict]) -> tuple[list[Seq], list[bool]]:
-    """Unpaired rows as (prompt, response) sequences, tokenized apart, and whether each is desirable."""
-    def ids(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    return [(ids(r["prompt"]), ids(r["response"])) for r in rows], [bool(r["desirable"]) for r in rows]
+    """Unpaired rows as (prompt, response) sequences, tokenized apart (data prep's ids where the rows have
+    them), and whether each is desirable."""
+    return ([(field_ids(tokenizer, r, "prompt"), field_ids(tokenizer, r, "response")) for r in rows],
+            [bool(r["desirable"]) for r in rows])
 
 
 def encode_pairs(tokenizer, rows: list[dict]) -> list[tuple[Seq, Seq]]:
-    """(chosen, rejected) sequences, prompt and responses tokenized apart as the policy produces them."""
-    def ids(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    """(chosen, rejected) sequences, prompt and responses tokenized apart as the policy produces them (data
+    prep's ids where the rows have them)."""
+    def ids(row: dict, field: str) -> list[int]:
+        return field_ids(tokenizer, row, field)
 
-    return [((ids(r["prompt"]), ids(r["chosen"])), (ids(r["prompt"]), ids(r["rejected"]))) for r in rows]
+    return [((ids(r, "prompt"), ids(r, "chosen")), (ids(r, "prompt"), ids(r, "rejected"))) for r in rows]
 
 
 def sequence_batch(seqs: list[Seq], pad_id: int) -> dict[str, torch.Tensor]:
@@ -350,7 +350,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
             return KTOObjective(d, pairs, pad_id, ctx.world_size)
         return PairObjective(d, pairs, pad_id, shared, window)
 
-    eval_rows = read_split(inputs["pref_data"], "eval")
+    eval_rows = read_split(inputs["pref_data"], "eval", ids=True)
     unpaired = is_unpaired(eval_rows)
     if unpaired and DPO_OBJECTIVES[d.loss].pairing != "examples":
         raise DataError(f"dpo.loss={d.loss} trains on pairs, and pref_data holds unpaired rows (one response each): "
@@ -363,7 +363,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     # offline: the preference pairs (or KTO's unpaired rows); iterative: none until each round samples its own
     objective = None
     if not d.iterative.rounds:
-        train_rows = read_split(inputs["pref_data"], "train")
+        train_rows = read_split(inputs["pref_data"], "train", ids=True)
         objective = (KTOObjective(d, [], pad_id, ctx.world_size, encode_examples(tokenizer, train_rows)) if unpaired
                      else make_objective(encode_pairs(tokenizer, train_rows)))
 

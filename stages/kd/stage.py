@@ -21,11 +21,11 @@ from transformers import PreTrainedModel, set_seed
 from configs.errors import CheckpointError
 from stages import tiny_model
 from stages.common import checkpoint, deepspeed_engine, moe, vocabulary
-from stages.common.tokenization import IGNORE_INDEX, encode_segments, pad_batch
+from stages.common.tokenization import IGNORE_INDEX, pad_batch
 from stages.common.trainer import eval_batches, fit
 from stages.contract import StageContext, StageResult
-from stages.data_prep import read_split
 from stages.kd.losses import DIVERGENCES, kd_loss, token_nll
+from stages.prepared_data import token_rows
 
 
 def teacher_of(cfg, inputs: dict[str, Path]) -> tuple[str | Path, str]:
@@ -73,10 +73,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     for p in teacher.parameters():
         p.requires_grad_(False)
 
-    def encode(split: str) -> list[tuple[list[int], list[int]]]:
-        return [encode_segments(tokenizer, r["texts"], r["train"]) for r in read_split(inputs["sft_data"], split)]
-
-    train_rows, eval_rows = encode("train"), encode("eval")
+    train_rows, eval_rows = (token_rows(inputs["sft_data"], split) for split in ("train", "eval"))
     pad_id = tokenizer.pad_token_id
 
     def loss_fn(engine, batch: dict):

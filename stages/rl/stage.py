@@ -37,8 +37,8 @@ from stages.common.answers import is_correct
 from stages.common.progress import Progress
 from stages.common.trainer import SampleStream
 from stages.contract import StageContext, StageResult, node_inputs
-from stages.data_prep import read_split
 from stages.eval_metrics import by_prompt, held_out_metrics
+from stages.prepared_data import field_ids, read_split
 from stages.rewards.base import RewardBatch, concat
 from stages.rl import reward_worker, weight_sync, workers
 from stages.rl.advantages import compute_advantages, groups_in_range, overlong_penalty, stop_properly_penalty, varied_groups
@@ -79,7 +79,7 @@ class Prompt:
 def encode_prompts(tokenizer, rows: list[dict], max_len: int, where: str) -> list[Prompt]:
     out = []
     for i, row in enumerate(rows):
-        ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        ids = field_ids(tokenizer, row, "prompt")
         if not ids:
             raise DataError(f"{where} row {i}: empty prompt")
         if len(ids) > max_len:
@@ -276,8 +276,8 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
     set_seed(cfg.seed)
     n = rl.rollout.n_samples_per_prompt
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
-    prompts = encode_prompts(tokenizer, read_split(inputs["prompts"], "train"), rl.rollout.prompt_max_len, "prompts/train")
-    eval_prompts = encode_prompts(tokenizer, read_split(inputs["eval_data"], "eval")[: cfg.eval.max_samples],
+    prompts = encode_prompts(tokenizer, read_split(inputs["prompts"], "train", ids=True), rl.rollout.prompt_max_len, "prompts/train")
+    eval_prompts = encode_prompts(tokenizer, read_split(inputs["eval_data"], "eval", ids=True)[: cfg.eval.max_samples],
                                   rl.rollout.prompt_max_len, "eval_data/eval")
     total = rl.max_steps or math.ceil(rl.num_episodes * len(prompts) / rl.rollout.batch_size)
     stream = SampleStream(len(prompts), 1, 0, 1, cfg.seed)

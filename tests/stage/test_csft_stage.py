@@ -11,7 +11,7 @@ from stages import conditional_sft as csft
 from stages import evaluate
 from stages.common import checkpoint, conditioning
 from stages.common.generation import generate
-from stages.data_prep import read_split
+from stages.prepared_data import read_split
 from stages.rewards.base import RewardBatch
 from stages.rewards.reward_model import RewardModelScorer
 from tests.stage.conftest import FAST, make_ctx

@@ -6,7 +6,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from configs import DataError, load_config
-from stages import data_prep
+from stages import data_prep, prepared_data
 from stages.tiny_model import STEP
 from tests.stage.conftest import FAST, make_ctx
 
@@ -74,7 +74,7 @@ def test_the_gsm8k_preset_on_a_local_model_and_local_files(tmp_path):
                    "data.prompts.eval_ratio=0.2"]
     cfg = load_config("qwen2.5-0.5b-gsm8k", local_paths)
     out = data_prep.run(make_ctx("data_prep", cfg, tmp_path / "run"), {}).outputs
-    prompts = data_prep.read_split(out["prompts"], "train")
+    prompts = prepared_data.read_split(out["prompts"], "train")
     answers = {r["answer"].rsplit("#### ", 1)[1] for r in rows}
     assert len(prompts) == 16 and all(p["label"] in answers for p in prompts)
     assert {"pref_data", "prm_data"}.isdisjoint(out)  # no preference data: rm, prm and dpo are skipped
@@ -103,9 +103,9 @@ def test_an_eval_dataset_of_its_own_holds_out_every_row_of_its_split(tmp_path):
     cfg = load_config(None, [*common, f"data.eval_prompts.paths=[{held}]", "data.eval_prompts.input_key=question",
                              "data.eval_prompts.label_key=answer", "data.eval_prompts.apply_chat_template=false"])
     out = data_prep.run(make_ctx("data_prep", cfg, tmp_path / "run"), {}).outputs
-    assert [r["label"] for r in data_prep.read_split(out["eval_data"], "eval")] == [str(i + 2) for i in range(7)]
-    assert [r["prompt"] for r in data_prep.read_split(out["eval_data"], "eval")][:2] == ["Compute 0+2", "Compute 1+2"]
-    assert len(data_prep.read_split(out["prompts"], "train")) == 30  # none held out of the training prompts
+    assert [r["label"] for r in prepared_data.read_split(out["eval_data"], "eval")] == [str(i + 2) for i in range(7)]
+    assert [r["prompt"] for r in prepared_data.read_split(out["eval_data"], "eval")][:2] == ["Compute 0+2", "Compute 1+2"]
+    assert len(prepared_data.read_split(out["prompts"], "train")) == 30  # none held out of the training prompts
 
     held.write_text(held.read_text().replace('"answer": "4"', '"answer": null'))  # row 2: the file's line 3
     with pytest.raises(DataError, match=rf"^{held} line 3: .*data.eval_prompts.label_key"):

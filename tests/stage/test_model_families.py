@@ -15,7 +15,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from configs import DataError, load_config
-from stages import data_prep, evaluate, lora_merge, prm, reward_model, sft
+from stages import data_prep, evaluate, lora_merge, prepared_data, prm, reward_model, sft
 from stages.common import checkpoint, generation, shared_prompt
 from stages.common.tokenization import encode_segments
 from stages.dpo import stage as dpo
@@ -102,15 +102,15 @@ def logged_keys(logged) -> set[str]:
 
 def test_data_prep_renders_with_the_family_template(family):
     tok = checkpoint.load_tokenizer(family.model)
-    sft_row = data_prep.read_split(family.data["sft_data"], "train")[0]
-    prompts = data_prep.read_split(family.data["prompts"], "train") + data_prep.read_split(family.data["eval_data"], "eval")
+    sft_row = prepared_data.read_split(family.data["sft_data"], "train")[0]
+    prompts = prepared_data.read_split(family.data["prompts"], "train") + prepared_data.read_split(family.data["eval_data"], "eval")
     assert sft_row["train"] == [False, True] and sft_row["texts"][1].rstrip("\n").endswith(tok.eos_token)
     assert any(SYSTEM in p["prompt"] for p in prompts)  # Mistral folds it into the first user turn
     assert tok.pad_token is not None  # Llama-3 and Mistral have none: their EOS pads, and is still trained on
     assert tok.eos_token_id in encode_segments(tok, sft_row["texts"], sft_row["train"])[1]  # a label, though it pads
     trained = {r["texts"][0]: r["texts"][1] for split in ("train", "eval")
-               for r in data_prep.read_split(family.data["sft_data"], split)}
-    pairs = [p for split in ("train", "eval") for p in data_prep.read_split(family.data["pref_data"], split)]
+               for r in prepared_data.read_split(family.data["sft_data"], split)}
+    pairs = [p for split in ("train", "eval") for p in prepared_data.read_split(family.data["pref_data"], split)]
     shared = [p for p in pairs if p["prompt"] in trained]
     assert shared and all(trained[p["prompt"]].startswith(p["chosen"]) for p in shared)  # as SFT trains it, to the EOS
     assert all(p["chosen"].endswith(tok.eos_token) and p["rejected"].endswith(tok.eos_token) for p in pairs)
@@ -130,7 +130,7 @@ def test_data_preview_shows_the_family_template_and_marks_the_trained_tokens(fam
     preview(family.cfg, 1, Console(file=out, width=400, no_color=True))
     shown = out.getvalue()
     tok = checkpoint.load_tokenizer(family.model)
-    sft_row = data_prep.read_split(family.data["sft_data"], "train")[0]
+    sft_row = prepared_data.read_split(family.data["sft_data"], "train")[0]
     assert "== sft_data/train" in shown and "== pref_data/train" in shown and "== prompts/train" in shown
     assert sft_row["texts"][0] in shown  # the prompt as the family's template renders it, unmarked
     marked = shown.split("== sft_data/train")[1].split("⟦", 1)[1].split("⟧", 1)[0]
@@ -144,12 +144,12 @@ def test_a_system_prompt_over_the_length_limits_names_the_row(family):
     def n_tokens(text: str) -> int:
         return len(tok(text, add_special_tokens=False)["input_ids"])
 
-    rows = data_prep.read_split(family.data["prompts"], "train")
+    rows = prepared_data.read_split(family.data["prompts"], "train")
     with_system = [n_tokens(r["prompt"]) for r in rows if SYSTEM in r["prompt"]]
     others = [n_tokens(r["prompt"]) for r in rows if SYSTEM not in r["prompt"]]
-    others += [sum(map(n_tokens, r["texts"])) for r in data_prep.read_split(family.data["sft_data"], "train")]
+    others += [sum(map(n_tokens, r["texts"])) for r in prepared_data.read_split(family.data["sft_data"], "train")]
     others += [sum(n_tokens(r[k]) for k in ("prompt", "chosen", "rejected"))
-               for r in data_prep.read_split(family.data["pref_data"], "train")]
+               for r in prepared_data.read_split(family.data["pref_data"], "train")]
     assert max(others) < min(with_system)
     with pytest.raises(DataError, match=rf"prompts.jsonl line \d+: \d+ tokens, longer than data.max_len={max(others)}"):
         run_stage(family, data_prep, "data_prep_short", {}, [f"data.max_len={max(others)}", "data.strict_lengths=true"])
@@ -161,7 +161,7 @@ def test_a_system_prompt_over_the_length_limits_names_the_row(family):
 def test_batched_generation_pads_left_and_matches_one_prompt_at_a_time(family):
     tok = checkpoint.load_tokenizer(family.model)
     model = checkpoint.load_causal_lm(family.model, family.cfg.model)
-    prompts = [p["prompt"] for p in data_prep.read_split(family.data["eval_data"], "eval")]
+    prompts = [p["prompt"] for p in prepared_data.read_split(family.data["eval_data"], "eval")]
     assert len({len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts}) > 1
     batched = generation.generate(model, tok, prompts, batch_size=len(prompts), max_new_tokens=6)
     assert batched == [generation.generate(model, tok, [p], batch_size=1, max_new_tokens=6)[0] for p in prompts]
@@ -218,7 +218,7 @@ def test_dpo_pair_log_probs_equal_two_padded_rows(family):
     sequences (Mistral's here): the shared row's 4D mask has no window."""
     tok = checkpoint.load_tokenizer(family.model)
     model = AutoModelForCausalLM.from_pretrained(family.model, attn_implementation="sdpa")
-    pairs = dpo.encode_pairs(tok, data_prep.read_split(family.data["pref_data"], "train"))
+    pairs = dpo.encode_pairs(tok, prepared_data.read_split(family.data["pref_data"], "train"))
     window = shared_prompt.attention_window(model.config)
     objective = dpo.PairObjective(family.cfg.dpo, pairs, tok.pad_token_id, shared_prompt=True, window=window)
     longest = max(len(p) + len(r) for p, r in objective.sequences)
@@ -238,7 +238,7 @@ def test_rl_log_probs_of_a_prompts_samples_in_one_row_equal_padded_rows(family):
 
     tok = checkpoint.load_tokenizer(family.model)
     model = AutoModelForCausalLM.from_pretrained(family.model, attn_implementation="sdpa").eval()
-    prompts = [tok(r["prompt"])["input_ids"] for r in data_prep.read_split(family.data["prompts"], "train")[:2]]
+    prompts = [tok(r["prompt"])["input_ids"] for r in prepared_data.read_split(family.data["prompts"], "train")[:2]]
     gen = torch.Generator().manual_seed(0)
     samples = [Sample(p, torch.randint(3, 200, (n,), generator=gen).tolist(), [0.0] * n) for p in prompts for n in (5, 1, 9)]
     batch = sequence_batch(samples, tok.pad_token_id)

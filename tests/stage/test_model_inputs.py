@@ -8,7 +8,7 @@ import pytest
 from transformers import ViTConfig, ViTModel
 
 from configs import CheckpointError, DataError, load_config
-from stages import data_prep
+from stages import data_prep, prepared_data
 from stages.common import checkpoint
 from tests.model_families import save_family_checkpoint
 from tests.stage.conftest import make_ctx
@@ -71,7 +71,7 @@ def test_a_template_that_renders_the_prompt_otherwise_before_a_response_is_one_l
 
     plain = [*plain_sft, "data.preference.apply_chat_template=false", "data.preference.input_template='Q {} A'"]
     outputs = run_data_prep(files_config(split_template_model, tmp_path, *plain), tmp_path / "plain").outputs
-    assert data_prep.read_split(outputs["sft_data"], "train")[0]["texts"][0].startswith("Q What is")
+    assert prepared_data.read_split(outputs["sft_data"], "train")[0]["texts"][0].startswith("Q What is")
 
 
 def test_a_model_folder_without_a_causal_lm_class_is_one_line(tmp_path):

@@ -14,8 +14,8 @@ import pytest
 from configs import load_config
 from stages import data_prep, evaluate, prm, sft, synthetic_task
 from stages.common import checkpoint
-from stages.data_prep import read_split
 from stages.dpo import stage as dpo
+from stages.prepared_data import read_split
 from stages.rewards.factory import build_scorer
 from tests.model_families import FAMILIES, save_family_checkpoint
 from tests.stage.conftest import make_ctx

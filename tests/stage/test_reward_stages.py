@@ -9,7 +9,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from configs import load_config
 from stages import prm, reward_model
-from stages.data_prep import read_split
+from stages.prepared_data import read_split
 from stages.rewards.process_reward import ProcessRewardScorer
 from stages.rewards.reward_model import RewardModelScorer
 from tests.stage.conftest import FAST, make_ctx

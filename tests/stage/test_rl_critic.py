@@ -18,7 +18,7 @@ from stages import reward_model as rm_stage
 from stages.common.checkpoint import load_tokenizer
 from stages.common.tokenization import last_token_index
 from stages.contract import NodeInputs
-from stages.data_prep import read_split
+from stages.prepared_data import read_split
 from stages.rewards.reward_model import load_reward_model
 from stages.rl.experience import Sample, sequence_batch
 from stages.rl.workers import CriticWorker

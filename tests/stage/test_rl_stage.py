@@ -100,7 +100,7 @@ def test_hf_engine_in_calls_of_generate_batch_size_returns_every_prompt_in_order
 
     from runtime.resources import actor_class
     from stages.common import checkpoint
-    from stages.data_prep import read_split
+    from stages.prepared_data import read_split
     from stages.rl.workers import HFRolloutEngine
 
     tok = checkpoint.load_tokenizer(prepared["base_model"])

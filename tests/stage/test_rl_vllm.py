@@ -53,7 +53,7 @@ def hf_log_probs(model, sample) -> list[float]:
 
 def prompt_ids(prepared, n: int) -> list[list[int]]:
     from stages.common import checkpoint
-    from stages.data_prep import read_split
+    from stages.prepared_data import read_split
 
     tok = checkpoint.load_tokenizer(prepared["base_model"])
     return [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in read_split(prepared["eval_data"], "eval")[:n]]

@@ -51,7 +51,7 @@ def test_prompt_tokens_carry_no_loss(fast_config, prepared):
     """Loss only on the response: labels are -100 over each row's prompt segment."""
     from stages.common.checkpoint import load_tokenizer
     from stages.common.tokenization import encode_segments
-    from stages.data_prep import read_split
+    from stages.prepared_data import read_split
 
     tok = load_tokenizer(prepared["base_model"])
     row = read_split(prepared["sft_data"], "train")[0]

@@ -157,7 +157,7 @@ def test_a_stage_code_is_the_project_modules_its_entrypoint_imports(spec):
 
 
 def test_eval_code_covers_what_it_reads_data_and_names_results_with():
-    assert {"stages.evaluate", "stages.data_prep", "stages.eval_results"} <= set(code_graph.module_closure("stages.evaluate"))
+    assert {"stages.evaluate", "stages.prepared_data", "stages.eval_results"} <= set(code_graph.module_closure("stages.evaluate"))
 
 
 @pytest.fixture
@@ -183,7 +183,8 @@ EDITS = {
     "stages.eval_metrics": {"rl", "eval"},  # RL's periodic evals share eval's metrics
     "stages.reward_model": {"rm", "lora_merge"},  # lora_merge saves merged reward models with it
     "stages.rewards.remote": {"rl", "dpo", "rs", "csft", "eval"},  # the reward sources iterative DPO, rs and eval score with too
-    "stages.data_prep": set(BY_NAME),  # read_split: every stage reads its data with it
+    "stages.prepared_data": set(BY_NAME),  # every stage reads its data with it (data prep writes it)
+    "stages.data_prep": {"data_prep"},  # the stages read what it wrote, not its code
     "stages.common.generation": {"rl", "dpo", "rs", "eval"},
     "stages.sft": {"sft", "rs", "csft"},  # rs and csft train with SFT's loss
     "stages.common.conditioning": {"csft", "eval"},  # eval prompts a csft policy as it was trained

@@ -6,6 +6,7 @@ Everything is local and tiny: a BPE tokenizer trained on a few lines and a 1-lay
 
 from __future__ import annotations
 
+import functools
 import json
 import string
 from pathlib import Path
@@ -15,10 +16,11 @@ import pytest
 
 from configs.errors import DataError
 from configs.schema import DatasetConfig, PipelineConfig, TinyModelConfig
-from stages import data_files, data_prep, preflight, tiny_model
+from stages import data_files, data_prep, preflight, prepared_data, tiny_model
 from stages.common import checkpoint, checkpoint_paths
 from stages.common.tokenization import IGNORE_INDEX, encode_segments
 from stages.contract import StageContext
+from tests.prepared_rows import file_rows
 
 EOS = tiny_model.EOS
 
@@ -455,7 +457,7 @@ def test_an_error_found_after_the_shuffle_names_the_source_line(tok, model_dir, 
     pattern = r"####\s*(\d+)"
     cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.3, "label_pattern": pattern})
     with pytest.raises(DataError) as err:
-        data_prep.file_datasets(cfg, tok)
+        file_rows(cfg, tok)
     assert str(err.value) == f"{prompts} line 14: 'label' 'no answer here' has no match for data.prompts.label_pattern {pattern!r}"
 
 
@@ -467,7 +469,7 @@ def test_preference_pairs_mixing_text_and_conversation_are_named(tok, model_dir,
     cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.5},
                        preference={"paths": [str(pref)], "eval_ratio": 0.5})
     with pytest.raises(DataError) as err:
-        data_prep.file_datasets(cfg, tok)
+        file_rows(cfg, tok)
     assert str(err.value) == f"{pref} line 2: 'chosen' and 'rejected' must both be text or both be conversations"
 
 
@@ -556,16 +558,36 @@ def test_pref_row_whose_conversations_hold_only_the_reply_takes_the_prompt_from_
 # --- row checks ----------------------------------------------------------------------------------
 
 
-def test_check_rows_names_dataset_and_row_of_an_over_long_row(tok):
+def _prepared(tok, rows, max_len=64, strict=True, field="texts"):
+    preparer = data_prep.RowPreparer(tok, (field,), (), max_len, strict, functools.partial(data_prep.row_number, "sft_data/train"))
+    ds, dropped = data_prep.prepare("sft_data/train", datasets.Dataset.from_list(rows), preparer, 1, None)
+    return prepared_data.rows(ds), dropped
+
+
+def test_prepare_names_dataset_and_row_of_an_over_long_row(tok):
     rows = [data_prep.sft_row(tok, "q", "a", None), data_prep.sft_row(tok, "q", "a" * 200, None)]
     n_tokens = len(encode_segments(tok, rows[1]["texts"], rows[1]["train"])[0])
     with pytest.raises(DataError) as err:
-        data_prep.check_rows("sft_data/train", rows, tok, 64, ("texts",))
-    assert str(err.value) == f"sft_data/train row 1: {n_tokens} tokens, longer than data.max_len=64"
-    data_prep.check_rows("sft_data/train", rows[:1], tok, 64, ("texts",))  # the short row passes
-    assert data_prep.check_rows("sft_data/train", rows, tok, 64, ("texts",), strict=False) == rows[:1]  # dropped
+        _prepared(tok, rows)
+    assert str(err.value) == f"sft_data/train row 1: {n_tokens} tokens, longer than data.max_len=64 (data.strict_lengths)"
+    assert _prepared(tok, rows[:1]) == (rows[:1], 0)  # the short row passes
+    assert _prepared(tok, rows, strict=False) == (rows[:1], 1)  # dropped and counted
     with pytest.raises(DataError, match=r"^sft_data/train: every row is longer than data.max_len=64; raise data.max_len$"):
-        data_prep.check_rows("sft_data/train", rows[1:], tok, 64, ("texts",), strict=False)
+        _prepared(tok, rows[1:], strict=False)
+
+
+def test_prepared_sft_rows_carry_the_ids_and_loss_mask_of_their_segments(tok):
+    """What SFT trains on is what tokenizing each segment on its own gives (a hand-made row: the mask is 0 on the
+    prompt's tokens, 1 on the response's), read back through TokenRows as (ids, labels)."""
+    row = {"texts": ["Q: 1+1?", " 2" + EOS], "train": [False, True]}
+    preparer = data_prep.RowPreparer(tok, ("texts",), (), 64, True, functools.partial(data_prep.row_number, "x"))
+    ds, _ = data_prep.prepare("sft_data/train", datasets.Dataset.from_list([row]), preparer, 1, None)
+    prompt = tok("Q: 1+1?", add_special_tokens=False)["input_ids"]
+    response = tok(" 2" + EOS, add_special_tokens=False)["input_ids"]
+    assert ds[0]["input_ids"] == prompt + response
+    assert ds[0]["loss_mask"] == [0] * len(prompt) + [1] * len(response)
+    rows = prepared_data.MappedRows(ds, prepared_data.TOKEN_COLUMNS, prepared_data.ids_and_labels)
+    assert rows[0] == (prompt + response, [-100] * len(prompt) + response)
 
 
 def test_an_over_long_file_row_is_dropped_and_counted_or_with_strict_lengths_an_error_naming_its_line(tok, model_dir, tmp_path):
@@ -575,19 +597,19 @@ def test_an_over_long_file_row_is_dropped_and_counted_or_with_strict_lengths_an_
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 4)
     cfg = files_config(model_dir, _sft_cfg(sft), _sft_cfg(prompts), max_len=64)
     dropped: dict[str, int] = {}
-    out = data_prep.file_datasets(cfg, tok, dropped)
+    out = file_rows(cfg, tok, dropped)
     assert len(out["sft_data"]["train"]) + len(out["sft_data"]["eval"]) == 7
     assert dropped["sft_data/train"] + dropped["sft_data/eval"] == 1 and dropped["prompts/train"] == 0
     strict = files_config(model_dir, _sft_cfg(sft), _sft_cfg(prompts), max_len=64, strict_lengths=True)
     with pytest.raises(DataError, match=rf"^{sft} line 3: \d+ tokens, longer than data.max_len=64 \(data.strict_lengths\)$"):
-        data_prep.file_datasets(strict, tok)
+        file_rows(strict, tok)
 
 
-def test_check_rows_empty_dataset_and_empty_field(tok):
-    with pytest.raises(DataError, match=r"^prompts/train: dataset is empty$"):
-        data_prep.check_rows("prompts/train", [], tok, 64, ("prompt",))
-    with pytest.raises(DataError, match=r"^prompts/train row 1: empty 'prompt'$"):
-        data_prep.check_rows("prompts/train", [{"prompt": "x"}, {"prompt": "  "}], tok, 64, ("prompt",))
+def test_prepare_an_empty_dataset_and_an_empty_field(tok):
+    with pytest.raises(DataError, match=r"^sft_data/train: dataset is empty$"):
+        _prepared(tok, [])
+    with pytest.raises(DataError, match=r"^sft_data/train row 1: empty 'prompt'$"):
+        _prepared(tok, [{"prompt": "x"}, {"prompt": "  "}], field="prompt")
 
 
 def _sft_cfg(path, **kw):
@@ -602,7 +624,7 @@ def test_empty_output_is_a_data_error_naming_the_row(tok, model_dir, tmp_path, e
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 4)
     cfg = files_config(model_dir, _sft_cfg(sft), {"paths": [str(prompts)], "eval_ratio": 0.5})
     with pytest.raises(DataError) as err:
-        data_prep.file_datasets(cfg, tok)
+        file_rows(cfg, tok)
     assert str(err.value) == (f"{sft} line 3: 'output' (data.sft.output_key) is missing or empty; "
                               "give it a value or remove the row")
 
@@ -612,10 +634,10 @@ def test_empty_prompt_and_label_are_data_errors_naming_the_row(tok, model_dir, t
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}, {"input": "", "label": "2"}])
     cfg = files_config(model_dir, _sft_cfg(sft), _sft_cfg(prompts))
     with pytest.raises(DataError, match=rf"^{prompts} line 2: 'input' \(data\.prompts\.input_key\) is missing or empty;"):
-        data_prep.file_datasets(cfg, tok)
+        file_rows(cfg, tok)
     prompts.write_text('{"input": "q", "label": "1"}\n{"input": "q"}\n')  # a key missing from one line
     with pytest.raises(DataError, match=rf"^{prompts} line 2: 'label' \(data\.prompts\.label_key\) is missing or empty;"):
-        data_prep.file_datasets(cfg, tok)
+        file_rows(cfg, tok)
 
 
 def test_file_datasets_multiturn_and_preference_with_optional_prompt(tok, model_dir, tmp_path):
@@ -636,7 +658,7 @@ def test_file_datasets_multiturn_and_preference_with_optional_prompt(tok, model_
         {"paths": [str(prompts)], "eval_ratio": 0.5},
         preference={"paths": [str(pref_a), str(pref_b)], "input_key": "prompt", "eval_ratio": 0.5},
     )
-    out = data_prep.file_datasets(cfg, tok)
+    out = file_rows(cfg, tok)
     assert out["sft_data"]["train"] == out["sft_data"]["eval"] == [
         {
             "texts": ["<|user|>\nhello\n<|assistant|>\n", "hi<|end|>\n", "<|user|>\nbye\n<|assistant|>\n", "ok<|end|>\n"],
@@ -673,17 +695,17 @@ def test_run_on_files_writes_every_dataset_and_a_base_model_pointer(model_dir, t
     assert json.loads((out / "base_model" / checkpoint_paths.POINTER_FILE).read_text()) == {"name_or_path": str(model_dir)}
     assert checkpoint_paths.resolve(out / "base_model") == str(model_dir)
 
-    sft_train, sft_eval = read_jsonl(out / "sft_data" / "train.jsonl"), read_jsonl(out / "sft_data" / "eval.jsonl")
+    sft_train, sft_eval = (prepared_data.read_split(out / "sft_data", split) for split in ("train", "eval"))
     assert (len(sft_train), len(sft_eval)) == (8, 2)
     for row in sft_train + sft_eval:
         i = row["texts"][0].removeprefix("User: q").removesuffix("\nAssistant: ")
         assert row == {"texts": [f"User: q{i}\nAssistant: ", f"a{i}{EOS}"], "train": [False, True]}
     assert sorted(r["texts"][1] for r in sft_train + sft_eval) == sorted(f"a{i}{EOS}" for i in range(10))
 
-    prompt_train = read_jsonl(out / "prompts" / "train.jsonl")
-    prompt_eval = read_jsonl(out / "eval_data" / "eval.jsonl")
+    prompt_train = prepared_data.read_split(out / "prompts", "train")
+    prompt_eval = prepared_data.read_split(out / "eval_data", "eval")
     assert (len(prompt_train), len(prompt_eval)) == (6, 2)
-    assert not (out / "prompts" / "eval.jsonl").exists()
+    assert not (out / "prompts" / "eval").exists()
     for row in prompt_train + prompt_eval:  # the chat template renders prompts; labels become strings
         assert row == {"prompt": f"<|user|>\nq{row['label']}\n<|assistant|>\n", "label": row["label"]}
     assert sorted(int(r["label"]) for r in prompt_train + prompt_eval) == list(range(8))
@@ -749,7 +771,7 @@ def test_a_bad_multiturn_row_is_named(tok, model_dir, tmp_path):
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
     cfg = files_config(model_dir, _sft_cfg(sft, input_key="messages", multiturn=True), _sft_cfg(prompts))
     with pytest.raises(DataError, match=rf"^{sft} line 2: 'messages' \(data\.sft\.input_key\) is missing or empty;"):
-        data_prep.file_datasets(cfg, tok)
+        file_rows(cfg, tok)
 
 
 @pytest.mark.parametrize("n, ratio, min_rows, expected", [

@@ -51,10 +51,12 @@ def test_the_marked_tokens_are_the_ones_sft_trains_on():
     from stages.data_prep import build_datasets, tokenizer_for
 
     tokenizer = tokenizer_for(cfg)
-    row = build_datasets(cfg, tokenizer)["sft_data"]["train"][0]
+    row = build_datasets(cfg, tokenizer)["sft_data"]["train"][0]  # the rendered row, with the ids SFT trains on
     tokens = tokens_with_loss(tokenizer, row["texts"], row["train"])
     trained = "".join(piece for piece, loss in tokens if loss)
     assert trained == row["texts"][-1]  # exactly the response (with EOS)
+    assert [i for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m] == \
+        tokenizer(trained, add_special_tokens=False)["input_ids"]
 
 
 def test_the_cli_shows_a_files_dataset_with_its_template(tmp_path, capsys, monkeypatch):

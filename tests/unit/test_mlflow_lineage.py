@@ -11,35 +11,35 @@ from artifacts.store import ArtifactRef
 from flows import run_views
 from tests.unit.conftest import stage_run
 
+PAIR = {"prompt": "p", "chosen": "a", "rejected": "b", "margin": 0.5}
 
-def write_split(folder, split, rows):
+
+def write_manifest(folder, entries):
+    """What data prep writes beside its splits (stages/prepared_data.py), by hand."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / datasets.MANIFEST).write_text(json.dumps(entries))
 
 
-def test_each_split_file_is_a_dataset_with_its_context_digest_rows_and_columns(tmp_path):
+def test_each_split_is_a_dataset_with_its_context_digest_rows_and_columns_from_the_manifest(tmp_path):
     folder = tmp_path / "pref_data"
-    write_split(folder, "train", [{"prompt": "p", "chosen": "a", "rejected": "b", "margin": 0.5}] * 3)
-    write_split(folder, "eval", [{"prompt": "q", "chosen": "c", "rejected": "d", "margin": 0.0}])
+    write_manifest(folder, {"train": {"rows": 3, "sha256": "ab" * 32, "first": PAIR},
+                            "eval": {"rows": 1, "sha256": "cd" * 32, "first": {**PAIR, "margin": 0.0}}})
     ref = ArtifactRef("pref_data", "r1")
     found = datasets.dataset_inputs({"pref_data": folder}, {"pref_data": ref}, {"pref_data": folder.as_uri()})
     by_context = {datasets.context(i): i.dataset for i in found}
     assert set(by_context) == {"train", "eval"}
     train = by_context["train"]
-    assert train.name == "pref_data" and len(train.digest) == datasets.DIGEST_CHARS
+    assert train.name == "pref_data" and train.digest == "abababab" and by_context["eval"].digest == "cdcdcdcd"
     assert json.loads(train.profile) == {"num_rows": 3} and json.loads(by_context["eval"].profile) == {"num_rows": 1}
     assert [c["name"] for c in json.loads(train.schema)["mlflow_colspec"]] == ["prompt", "chosen", "rejected", "margin"]
-    assert train.source_type == "local" and json.loads(train.source)["uri"] == (folder / "train.jsonl").as_uri()
-    assert datasets.digests(found) == {"pref_data/train": train.digest, "pref_data/eval": by_context["eval"].digest}
-    # the same rows give the same digest; other rows another one
-    write_split(tmp_path / "copy", "train", [{"prompt": "p", "chosen": "a", "rejected": "b", "margin": 0.5}] * 3)
-    write_split(tmp_path / "other", "train", [{"prompt": "p", "chosen": "a", "rejected": "b", "margin": 0.5}] * 2)
-    again = [datasets.dataset_inputs({"pref_data": tmp_path / d}, {"pref_data": ref}, {"pref_data": "mlflow-artifacts:/x"})[0]
-             for d in ("copy", "other")]
-    assert again[0].dataset.digest == train.digest != again[1].dataset.digest
+    assert train.source_type == "local" and json.loads(train.source)["uri"] == (folder / "train").as_uri()
+    assert datasets.digests(found) == {"pref_data/train": "abababab", "pref_data/eval": "cdcdcdcd"}
     # an artifact store no MLflow dataset source reads: the runs:/ URI that loads it
-    assert again[0].dataset.source_type == datasets.RUN_ARTIFACT_SOURCE
-    assert json.loads(again[0].dataset.source) == {"uri": "runs:/r1/pref_data/train.jsonl"}
+    again = next(i for i in datasets.dataset_inputs({"pref_data": folder}, {"pref_data": ref}, {"pref_data": "mlflow-artifacts:/x"})
+                 if datasets.context(i) == "train")
+    assert again.dataset.source_type == datasets.RUN_ARTIFACT_SOURCE
+    assert json.loads(again.dataset.source) == {"uri": "runs:/r1/pref_data/train"}
+    assert datasets.dataset_inputs({"pref_data": tmp_path / "none"}, {"pref_data": ref}, {"pref_data": "x"}) == []
 
 
 def test_a_registered_checkpoint_is_a_logged_model_whose_version_says_where_it_came_from(client, tmp_path):

@@ -21,6 +21,7 @@ from stages import chat_template, dag, data_prep, prm_rows, tiny_model
 from stages.common import checkpoint, checkpoint_paths
 from stages.contract import StageContext
 from stages.dpo import stage as dpo
+from tests.prepared_rows import file_rows
 
 EOS = tiny_model.EOS
 PH = "ки"  # Math-Shepherd's step placeholder
@@ -93,7 +94,7 @@ def test_math_shepherd_rows_become_prm_data_rows(tok, model_dir, tmp_path):
     prm = write_jsonl(tmp_path / "shepherd.jsonl", SHEPHERD)
     cfg = files_config(model_dir, tmp_path, {"prm": {"paths": [str(prm)], "eval_ratio": 0.5}}, prm={"placeholder_token": PH})
     assert data_prep.add_placeholder_token(tok, PH)  # the tokenizer read it as unknown characters
-    out = data_prep.file_datasets(cfg, tok)
+    out = file_rows(cfg, tok)
     assert len(out["prm_data"]["train"]) == len(out["prm_data"]["eval"]) == 1
     assert sorted(both_splits(out, "prm_data"), key=lambda r: len(r["labels"])) == [
         {"prompt": "", "response": "Compute 2+3 2+3=5 ки\nAnswer: 5 ки", "labels": ["+", "+"]},
@@ -107,7 +108,7 @@ def test_a_row_whose_labels_do_not_match_its_placeholders_is_one_line_naming_fil
     cfg = files_config(model_dir, tmp_path, {"prm": {"paths": [str(prm)], "eval_ratio": 0.5}}, prm={"placeholder_token": PH})
     data_prep.add_placeholder_token(tok, PH)
     with pytest.raises(DataError) as err:
-        data_prep.file_datasets(cfg, tok)
+        file_rows(cfg, tok)
     assert str(err.value) == (f"{prm} line 3: 'input' has 2 step placeholders 'ки' but 'label' has 3 step labels; "
                               "give one of + / - per step")
 
@@ -163,7 +164,7 @@ def test_unpaired_rows_load_as_one_response_each_with_a_boolean_label(tok, model
     pref = write_jsonl(tmp_path / "kto.jsonl", rows)
     cfg = files_config(model_dir, tmp_path, {"preference": {"paths": [str(pref)], "unpaired": True, "eval_ratio": 0.5}},
                        dpo={"loss": "kto"})
-    out = data_prep.file_datasets(cfg, tok)
+    out = file_rows(cfg, tok)
     assert sorted(both_splits(out, "pref_data"), key=lambda r: r["response"]) == [
         {"prompt": "<|user|>\nq\n<|assistant|>\n", "response": "bad" + EOS, "desirable": False},
         {"prompt": "<|user|>\nr\n<|assistant|>\n", "response": "fine" + EOS, "desirable": True},
@@ -180,7 +181,7 @@ def test_unpaired_labels_in_a_csv_file_are_text(tok, model_dir, tmp_path):
     csv.write_text("input,output,label\ns,yes,true\ns,no,False\nt,ok,1\nt,ko,0\n")
     cfg = files_config(model_dir, tmp_path, {"preference": {"paths": [str(csv)], "unpaired": True, "eval_ratio": 0.5}},
                        dpo={"loss": "kto"})
-    out = data_prep.file_datasets(cfg, tok)
+    out = file_rows(cfg, tok)
     assert sorted((r["response"], r["desirable"]) for r in both_splits(out, "pref_data")) == [
         ("ko" + EOS, False), ("no" + EOS, False), ("ok" + EOS, True), ("yes" + EOS, True)]
 
@@ -191,7 +192,7 @@ def test_an_unpaired_label_that_is_not_a_boolean_names_its_line(tok, model_dir, 
     cfg = files_config(model_dir, tmp_path, {"preference": {"paths": [str(pref)], "unpaired": True, "eval_ratio": 0.5}},
                        dpo={"loss": "kto"})
     with pytest.raises(DataError) as err:
-        data_prep.file_datasets(cfg, tok)
+        file_rows(cfg, tok)
     assert str(err.value) == (f"{pref} line 2: 'label' (data.preference.label_key) must be true or false (or 1 / 0), "
                               "not the string 'maybe'")
 
@@ -240,7 +241,7 @@ def test_pretrain_rows_are_plain_text_trained_on_every_token_and_cut_to_max_len(
     cfg = files_config(model_dir, tmp_path, {"sft": {"paths": [str(sft)], "input_key": "text", "eval_ratio": 0.3,
                                                      "input_template": "User: {}\nAssistant: "}, "max_len": 32},
                        sft={"pretrain_mode": True})
-    out = data_prep.file_datasets(cfg, tok)
+    out = file_rows(cfg, tok)
     rows = sorted(both_splits(out, "sft_data"), key=lambda r: r["texts"][0])
     cut = rows[-1]["texts"][0]
     assert rows[:2] == [{"texts": ["hello world"], "train": [True]}, {"texts": ["question answer"], "train": [True]}]
@@ -263,7 +264,7 @@ def test_the_chat_template_replaces_the_tokenizers_for_every_dataset(model_dir, 
     cfg = files_config(model_dir, tmp_path, {"tokenizer_chat_template": CHAT,
                                              "preference": {"paths": [str(pref)], "eval_ratio": 0.5}})
     tok = data_prep.tokenizer_for(cfg)
-    out = data_prep.file_datasets(cfg, tok)
+    out = file_rows(cfg, tok)
     assert out["prompts"]["train"][0]["prompt"] in ("[user] q0\n[assistant] ", "[user] q1\n[assistant] ",
                                                    "[user] q2\n[assistant] ", "[user] q3\n[assistant] ")
     assert out["pref_data"]["train"][0]["prompt"] == "[user] q\n[assistant] "
@@ -306,11 +307,11 @@ def test_an_input_template_beside_the_chat_template_is_a_warning_and_the_chat_te
         "warning: data.sft.input_template is not used: data.tokenizer_chat_template renders the prompts of data.sft "
         "(apply_chat_template is on); set data.sft.apply_chat_template=false to use the input template"]
     tok = data_prep.tokenizer_for(cfg)
-    out = data_prep.file_datasets(cfg, tok)
+    out = file_rows(cfg, tok)
     assert out["sft_data"]["train"][0]["texts"][0] == "[user] q\n[assistant] "
     assert "[data_prep] warning: data.sft.input_template is not used" in capsys.readouterr().out
     # with apply_chat_template off the input template renders the prompt (OpenRLHF's), and nothing is warned
     off = files_config(model_dir, tmp_path, {"tokenizer_chat_template": CHAT, "sft": {
         "paths": [str(sft)], "eval_ratio": 0.5, "input_template": "User: {}\n", "apply_chat_template": False}})
     assert chat_template.warnings(off) == []
-    assert data_prep.file_datasets(off, tok)["sft_data"]["train"][0]["texts"] == ["User: q\n", "a" + EOS]
+    assert file_rows(off, tok)["sft_data"]["train"][0]["texts"] == ["User: q\n", "a" + EOS]
