@@ -205,7 +205,7 @@ def download(ref: ArtifactRef, cache_root: Path, tracking_uri: str | None = None
     stages that start at once (and other pipeline processes) never see a partial copy; the first rename wins.
     """
     target = cache_root / ref.run_id / ref.name
-    if target.exists():
+    if target.exists() and not target.is_symlink():  # a copy (a link is `linked`'s: the folder is checked below)
         return target
     run = MlflowClient(tracking_uri).get_run(ref.run_id)
     if in_place and (found := in_place_folder(run, ref.name, hash_cache)) is not None:
