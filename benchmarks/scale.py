@@ -240,6 +240,8 @@ def role(cmdline: list[str], is_root: bool) -> str:
         return "driver"
     if line.startswith("ray::"):
         return "ray idle worker" if line.startswith("ray::IDLE") else "stage worker"
+    if "default_worker.py" in line:  # a Ray worker before it takes its title (its arguments name the raylet)
+        return "ray idle worker"
     for needle, name in (("raylet", "raylet"), ("gcs_server", "gcs_server"), ("prefect", "prefect server"),
                          ("dashboard", "ray dashboard"), ("log_monitor", "ray log monitor"),
                          ("runtime_env", "ray runtime env agent"), ("mlflow", "mlflow")):
@@ -257,6 +259,17 @@ class Watched:
     lines: list[tuple[float, str]] = field(default_factory=list)
     # (Unix time, pid, role, RSS bytes) for each process of the tree at each sample
     samples: list[tuple[float, int, str, int]] = field(default_factory=list)
+    commands: dict[int, str] = field(default_factory=dict)  # pid -> its last command line seen (cut short)
+
+    def processes(self) -> list[dict]:
+        """Each process seen: its role(s), command line and peak RSS, largest first."""
+        seen: dict[int, dict] = {}
+        for _, pid, name, rss in self.samples:
+            entry = seen.setdefault(pid, {"pid": pid, "roles": [], "peak_mib": 0.0, "cmdline": self.commands.get(pid, "")})
+            if name not in entry["roles"]:
+                entry["roles"].append(name)
+            entry["peak_mib"] = max(entry["peak_mib"], rss / MiB)
+        return sorted(seen.values(), key=lambda e: -e["peak_mib"])
 
     def peaks(self, span: tuple[float, float] | None = None) -> dict:
         """Per role: the largest process's RSS and the role's largest sum over one sample; and the tree's."""
@@ -287,7 +300,6 @@ def watch(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> Watched:
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", bufsize=1)
     root = psutil.Process(proc.pid)
-    names: dict[int, str] = {}
 
     def sample() -> None:
         while proc.poll() is None:
@@ -297,10 +309,10 @@ def watch(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> Watched:
             except psutil.Error:
                 break
             for p in procs:
-                try:
-                    if p.pid not in names:
-                        names[p.pid] = role(p.cmdline(), p.pid == root.pid)
-                    result.samples.append((now, p.pid, names[p.pid], p.memory_info().rss))
+                try:  # the command line read each time: a Ray worker takes its actor's title once it has one
+                    cmdline = p.cmdline()
+                    result.samples.append((now, p.pid, role(cmdline, p.pid == root.pid), p.memory_info().rss))
+                    result.commands[p.pid] = " ".join(cmdline)[:300]
                 except psutil.Error:  # exited between the listing and the read
                     pass
             time.sleep(SAMPLE_EVERY_S)
@@ -388,11 +400,10 @@ def first_step(lines: list[tuple[float, str]], compute_start: float) -> dict:
     return {}
 
 
-def stage_measures(state: Path, watched: Watched) -> list[dict]:
-    """What each stage that ran in the state folder's newest pipeline run took: time, bytes, memory."""
+def outcomes(state: Path) -> dict[str, tuple[str, str | None]]:
+    """stage -> (status, MLflow run id) in the state folder's newest pipeline run."""
     from mlflow import MlflowClient
 
-    from artifacts import store
     from flows.report import pipeline_runs, stage_outcomes
 
     client = MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
@@ -400,8 +411,18 @@ def stage_measures(state: Path, watched: Watched) -> list[dict]:
     if exp is None:
         raise LookupError(f"{state}: no pipeline run in its MLflow store")
     (parent,) = pipeline_runs(client, exp.experiment_id, 1)
+    return stage_outcomes(parent)
+
+
+def stage_measures(state: Path, watched: Watched) -> list[dict]:
+    """What each stage that ran in the state folder's newest pipeline run took: time, bytes, memory."""
+    from mlflow import MlflowClient
+
+    from artifacts import store
+
+    client = MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
     out = []
-    for stage, (status, run_id) in stage_outcomes(parent).items():
+    for stage, (status, run_id) in outcomes(state).items():
         if status != "ran" or run_id is None:
             continue
         run = client.get_run(run_id)
@@ -412,7 +433,10 @@ def stage_measures(state: Path, watched: Watched) -> list[dict]:
                      for ref in map(store.ArtifactRef.parse, store.run_inputs(run).values())]
         measure = {"stage": stage, "wall_s": span[1] - span[0], "compute_s": compute[1] - compute[0],
                    "span": span, "compute": compute, "store_bytes": du(artifacts),
-                   "download_bytes": sum(du(p) for p in downloads), **watched.peaks(span)}
+                   "download_bytes": sum(du(p) for p in downloads), **watched.peaks(span),
+                   # what its worker printed, seconds after its run opened (data prep's timings, SFT's progress)
+                   "lines": [(round(t - span[0], 2), line[line.index(f"[{stage}]"):]) for t, line in watched.lines
+                             if f"[{stage}]" in line and "(StageWorker" in line]}
         if stage == "sft":
             measure.update(first_step(watched.lines, compute[0]))
         out.append(measure)
@@ -432,7 +456,7 @@ def run_size(folder: Path, ckpt: Path, files: dict[str, Path], seed: int, overri
     watched = watch([sys.executable, "-m", "flows.cli", "run", "--config", str(cfg), "--only", "data_prep,sft",
                      *overrides], folder, env, folder / "run.log")
     return {"wall_s": watched.wall_s, "stages": stage_measures(state, watched), "peaks": watched.peaks(),
-            "state_before": before, "state_after": folder_sizes(state),
+            "processes": watched.processes(), "state_before": before, "state_after": folder_sizes(state),
             "hf_home_bytes": du(folder / "hf_home")}
 
 
@@ -447,7 +471,8 @@ def pinned(folder: Path, ckpt: Path, overrides: list[str]) -> list[dict]:
         watched = watch([sys.executable, "-m", "flows.cli", "run", "--config", str(folder / "scale.yaml"), "--only",
                          "data_prep", *overrides, *extra], folder, env, folder / f"{label}.log")
         out.append({"run": label, "wall_s": watched.wall_s, "state_before": before, "state_after": folder_sizes(state),
-                    "tree_mib": watched.peaks()["tree_mib"]})
+                    "tree_mib": watched.peaks()["tree_mib"],
+                    "ran": [stage for stage, (status, _) in outcomes(state).items() if status == "ran"]})
         print(f"[scale] {label}: {watched.wall_s:.1f} s", flush=True)
     return out
 
@@ -625,8 +650,10 @@ def pin_table(data: dict) -> tuple[list[str], list[list[str]]]:
     for r in runs:
         grew = {k: r["state_after"].get(k, 0) - r["state_before"].get(k, 0) for k in ("mlartifacts", "downloads")}
         added = "" if base is None or r["run"] == "rerun" else f"{r['wall_s'] - base:+.1f}"
-        out.append([labels.get(r["run"], r["run"]), f"{r['wall_s']:.1f}", added, mb(grew["mlartifacts"]), mb(grew["downloads"])])
-    return ["`rlhf run --only data_prep` in the smallest size's state", "wall s", "added s", "store +MB", "download cache +MB"], out
+        out.append([labels.get(r["run"], r["run"]), f"{r['wall_s']:.1f}", added, mb(grew["mlartifacts"]), mb(grew["downloads"]),
+                    ", ".join(r.get("ran", [])) or "none"])
+    return ["`rlhf run --only data_prep` in the smallest size's state", "wall s", "added s", "store +MB", "download cache +MB",
+            "stages that ran"], out
 
 
 def reports(data: dict) -> dict[str, Report]:

@@ -39,6 +39,7 @@ def test_process_roles_from_command_lines():
     assert scale.role(["/x/ray/core/src/ray/raylet/raylet", "--node_ip_address=1"], False) == "raylet"
     assert scale.role(["/x/gcs_server", "--port"], False) == "gcs_server"
     assert scale.role(["python", "-m", "uvicorn", "prefect.server.api.server:create_app"], False) == "prefect server"
+    assert scale.role(["python", "/x/ray/_private/workers/default_worker.py", "--raylet-name=/tmp/r"], False) == "ray idle worker"
     assert scale.role(["sleep", "1"], False) == "other"
 
 
@@ -79,8 +80,9 @@ def test_tables_from_a_result_built_by_hand():
                       size(1_000_000, [stage("data_prep", 200.0, 190.0, 200e6, 0, 1800.0, 3000.0),
                                        stage("sft", 80.0, 70.0, 240e6, 200e6, 2250.0, 3500.0, first_step_s=55.0)],
                            290.0, 3600.0, 440e6)],
-            "pin": [{"run": "rerun", "wall_s": 12.0, "state_before": {}, "state_after": {}},
-                    {"run": "pin-1", "wall_s": 15.5, "state_before": {"mlartifacts": 10}, "state_after": {"mlartifacts": 240e6 + 10}}]}
+            "pin": [{"run": "rerun", "wall_s": 12.0, "state_before": {}, "state_after": {}, "ran": []},
+                    {"run": "pin-1", "wall_s": 15.5, "state_before": {"mlartifacts": 10}, "state_after": {"mlartifacts": 240e6 + 10},
+                     "ran": ["data_prep"]}]}
     made = scale.reports(data)
     assert list(made) == ["scale", "scale-processes", "scale-pin"]
     main = made["scale"]
@@ -101,8 +103,8 @@ def test_tables_from_a_result_built_by_hand():
     assert procs.rows == [["driver", "300 / 300", "300 / 300"], ["stage worker", "2,600 / 2,700", "3,100 / 3,200"],
                           ["whole tree", "3,100", "3,600"]]
     pin = made["scale-pin"]
-    assert pin.rows == [["rerun, nothing changed (all cached)", "12.0", "", "0", "0"],
-                        ["+ inputs.sft_model=<the folder>, first time", "15.5", "+3.5", "240", "0"]]
+    assert pin.rows == [["rerun, nothing changed (all cached)", "12.0", "", "0", "0", "none"],
+                        ["+ inputs.sft_model=<the folder>, first time", "15.5", "+3.5", "240", "0", "data_prep"]]
     assert "\n| 20k | sft | 30.0 |" in main.markdown()
 
 
@@ -113,3 +115,5 @@ def test_peaks_by_role_and_for_a_span():
     assert w.peaks() == {"tree_mib": 420.0, "roles": {"driver": {"process_mib": 120.0, "sum_mib": 120.0},
                                                       "stage worker": {"process_mib": 300.0, "sum_mib": 300.0}}}
     assert w.peaks((0.5, 1.5))["roles"]["stage worker"] == {"process_mib": 200.0, "sum_mib": 250.0}
+    assert [(p["pid"], p["roles"], p["peak_mib"]) for p in w.processes()] == [
+        (11, ["stage worker"], 300.0), (10, ["driver"], 120.0), (12, ["stage worker"], 50.0)]
