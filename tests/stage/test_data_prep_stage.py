@@ -13,7 +13,7 @@ from tests.stage.conftest import FAST, make_ctx
 
 def test_outputs_are_written(prepared):
     assert set(prepared) == {"base_model", "sft_data", "pref_data", "prm_data", "prompts", "eval_data"}
-    counts = {name: {p.stem: sum(1 for _ in open(p)) for p in prepared[name].glob("*.jsonl")}
+    counts = {name: {split: len(prepared_data.load(prepared[name], split)) for split in prepared_data.manifest(prepared[name])}
               for name in prepared if name != "base_model"}
     assert counts == {
         "sft_data": {"train": 400, "eval": 40},
@@ -22,13 +22,14 @@ def test_outputs_are_written(prepared):
         "prompts": {"train": 40},
         "eval_data": {"eval": 40},
     }
+    assert {split: entry["rows"] for split, entry in prepared_data.manifest(prepared["sft_data"]).items()} == {"train": 400, "eval": 40}
 
 
 def test_base_model_is_an_hf_checkpoint_with_chat_template(prepared):
     tok = AutoTokenizer.from_pretrained(prepared["base_model"])
     model = AutoModelForCausalLM.from_pretrained(prepared["base_model"])
     assert tok.chat_template and tok.eos_token == "<|end|>"
-    row = json.loads(open(prepared["eval_data"] / "eval.jsonl").readline())
+    row = prepared_data.read_split(prepared["eval_data"], "eval")[0]
     assert row["prompt"].startswith("<|user|>\nCompute ") and row["prompt"].endswith("<|assistant|>\n")
     ids = tok(row["prompt"], return_tensors="pt", add_special_tokens=False)["input_ids"]
     out = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
@@ -36,27 +37,29 @@ def test_base_model_is_an_hf_checkpoint_with_chat_template(prepared):
 
 
 def test_rows_have_the_documented_shapes(prepared):
-    sft = json.loads(open(prepared["sft_data"] / "train.jsonl").readline())
+    sft = prepared_data.read_split(prepared["sft_data"], "train")[0]
     assert sft["train"] == [False, True] and sft["texts"][1].endswith("<|end|>\n")
-    pref = json.loads(open(prepared["pref_data"] / "train.jsonl").readline())
+    pref = prepared_data.read_split(prepared["pref_data"], "train")[0]
     assert pref["chosen"] != pref["rejected"] and pref["chosen"].endswith("<|end|>")
-    prm = json.loads(open(prepared["prm_data"] / "train.jsonl").readline())
+    prm = prepared_data.read_split(prepared["prm_data"], "train")[0]
     assert prm["response"].count(STEP) == len(prm["labels"]) and set(prm["labels"]) <= {"+", "-"}
 
 
 def test_same_seed_same_data_other_seed_other_data(prepared, fast_config, tmp_path):
     again = data_prep.run(make_ctx("data_prep", fast_config, tmp_path / "a"), {}).outputs
-    assert (again["sft_data"] / "train.jsonl").read_text() == (prepared["sft_data"] / "train.jsonl").read_text()
+    for name in ("sft_data", "pref_data", "prm_data", "prompts", "eval_data"):  # the same rows, ids and digests
+        assert prepared_data.manifest(again[name]) == prepared_data.manifest(prepared[name])
+    assert prepared_data.load(again["sft_data"], "train").to_list() == prepared_data.load(prepared["sft_data"], "train").to_list()
     w1 = load_file(prepared["base_model"] / "model.safetensors")
     w2 = load_file(again["base_model"] / "model.safetensors")
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
     other = data_prep.run(make_ctx("data_prep", load_config(None, [*FAST, "seed=7"]), tmp_path / "b"), {}).outputs
-    assert (other["sft_data"] / "train.jsonl").read_text() != (prepared["sft_data"] / "train.jsonl").read_text()
+    assert prepared_data.manifest(other["sft_data"])["train"]["sha256"] != prepared_data.manifest(prepared["sft_data"])["train"]["sha256"]
 
 
 def test_over_long_rows_fail_naming_dataset_and_row_with_strict_lengths(tmp_path):
     cfg = load_config(None, [*FAST, "data.max_len=20", "data.strict_lengths=true"])
-    with pytest.raises(DataError, match=r"sft_data/train row 0: \d+ tokens, longer than data.max_len=20"):
+    with pytest.raises(DataError, match=r"^sft_data/train row 0: \d+ tokens, longer than data.max_len=20 \(data.strict_lengths\)$"):
         data_prep.run(make_ctx("data_prep", cfg, tmp_path), {})
 
 
