@@ -1,6 +1,7 @@
 """Run registered benchmarks: one markdown table each on stdout, every measurement in a JSON file.
 
     python -m benchmarks run [NAME ...] [--steps N] [--repeats N] [--sft-steps N] [--systems S ...] [--out benchmarks.json]
+    python -m benchmarks run scale [--scale-rows N,N,...] [--scale-model 0.5b|50m] [--scale-cache DIR]
     python -m benchmarks list
     python -m benchmarks report [--check]     # the docs' tables from the JSON in benchmarks/results/
 
@@ -61,6 +62,8 @@ BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report | dict[str, Report]], 
     "scale": (scale.scale, "a ~0.5B checkpoint and 20k/200k/1M-row files through `rlhf run --only data_prep,sft`: time "
                            "per stage (compute vs overhead), bytes stored, peak RSS per process, vs `datasets.map`"),
 }
+# run only when named (`python -m benchmarks run` alone leaves them out): scale is hours and tens of GB at its sizes
+NAMED_ONLY = ("scale",)
 VERSIONED = ("torch", "transformers", "deepspeed", "trl")
 
 
@@ -108,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("list", help="the registered benchmarks")
     commands.add_parser("report", help="rewrite the docs' benchmark tables from their JSON (--check: only say "
                                        "which are stale)", add_help=False)
-    run_parser = commands.add_parser("run", help="run benchmarks (default: all) and print their tables")
-    run_parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of: {', '.join(BENCHMARKS)}")
+    run_parser = commands.add_parser("run", help="run benchmarks (default: all but scale) and print their tables")
+    run_parser.add_argument("names", nargs="*", metavar="NAME",
+                            help=f"any of: {', '.join(BENCHMARKS)} (none: all but {', '.join(NAMED_ONLY)})")
     run_parser.add_argument("--steps", type=int, help="optimizer steps per trial (default: each benchmark's own)")
     run_parser.add_argument("--repeats", type=int, help="trials per system (default: each benchmark's own: 1 for "
                             "the pipeline, 2 for the others)")
@@ -121,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                                      f"{name}: {' '.join(grpo_compare.SIZE_SYSTEMS[size])}"
                                      for name, size in grpo_compare.BENCHMARK_SIZES.items()) + ")")
     run_parser.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
-                            help="config overrides for the pipeline benchmark's `rlhf run`")
+                            help="config overrides for the `rlhf run` of the pipeline and scale benchmarks")
     run_parser.add_argument("--scale-rows", type=rows_list, metavar="N,N,...",
                             help="scale only: the row counts of its files (default: 20000,200000,1000000)")
     run_parser.add_argument("--scale-model", choices=sorted(scale.MODELS), help="scale only: the generated checkpoint's "
@@ -156,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         options = RunOptions(steps=args.steps, repeats=args.repeats, workdir=workdir, overrides=args.overrides,
                              sft_steps=args.sft_steps, systems=args.systems, scale_rows=args.scale_rows,
                              scale_model=args.scale_model, scale_cache=args.scale_cache)
-        run(args.names or list(BENCHMARKS), options, args.out)
+        run(args.names or [name for name in BENCHMARKS if name not in NAMED_ONLY], options, args.out)
     return 0
 
 

@@ -320,7 +320,7 @@ def watch(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> Watched:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     assert proc.stdout is not None
-    with open(log, "w") as out:
+    with open(log, "w", buffering=1) as out:  # line by line: the log can be followed while it runs
         for line in proc.stdout:
             result.lines.append((time.time(), line.rstrip("\n")))
             out.write(line)
@@ -358,6 +358,7 @@ def cli_env(home: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env["HF_HOME"] = str(home)  # the datasets cache and hub cache of this size only (measured with the rest)
     env["HF_HUB_OFFLINE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"  # each line as it is printed: its arrival time is when it was printed
     return env
 
 
