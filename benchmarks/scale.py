@@ -20,9 +20,10 @@ files` with `model.name_or_path` at the checkpoint runs `rlhf run --only data_pr
 `sft.max_steps=2` (micro-batch 1, `data.max_len` 512, no gradient checkpointing; 8 rows of each set held
 out, so eval costs the same at every size). Per stage, from its MLflow run: wall time (the run's span),
 compute (the `rlhf.compute_span` tag: the stage function) and overhead (the rest: actor start-up,
-downloads, hashing, publishing). SFT's time to its first optimizer step is derived from the `[sft] step
-N/M ... | R it/s` line the stage worker prints (no metric records it; see `first_step_s`): the line's
-arrival time less the loop's N/R seconds gives the loop's start, and one mean step (1/R) is added.
+downloads, hashing, publishing). SFT's time to its first optimizer step is derived from the first `[sft] step
+N/M ... | R it/s` line the stage worker prints (no metric records it): the line's arrival time less N - 1 mean
+steps of 1/R, with the uncertainty R's two decimals leave (`first_step`; exact with `--overrides
+sft.max_steps=1`).
 Bytes: the stage run's artifact folder in the store, and the download cache copies of its inputs
 (`<state>/downloads/<run>/<name>`); the whole state folder's subfolders before and after are in the JSON.
 Memory: the RSS of every process under the `rlhf` command, every 0.2 s, each process given a role from
@@ -387,17 +388,25 @@ def config(ckpt: Path, files: dict[str, Path], state: Path, seed: int) -> dict:
 STEP_LINE = re.compile(r"\[sft\] step (\d+)/(\d+) .*\| ([\d.]+) it/s")
 
 
+RATE_ROUNDING = 0.005  # the progress line prints it/s with 2 decimals
+
+
 def first_step(lines: list[tuple[float, str]], compute_start: float) -> dict:
-    """SFT's seconds from its stage function's start to its first optimizer step, from the first progress
-    line (`[sft] step N/M ... | R it/s`, printed as step N ends): setup = line time - N/R - start, plus 1/R."""
+    """SFT's seconds from its stage function's start to the end of its first optimizer step, from its first
+    progress line (`[sft] step N/M ... | R it/s`, printed as step N ends; no metric records the first step):
+    the line's time less N - 1 mean steps (1/R each). `first_step_error_s`: what R's rounding to 2 decimals
+    leaves uncertain (0 at N = 1: `--overrides sft.max_steps=1` makes the measure exact; None when R < 0.01)."""
     for t, line in lines:
         if found := STEP_LINE.search(line):
             steps, rate = int(found[1]), float(found[3])
-            if rate <= 0:
-                break
-            loop_start = t - steps / rate
-            return {"first_step_s": loop_start - compute_start + 1 / rate, "setup_s": loop_start - compute_start,
-                    "step_s": 1 / rate, "to_step_s": t - compute_start, "step": steps}
+            to_step = t - compute_start
+            out = {"to_step_s": to_step, "step": steps, "rate": rate}
+            if steps == 1:
+                return {**out, "first_step_s": to_step, "first_step_error_s": 0.0}
+            if rate <= RATE_ROUNDING:
+                return {**out, "first_step_s": None, "first_step_error_s": None}
+            error = (steps - 1) * (1 / (rate - RATE_ROUNDING) - 1 / (rate + RATE_ROUNDING)) / 2
+            return {**out, "first_step_s": to_step - (steps - 1) / rate, "first_step_error_s": error}
     return {}
 
 
@@ -569,10 +578,21 @@ COLUMNS = ["rows", "stage", "wall s", "compute s", "overhead s", "to 1st step s"
            "worker peak RSS MiB", "tree peak RSS MiB"]
 
 
+def first_step_cell(m: dict) -> str:
+    """`12.3`, `12.3 ± 0.4` where the printed rate's rounding leaves it uncertain, or `< 80.1` (the line's time)
+    where the rate is too low to tell."""
+    if "to_step_s" not in m:
+        return ""
+    if m.get("first_step_s") is None:
+        return f"< {m['to_step_s']:.1f}"
+    error = m.get("first_step_error_s") or 0.0
+    return f"{m['first_step_s']:.1f}" + (f" ± {error:.1f}" if error >= 0.05 else "")
+
+
 def stage_row(n: int, m: dict) -> list[str]:
     worker = m["roles"].get("stage worker", {}).get("process_mib")
     return [size_label(n), m["stage"], _f(m["wall_s"]), _f(m["compute_s"]), _f(m["wall_s"] - m["compute_s"]),
-            _f(m.get("first_step_s")), mb(m["store_bytes"]), mb(m["download_bytes"]), _f(worker, "{:,.0f}"),
+            first_step_cell(m), mb(m["store_bytes"]), mb(m["download_bytes"]), _f(worker, "{:,.0f}"),
             _f(m["tree_mib"], "{:,.0f}")]
 
 
@@ -599,7 +619,7 @@ def growth_rows(sizes: list[dict]) -> list[list[str]]:
 
         def ratio(key: str, a: dict = s, b: dict = m) -> str:
             x, y = a.get(key), b.get(key)
-            return f"×{y / x:.2f}" if x and y is not None else ""
+            return f"×{y / x:.2f}" if x and y is not None else ""  # x None or 0, or y None: not measured
 
         def diff(a: float | None, b: float | None, scale: float = 1.0, unit: str = "") -> str:
             return "" if a is None or b is None else f"{(b - a) / scale:+,.0f}{unit}"

@@ -47,9 +47,15 @@ def test_first_step_from_the_progress_line():
     lines = [(100.0, "(StageWorker pid=1) [data_prep] rows: 10"),
              (130.0, "(StageWorker pid=1) [sft] step 2/2 (100%) loss=10.46 lr=2.5e-06 | 0.25 it/s, eta 0s")]
     found = scale.first_step(lines, compute_start=110.0)
-    # the loop started 2 / 0.25 = 8 s before the line: 12 s of setup, then one 4 s step
-    assert found == {"first_step_s": 16.0, "setup_s": 12.0, "step_s": 4.0, "to_step_s": 20.0, "step": 2}
+    # step 2 ended 20 s after the start; a step is 1 / 0.25 = 4 s, known to within 1/0.245 - 1/0.255
+    assert found.pop("first_step_error_s") == pytest.approx((1 / 0.245 - 1 / 0.255) / 2)
+    assert found == {"first_step_s": 16.0, "to_step_s": 20.0, "step": 2, "rate": 0.25}
     assert scale.first_step(lines[:1], 110.0) == {}
+    one = scale.first_step([(125.5, "[sft] step 1/1 (100%) loss=1 | 0.00 it/s, eta 0s")], 110.0)
+    assert one == {"first_step_s": 15.5, "first_step_error_s": 0.0, "to_step_s": 15.5, "step": 1, "rate": 0.0}
+    slow = scale.first_step([(190.0, "[sft] step 2/2 (100%) loss=1 | 0.00 it/s, eta 0s")], 110.0)
+    assert slow["first_step_s"] is None and scale.first_step_cell(slow) == "< 80.0"
+    assert scale.first_step_cell({"to_step_s": 20.0, **found, "first_step_error_s": 0.08}) == "16.0 ± 0.1"
 
 
 def test_rows_option():
@@ -76,9 +82,11 @@ def size(rows, stages, wall, tree, mlartifacts):
 def test_tables_from_a_result_built_by_hand():
     data = {"model": {"name": "50m", "params": 60_000_000, "bytes": 240e6},
             "sizes": [size(20_000, [stage("data_prep", 20.0, 15.0, 4e6, 0, 800.0, 2000.0),
-                                    stage("sft", 30.0, 25.0, 240e6, 5e6, 2000.0, 3000.0, first_step_s=10.0)], 60.0, 3100.0, 244e6),
+                                    stage("sft", 30.0, 25.0, 240e6, 5e6, 2000.0, 3000.0, first_step_s=10.0,
+                                          first_step_error_s=0.0, to_step_s=10.0)], 60.0, 3100.0, 244e6),
                       size(1_000_000, [stage("data_prep", 200.0, 190.0, 200e6, 0, 1800.0, 3000.0),
-                                       stage("sft", 80.0, 70.0, 240e6, 200e6, 2250.0, 3500.0, first_step_s=55.0)],
+                                       stage("sft", 80.0, 70.0, 240e6, 200e6, 2250.0, 3500.0, first_step_s=55.0,
+                                             first_step_error_s=0.3, to_step_s=60.0)],
                            290.0, 3600.0, 440e6)],
             "pin": [{"run": "rerun", "wall_s": 12.0, "state_before": {}, "state_after": {}, "ran": []},
                     {"run": "pin-1", "wall_s": 15.5, "state_before": {"mlartifacts": 10}, "state_after": {"mlartifacts": 240e6 + 10},
@@ -91,6 +99,7 @@ def test_tables_from_a_result_built_by_hand():
     assert main.rows[1] == ["20k", "sft", "30.0", "25.0", "5.0", "10.0", "240", "5", "2,000", "3,000"]
     assert main.rows[2] == ["20k", "rlhf run (whole command)", "60.0", "", "", "", "244", "5", "", "3,100"]
     assert main.rows[3] == ["20k", "datasets.map (2 procs): load + map", "7.0", "5.5", "1.5", "", "", "3", "600", "900"]
+    assert main.rows[5][5] == "55.0 ± 0.3"
     assert main.rows[7][:2] == ["1M", "datasets.map (2 procs): load + map"]
     # growth, largest against smallest: times as ratios, bytes (MB) and memory (MiB) as differences
     assert main.rows[8] == ["20k → 1M", "data_prep growth", "×10.00", "×12.67", "×2.00", "", "+196", "+0", "+1,000", "+1,000"]
