@@ -53,7 +53,7 @@ def hub_snapshot(field: str, source: str) -> Path:
         return Path(snapshot_download(source, local_files_only=True))
     except Exception:  # noqa: BLE001 - not cached, incomplete, or not a hub id: the hub decides below
         pass
-    if huggingface_hub.is_offline_mode():
+    if huggingface_hub.is_offline_mode() and looks_like_hub_id(source):
         raise PipelineError(f"{field}={source}: no such folder, and not in the hub cache while HF_HUB_OFFLINE=1; "
                             f"download it once with network (`hf download {source}`) or give a checkpoint folder")
     try:
@@ -61,6 +61,11 @@ def hub_snapshot(field: str, source: str) -> Path:
     except Exception as exc:  # noqa: BLE001 - no such repo, no network, bad id: one line either way
         raise PipelineError(f"{field}={source}: no such folder, and not a hub model that can be downloaded "
                             f"({type(exc).__name__}); give a checkpoint folder or a reachable hub id") from None
+
+
+def looks_like_hub_id(source: str) -> bool:
+    """`org/name` or `name`, not a path that is missing."""
+    return not source.startswith(("/", ".", "~")) and source.count("/") <= 1
 
 
 def hub_commit(folder: Path) -> str | None:

@@ -134,11 +134,11 @@ def log_output(client: MlflowClient, run_id: str, path: Path, name: str, movable
     """Output folder `path` as the run's artifact `name`: renamed into a local store when it may be (`movable`,
     on the store's file system, no links in it that the store's copy would have followed), so a checkpoint is
     written once; copied otherwise."""
-    store = _local_path(client.get_run(run_id).info.artifact_uri)
-    if movable and store is not None and not (store / name).exists() and not has_links(path):
-        store.mkdir(parents=True, exist_ok=True)
+    folder = _local_path(client.get_run(run_id).info.artifact_uri)
+    if movable and folder is not None and not (folder / name).exists() and not has_links(path):
+        folder.mkdir(parents=True, exist_ok=True)
         try:
-            path.rename(store / name)
+            path.rename(folder / name)
             return
         except OSError:  # another file system (EXDEV): copied
             pass
@@ -146,6 +146,7 @@ def log_output(client: MlflowClient, run_id: str, path: Path, name: str, movable
 
 
 def has_links(folder: Path) -> bool:
+    """A symbolic link anywhere in `folder` (moved, it could point into a work dir about to be removed)."""
     for root, dirs, files in os.walk(folder):
         if any(os.path.islink(os.path.join(root, entry)) for entry in dirs + files):
             return True
