@@ -261,6 +261,11 @@ class Watched:
     # (Unix time, pid, role, RSS bytes) for each process of the tree at each sample
     samples: list[tuple[float, int, str, int]] = field(default_factory=list)
     commands: dict[int, str] = field(default_factory=dict)  # pid -> its last command line seen (cut short)
+    load: list[float] = field(default_factory=list)  # the machine's 1-minute load average, each sample
+
+    def load_range(self) -> list[float]:
+        """The lowest and highest load average seen while it ran (other work on the machine shows here)."""
+        return [min(self.load), max(self.load)] if self.load else []
 
     def processes(self) -> list[dict]:
         """Each process seen: its role(s), command line and peak RSS, largest first."""
@@ -305,6 +310,7 @@ def watch(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> Watched:
     def sample() -> None:
         while proc.poll() is None:
             now = time.time()
+            result.load.append(os.getloadavg()[0])
             try:
                 procs = [root, *root.children(recursive=True)]
             except psutil.Error:
@@ -466,7 +472,8 @@ def run_size(folder: Path, ckpt: Path, files: dict[str, Path], seed: int, overri
     watched = watch([sys.executable, "-m", "flows.cli", "run", "--config", str(cfg), "--only", "data_prep,sft",
                      *overrides], folder, env, folder / "run.log")
     return {"wall_s": watched.wall_s, "stages": stage_measures(state, watched), "peaks": watched.peaks(),
-            "processes": watched.processes(), "state_before": before, "state_after": folder_sizes(state),
+            "processes": watched.processes(), "load_avg": watched.load_range(), "state_before": before,
+            "state_after": folder_sizes(state),
             "hf_home_bytes": du(folder / "hf_home")}
 
 
@@ -481,7 +488,7 @@ def pinned(folder: Path, ckpt: Path, overrides: list[str]) -> list[dict]:
         watched = watch([sys.executable, "-m", "flows.cli", "run", "--config", str(folder / "scale.yaml"), "--only",
                          "data_prep", *overrides, *extra], folder, env, folder / f"{label}.log")
         out.append({"run": label, "wall_s": watched.wall_s, "state_before": before, "state_after": folder_sizes(state),
-                    "tree_mib": watched.peaks()["tree_mib"],
+                    "tree_mib": watched.peaks()["tree_mib"], "load_avg": watched.load_range(),
                     "ran": [stage for stage, (status, _) in outcomes(state).items() if status == "ran"]})
         print(f"[scale] {label}: {watched.wall_s:.1f} s", flush=True)
     return out
@@ -555,7 +562,7 @@ def reference(folder: Path, ckpt: Path, files: dict[str, Path]) -> dict:
     watched = watch([sys.executable, "-m", "benchmarks.scale", "reference", str(ckpt), str(folder / "hf_datasets"),
                      str(out), *(f"{kind}={path}" for kind, path in files.items())], REPO_ROOT, cli_env(folder / "hf_home"),
                     folder / "reference.log")
-    return {"wall_s": watched.wall_s, **json.loads(out.read_text()), "peaks": watched.peaks(),
+    return {"wall_s": watched.wall_s, **json.loads(out.read_text()), "peaks": watched.peaks(), "load_avg": watched.load_range(),
             "cache_bytes": du(folder / "hf_datasets")}
 
 
@@ -681,6 +688,9 @@ def reports(data: dict) -> dict[str, Report]:
     model = data["model"]
     what = (f"a {model['params'] / 1e6:,.0f}M-parameter Llama ({model['name']}, fp32 safetensors {mb(model['bytes'])} MB) "
             f"and {', '.join(size_label(s['rows']) for s in data['sizes'])} rows of each file")
+    loads = [x for s in data["sizes"] for part in (s, s.get("reference", {})) for x in part.get("load_avg", [])]
+    if loads:  # a machine busy with other work makes every time here longer
+        what += f"; the machine's 1-minute load average while they ran: {min(loads):.1f} to {max(loads):.1f} on {data.get('cpus', '?')} cores"
     main_cols, main_rows = main_table(data)
     role_cols, role_rows = roles_table(data)
     pin_cols, pin_rows = pin_table(data)
@@ -704,7 +714,7 @@ def scale(options: RunOptions) -> dict[str, Report]:
     seed = SEED
     ckpt, params = checkpoint(cache, model, seed)
     data: dict = {"model": {"name": model, "params": params, "bytes": du(ckpt), "path": str(ckpt), **MODELS[model]},
-                  "seed": seed, "max_len": MAX_LEN, "eval_rows": EVAL_ROWS, "overrides": options.overrides, "sizes": []}
+                  "seed": seed, "cpus": os.cpu_count(), "max_len": MAX_LEN, "eval_rows": EVAL_ROWS, "overrides": options.overrides, "sizes": []}
     for n in sizes:
         files = dataset_files(cache, seed, n)
         folder = options.workdir / f"scale-{n}"

@@ -106,6 +106,9 @@ def test_tables_from_a_result_built_by_hand():
     assert main.rows[9] == ["20k → 1M", "sft growth", "×2.67", "×2.80", "×2.00", "×5.50", "+0", "+195", "+250", "+500"]
     assert len(main.rows) == 10
     assert "60M-parameter Llama (50m, fp32 safetensors 240 MB) and 20k, 1M rows" in main.title
+    assert "load average" not in main.title  # none recorded
+    data["cpus"], data["sizes"][0]["load_avg"], data["sizes"][1]["reference"]["load_avg"] = 2, [1.5, 2.0], [0.9, 3.25]
+    assert "the machine's 1-minute load average while they ran: 0.9 to 3.2 on 2 cores" in scale.reports(data)["scale"].title
     assert main.as_json()["sizes"][0]["rows"] == 20_000  # the measurements travel with the table
     procs = made["scale-processes"]
     assert procs.columns == ["process role", "20k: largest / all MiB", "1M: largest / all MiB"]
