@@ -80,7 +80,9 @@ def content_hash(folder: Path, hash_cache: Path | None = None) -> str:
     read), so an unchanged 16 GB folder is not read twice."""
     hashes = FileHashes(hash_cache)
     h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and ".cache" not in p.parts):
+    # a hub download's own `.cache/` inside the folder is not content; one above it (`~/.cache/huggingface`) is
+    # where the hub cache's folders lie
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and ".cache" not in p.relative_to(folder).parts):
         h.update(f"{path.relative_to(folder)}\0{hashes.digest(path)}\0".encode())
     hashes.save()
     return h.hexdigest()

@@ -124,7 +124,8 @@ client = MlflowClient()
 exp = client.create_experiment("e", artifact_location=sys.argv[1])
 ref = store.resolve_pin(client, "inputs.reward_model", "org/tiny", exp, None)
 run = client.get_run(ref.run_id)
-print(run.data.tags["rlhf.import.commit"], run.data.tags["rlhf.import.path"], run.info.run_name, sep="\\n")
+print(run.data.tags["rlhf.import.commit"], run.data.tags["rlhf.import.path"], run.info.run_name,
+      run.data.tags["rlhf.import.hash"], sep="\\n")
 for missing in ("org/uncached", "/no/such/checkpoint"):
     try:
         store.resolve_pin(client, "inputs.reward_model", missing, exp, None)
@@ -135,20 +136,26 @@ for missing in ("org/uncached", "/no/such/checkpoint"):
 
 def test_a_hub_id_in_a_warm_hub_cache_runs_offline_at_its_cached_commit(tmp_path, empty_store):
     commit = "0123456789abcdef0123456789abcdef01234567"
-    snapshot = hub_cache(tmp_path / "hf", "org/tiny", commit, {"config.json": b"{}", "model.safetensors": b"weights"})
+    files = {"config.json": b"{}", "model.safetensors": b"weights"}
+    home = tmp_path / ".cache" / "huggingface"  # where the hub cache is by default: its files count all the same
+    snapshot = hub_cache(home, "org/tiny", commit, files)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for name, data in files.items():
+        (plain / name).write_bytes(data)
     (tmp_path / "mlflow.db").write_bytes(empty_store.read_bytes())
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))}
-    env |= {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    env |= {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     done = subprocess.run([sys.executable, "-c", RESOLVE, (tmp_path / "art").as_uri()], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[:4] == [
-        commit, str(snapshot.resolve()), f"import · reward_model · org/tiny@{commit[:12]}",
+    assert lines[:5] == [
+        commit, str(snapshot.resolve()), f"import · reward_model · org/tiny@{commit[:12]}", imported.content_hash(plain),
         "inputs.reward_model=org/uncached: no such folder, and not in the hub cache while HF_HUB_OFFLINE=1; download "
         "it once with network (`hf download org/uncached`) or give a checkpoint folder",
     ]
-    assert lines[4].startswith("inputs.reward_model=/no/such/checkpoint: no such folder, and not a hub model") and len(lines) == 5
+    assert lines[5].startswith("inputs.reward_model=/no/such/checkpoint: no such folder, and not a hub model") and len(lines) == 6
 
 
 class RecordingSession:
