@@ -53,6 +53,8 @@ class StageContext:
     # what an earlier run of this stage computed for some of its inputs that are unchanged, by input, for
     # the stage to take instead of computing it again (eval: a model's metrics and samples; flows/eval_reuse.py)
     prior_results: dict[str, dict] = field(default_factory=dict)
+    # Unix seconds the stage function started (set by `run_timed`): what `time/first_step_s` counts from
+    started: float | None = None
 
     @property
     def is_main(self) -> bool:
@@ -88,7 +90,7 @@ class StageResult:
 def run_timed(stage_fn: Callable[[StageContext, dict[str, Path]], StageResult], ctx: StageContext,
               inputs: dict[str, Path]) -> StageResult:
     """Call a stage function and stamp its result with the span it ran."""
-    start = time.time()
+    start = ctx.started = time.time()
     result = stage_fn(ctx, inputs)
     result.compute_span = (start, time.time())
     return result

@@ -140,6 +140,8 @@ def train_loop(
                 window.setdefault(key, []).append(value)
             n_tokens += tokens
         done = step + 1
+        if step == start and ctx.is_main and ctx.started is not None:  # what reading the data and the model cost
+            ctx.log_metrics({"time/first_step_s": time.time() - ctx.started}, done)
         if done % LOG_EVERY == 0 or done == steps:
             outcome.last_train = {k: sum(v) / len(v) for k, v in window.items()}
             window = {}

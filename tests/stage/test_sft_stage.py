@@ -3,6 +3,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stages import sft
+from stages.contract import run_timed
 from tests.stage.conftest import make_ctx
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
@@ -23,8 +24,15 @@ class Recorder:
 def trained(fast_config, prepared, tmp_path_factory):
     root = tmp_path_factory.mktemp("sft")
     rec = Recorder()
-    result = sft.run(make_ctx("sft", fast_config, root, rec), {k: prepared[k] for k in ("base_model", "sft_data")})
+    result = run_timed(sft.run, make_ctx("sft", fast_config, root, rec), {k: prepared[k] for k in ("base_model", "sft_data")})
     return result, rec
+
+
+def test_the_time_to_the_first_step_is_logged_once_within_the_stage_span(trained):
+    result, rec = trained
+    first = [(s, m["time/first_step_s"]) for s, m in rec.rows if "time/first_step_s" in m]
+    assert result.compute_span is not None and len(first) == 1 and first[0][0] == 1
+    assert 0 < first[0][1] < result.compute_span[1] - result.compute_span[0]
 
 
 def test_loss_falls_and_metrics_are_logged_per_step(trained):
