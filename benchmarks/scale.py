@@ -20,10 +20,10 @@ files` with `model.name_or_path` at the checkpoint runs `rlhf run --only data_pr
 `sft.max_steps=2` (micro-batch 1, `data.max_len` 512, no gradient checkpointing; 8 rows of each set held
 out, so eval costs the same at every size). Per stage, from its MLflow run: wall time (the run's span),
 compute (the `rlhf.compute_span` tag: the stage function) and overhead (the rest: actor start-up,
-downloads, hashing, publishing). SFT's time to its first optimizer step is derived from the first `[sft] step
-N/M ... | R it/s` line the stage worker prints (no metric records it): the line's arrival time less N - 1 mean
-steps of 1/R, with the uncertainty R's two decimals leave (`first_step`; exact with `--overrides
-sft.max_steps=1`).
+downloads, hashing, publishing). SFT's time to its first optimizer step is its run's `time/first_step_s` metric
+(the trainer's; a stage from before that metric: derived from the first `[sft] step N/M ... | R it/s` line the
+stage worker prints, the line's arrival time less N - 1 mean steps of 1/R, with the uncertainty R's two
+decimals leave, `first_step`).
 Bytes: the stage run's artifact folder in the store, and the download cache copies of its inputs
 (`<state>/downloads/<run>/<name>`); the whole state folder's subfolders before and after are in the JSON.
 Memory: the RSS of every process under the `rlhf` command, every 0.2 s, each process given a role from
@@ -395,6 +395,7 @@ STEP_LINE = re.compile(r"\[sft\] step (\d+)/(\d+) .*\| ([\d.]+) it/s")
 
 
 RATE_ROUNDING = 0.005  # the progress line prints it/s with 2 decimals
+FIRST_STEP_METRIC = "time/first_step_s"  # the trainer's: from the stage function's start to its first step's end
 
 
 def first_step(lines: list[tuple[float, str]], compute_start: float) -> dict:
@@ -455,6 +456,8 @@ def stage_measures(state: Path, watched: Watched) -> list[dict]:
                              if f"[{stage}]" in line and "(StageWorker" in line]}
         if stage == "sft":
             measure.update(first_step(watched.lines, compute[0]))
+            if (logged := run.data.metrics.get(FIRST_STEP_METRIC)) is not None:  # the trainer's own, exact
+                measure.update(first_step_s=logged, first_step_error_s=0.0, first_step_from="metric")
         out.append(measure)
     return sorted(out, key=lambda m: m["span"][0])
 
