@@ -129,3 +129,41 @@ def test_peaks_by_role_and_for_a_span():
     assert w.peaks((0.5, 1.5))["roles"]["stage worker"] == {"process_mib": 200.0, "sum_mib": 250.0}
     assert [(p["pid"], p["roles"], p["peak_mib"]) for p in w.processes()] == [
         (11, ["stage worker"], 300.0), (10, ["driver"], 120.0), (12, ["stage worker"], 50.0)]
+
+
+def test_stage_measures_read_a_state_folder(tmp_path, empty_store):
+    """Per stage from a state folder's MLflow store: its run's span, its compute span, its artifacts' bytes, the
+    copies of its inputs in the download cache, its memory while it ran, and SFT's first step from the metric."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    state = tmp_path / "state"
+    state.mkdir()
+    shutil.copyfile(empty_store, state / "mlflow.db")
+    client = MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
+    exp = client.create_experiment("rlhf-pipeline", artifact_location=(state / "mlartifacts").as_uri())
+    ids = {}
+    for stage, start, inputs in (("data_prep", 1000, {}), ("sft", 2000, {"rlhf.input.sft_data": "runs:/{data_prep}/sft_data"})):
+        run = client.create_run(exp, start_time=start * 1000, tags={k: v.format(**ids) for k, v in inputs.items()})
+        ids[stage] = run_id = run.info.run_id
+        client.set_tag(run_id, "rlhf.compute_span", f"{start + 2} {start + 8}")
+        (state / "mlartifacts" / run_id / "artifacts" / "out").mkdir(parents=True)
+        (state / "mlartifacts" / run_id / "artifacts" / "out" / "w").write_bytes(b"x" * (100 if stage == "sft" else 10))
+        if stage == "sft":
+            client.log_metric(run_id, "time/first_step_s", 4.5)
+        client.set_terminated(run_id, end_time=(start + 10) * 1000)
+    (state / "downloads" / ids["data_prep"] / "sft_data").mkdir(parents=True)
+    (state / "downloads" / ids["data_prep"] / "sft_data" / "rows").write_bytes(b"y" * 7)
+    parent = client.create_run(exp, tags={"rlhf.kind": "pipeline", "stage.data_prep": f"ran {ids['data_prep']}",
+                                          "stage.sft": f"ran {ids['sft']}", "stage.rm": "not run"})
+    client.set_terminated(parent.info.run_id)
+    watched = scale.Watched(20.0, 990.0, lines=[(2009.0, "(StageWorker pid=3) [sft] step 2/2 (100%) loss=1 | 0.50 it/s, eta 0s")],
+                            samples=[(1005.0, 3, "stage worker", 100 * scale.MiB), (2005.0, 3, "stage worker", 300 * scale.MiB)])
+    prep, sft = scale.stage_measures(state, watched)
+    assert (prep["stage"], prep["wall_s"], prep["compute_s"], prep["store_bytes"], prep["download_bytes"]) == ("data_prep", 10, 6, 10, 0)
+    assert (sft["stage"], sft["store_bytes"], sft["download_bytes"], sft["tree_mib"]) == ("sft", 100, 7, 300.0)
+    assert prep["roles"]["stage worker"]["process_mib"] == 100.0
+    # the metric, not the progress line's 2002 + 7 - 1 / 0.5 = 5 s
+    assert (sft["first_step_s"], sft["first_step_error_s"], sft["first_step_from"], sft["to_step_s"]) == (4.5, 0.0, "metric", 7.0)
+    assert sft["lines"] == [(9.0, "[sft] step 2/2 (100%) loss=1 | 0.50 it/s, eta 0s")]
