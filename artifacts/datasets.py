@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -32,6 +34,18 @@ def split_entries(folder: Path) -> dict[str, dict]:
     path = folder / MANIFEST
     entries = json.loads(path.read_text()) if path.is_file() else {}
     return dict(sorted(entries.items()))
+
+
+def fetch_manifest(client: MlflowClient, ref: ArtifactRef, root: Path) -> Path:
+    """A folder holding the manifest of dataset artifact `ref` alone (`root/<run>/<name>/splits.json`), fetched
+    from the store: on a tracking server the driver reads a dataset's digests without its Arrow files."""
+    folder = root / ref.run_id / ref.name
+    if not (folder / MANIFEST).is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            fetched = Path(client.download_artifacts(ref.run_id, f"{ref.name}/{MANIFEST}", tmp))
+            os.replace(fetched, folder / MANIFEST)  # whole or absent, for a run that reads it at once
+    return folder
 
 
 def columns(first_row: dict) -> str | None:

@@ -185,11 +185,13 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
     print(f"[{spec.name}] running (MLflow run {run_id}, fingerprint {fingerprint})", flush=True)
 
     # on a tracking server the stage's workers fetch their own inputs (`node_files`); here, only the
-    # datasets, for their digests
-    fetched = {n: ref for n, ref in inputs.items() if not setup.remote or n in dag.DATASETS}
+    # datasets' manifests, for their digests
+    fetched = {n: ref for n, ref in inputs.items() if not setup.remote}
     downloads = setup.state_dir / "downloads"
     local_inputs = {n: store.download(ref, downloads, hash_cache=setup.state_dir / HASH_CACHE) for n, ref in fetched.items()}
-    read = dataset_inputs(client, inputs, local_inputs)
+    manifests = local_inputs if not setup.remote else {
+        n: datasets.fetch_manifest(client, ref, setup.state_dir / "manifests") for n, ref in inputs.items() if n in dag.DATASETS}
+    read = dataset_inputs(client, inputs, manifests)
     if spec.datasets:  # data prep: what the config's data section names
         read += datasets.config_sources(cfg.data, cfg.seed, setup.state_dir / HASH_CACHE)
     datasets.log(client, run_id, read)

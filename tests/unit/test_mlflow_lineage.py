@@ -2,6 +2,7 @@
 and described, tagged versions, and a reused stage shown under the pipeline run that reused it."""
 
 import json
+import shutil
 
 import yaml
 from mlflow.entities import Metric, RunStatus
@@ -40,6 +41,23 @@ def test_each_split_is_a_dataset_with_its_context_digest_rows_and_columns_from_t
     assert again.dataset.source_type == datasets.RUN_ARTIFACT_SOURCE
     assert json.loads(again.dataset.source) == {"uri": "runs:/r1/pref_data/train"}
     assert datasets.dataset_inputs({"pref_data": tmp_path / "none"}, {"pref_data": ref}, {"pref_data": "x"}) == []
+
+
+def test_the_driver_fetches_a_datasets_manifest_alone_and_once(client, tmp_path):
+    """On a tracking server the driver reads digests from the manifest, never the Arrow files beside it."""
+    folder = tmp_path / "out" / "sft_data"
+    write_manifest(folder, {"train": {"rows": 2, "sha256": "ef" * 32, "first": {"texts": ["q", "a"], "train": [False, True]}}})
+    (folder / "train").mkdir()
+    (folder / "train" / "data-00000-of-00001.arrow").write_bytes(b"\0" * 100_000)
+    run = client.create_run(client.exp).info.run_id
+    client.log_artifacts(run, str(folder), "sft_data")
+    ref = ArtifactRef("sft_data", run)
+    got = datasets.fetch_manifest(client, ref, tmp_path / "manifests")
+    assert got == tmp_path / "manifests" / run / "sft_data" and [p.name for p in got.rglob("*")] == [datasets.MANIFEST]
+    (found,) = datasets.dataset_inputs({"sft_data": got}, {"sft_data": ref}, {"sft_data": "mlflow-artifacts:/x"})
+    assert found.dataset.digest == "efefefef" and json.loads(found.dataset.profile) == {"num_rows": 2}
+    shutil.rmtree(tmp_path / "art")  # the store's copy gone: the fetched manifest is read, not fetched again
+    assert datasets.fetch_manifest(client, ref, tmp_path / "manifests") == got
 
 
 def test_a_registered_checkpoint_is_a_logged_model_whose_version_says_where_it_came_from(client, tmp_path):
