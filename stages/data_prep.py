@@ -21,6 +21,7 @@ import functools
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,7 +246,8 @@ def prepare(name: str, ds: datasets.Dataset, preparer: RowPreparer, procs: int, 
     started = time.monotonic()
     with data_files.quiet():
         made = source.map(preparer, batched=True, batch_size=WRITER_BATCH, writer_batch_size=WRITER_BATCH, with_indices=True,
-                          remove_columns=source.column_names, num_proc=procs if procs > 1 else None, **where)
+                          remove_columns=source.column_names, num_proc=procs if procs > 1 else None,
+                          new_fingerprint=uuid.uuid4().hex, **where)  # never reused: `datasets` need not hash the preparer
     if len(ds) >= PARALLEL_MIN_ROWS:
         print(f"[data_prep] {name}: {len(ds)} rows rendered and measured in {time.monotonic() - started:.1f} s "
               f"({procs} process{'es' if procs > 1 else ''})", flush=True)
@@ -267,7 +269,8 @@ def drop_unfit(ds: datasets.Dataset, text_columns: list[str], limit: int, strict
 
     where = {"cache_file_name": str(scratch / f"fits-{id(ds)}.arrow")} if scratch else {"keep_in_memory": True}
     with data_files.quiet():
-        fitting = ds.filter(fits, batched=True, batch_size=WRITER_BATCH, num_proc=procs if procs > 1 else None, **where)
+        fitting = ds.filter(fits, batched=True, batch_size=WRITER_BATCH, num_proc=procs if procs > 1 else None,
+                            new_fingerprint=uuid.uuid4().hex, **where)
     if strict and len(fitting) < len(ds):
         first = next(i for i in range(len(ds)) if not fits({c: [ds[i][c]] for c in text_columns})[0])
         raise DataError(f"{locate(ds[first])}: over {limit} characters, more than data.max_len tokens can hold "
