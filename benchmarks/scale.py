@@ -234,18 +234,28 @@ def checkpoint(cache: Path, model: str, seed: int) -> tuple[Path, int]:
 # ---------------------------------------------------------------- running a command and watching it
 
 
-def role(cmdline: list[str], is_root: bool) -> str:
-    """What a process of the `rlhf` tree is, from its command line."""
-    line = " ".join(cmdline)
+STAGE_WORKER, WORKER_CHILD = "stage worker", "stage worker's child"
+# a process's program (its first argument's last part) -> its role
+PROGRAMS = {"raylet": "raylet", "gcs_server": "gcs_server"}
+# a word in the command line of a Python process -> its role
+SCRIPTS = (("default_worker.py", "ray idle worker"), ("prefect", "prefect server"), ("dashboard", "ray dashboard"),
+           ("log_monitor", "ray log monitor"), ("runtime_env", "ray runtime env agent"), ("monitor.py", "ray monitor"),
+           ("mlflow", "mlflow"))
+
+
+def role(cmdline: list[str], is_root: bool, parent: str | None = None) -> str:
+    """What a process of the `rlhf` tree is, from its command line and its parent's role: a process a stage
+    worker started (data prep's pool of `data.num_proc` processes, forked with the worker's title) is its child."""
     if is_root:
         return "driver"
+    if parent in (STAGE_WORKER, WORKER_CHILD):
+        return WORKER_CHILD
+    line = " ".join(cmdline)
     if line.startswith("ray::"):
-        return "ray idle worker" if line.startswith("ray::IDLE") else "stage worker"
-    if "default_worker.py" in line:  # a Ray worker before it takes its title (its arguments name the raylet)
-        return "ray idle worker"
-    for needle, name in (("raylet", "raylet"), ("gcs_server", "gcs_server"), ("prefect", "prefect server"),
-                         ("dashboard", "ray dashboard"), ("log_monitor", "ray log monitor"),
-                         ("runtime_env", "ray runtime env agent"), ("mlflow", "mlflow")):
+        return "ray idle worker" if line.startswith("ray::IDLE") else STAGE_WORKER
+    if cmdline and (program := PROGRAMS.get(cmdline[0].rsplit("/", 1)[-1])):  # before the words: the raylet's
+        return program  # arguments name the worker script
+    for needle, name in SCRIPTS:
         if needle in line:
             return name
     return "other"
@@ -306,6 +316,7 @@ def watch(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> Watched:
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", bufsize=1)
     root = psutil.Process(proc.pid)
+    last: dict[int, str] = {}  # pid -> its role at the last sample
 
     def sample() -> None:
         while proc.poll() is None:
@@ -315,13 +326,19 @@ def watch(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> Watched:
                 procs = [root, *root.children(recursive=True)]
             except psutil.Error:
                 break
-            for p in procs:
+            roles: dict[int, str] = {}
+            for p in procs:  # parents before their children
                 try:  # the command line read each time: a Ray worker takes its actor's title once it has one
                     cmdline = p.cmdline()
-                    result.samples.append((now, p.pid, role(cmdline, p.pid == root.pid), p.memory_info().rss))
-                    result.commands[p.pid] = " ".join(cmdline)[:300]
+                    if not cmdline and p.pid in last:  # exiting: it keeps the role it had
+                        roles[p.pid] = last[p.pid]
+                    else:
+                        roles[p.pid] = role(cmdline, p.pid == root.pid, roles.get(p.ppid()))
+                        result.commands[p.pid] = " ".join(cmdline)[:300]
+                    result.samples.append((now, p.pid, roles[p.pid], p.memory_info().rss))
                 except psutil.Error:  # exited between the listing and the read
                     pass
+            last.update(roles)
             time.sleep(SAMPLE_EVERY_S)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -659,7 +676,8 @@ def main_table(data: dict) -> tuple[list[str], list[list[str]]]:
 def roles_table(data: dict) -> tuple[list[str], list[list[str]]]:
     """Peak RSS of each process role over the whole `rlhf run`, by size (the largest process; the role's sum)."""
     sizes = data["sizes"]
-    names = sorted({r for s in sizes for r in s["peaks"]["roles"]}, key=lambda r: (r != "driver", r != "stage worker", r))
+    first = ("driver", STAGE_WORKER, WORKER_CHILD)
+    names = sorted({r for s in sizes for r in s["peaks"]["roles"]}, key=lambda r: (first.index(r) if r in first else 3, r))
     columns = ["process role", *(f"{size_label(s['rows'])}: largest / all MiB" for s in sizes)]
     out = []
     for name in names:

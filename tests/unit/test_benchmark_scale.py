@@ -40,6 +40,12 @@ def test_process_roles_from_command_lines():
     assert scale.role(["/x/gcs_server", "--port"], False) == "gcs_server"
     assert scale.role(["python", "-m", "uvicorn", "prefect.server.api.server:create_app"], False) == "prefect server"
     assert scale.role(["python", "/x/ray/_private/workers/default_worker.py", "--raylet-name=/tmp/r"], False) == "ray idle worker"
+    # the raylet's arguments name the worker script
+    assert scale.role(["/x/raylet/raylet", "--python_worker_command=python default_worker.py"], False) == "raylet"
+    # data prep's pool, forked from the stage worker with its title, and their children
+    assert scale.role(["ray::StageWorker.run"], False, parent="stage worker") == "stage worker's child"
+    assert scale.role(["python", "-c", "x"], False, parent="stage worker's child") == "stage worker's child"
+    assert scale.role(["ray::StageWorker.run"], False, parent="raylet") == "stage worker"
     assert scale.role(["sleep", "1"], False) == "other"
 
 
