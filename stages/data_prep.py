@@ -567,7 +567,8 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     metrics: dict[str, float] = {}
     for name, splits_of in datasets_by_name.items():
         folder = ctx.output_dir / name
-        entries = {split: prepared_data.save(ds, folder, split) for split, ds in splits_of.items()}
+        with data_files.quiet():
+            entries = {split: prepared_data.save(ds, folder, split) for split, ds in splits_of.items()}
         prepared_data.write_manifest(folder, entries)
         for split, entry in entries.items():
             metrics[f"rows/{name}/{split}"] = float(entry["rows"])
