@@ -82,11 +82,14 @@ def rows(ds: datasets.Dataset) -> list[dict]:
     return ds.select_columns(kept).to_list()
 
 
-def read_split(dataset_dir: Path, split: str, ids: bool = False) -> list[dict]:
+def read_split(dataset_dir: Path, split: str, ids: bool = False, texts: bool = True) -> list[dict]:
     """The split's rendered rows (prompts, eval rows, preference pairs, ...) as dicts; with `ids` each text
-    field's token ids too (`field_ids` reads them)."""
+    field's token ids too (`field_ids` reads them), and without `texts` none of the texts they were made from."""
     ds = load(dataset_dir, split)
-    return ds.to_list() if ids else rows(ds)
+    if not ids:
+        return rows(ds)
+    tokenized = {c.removesuffix(IDS_SUFFIX) for c in ds.column_names if c.endswith(IDS_SUFFIX)}
+    return ds.select_columns([c for c in ds.column_names if texts or c not in tokenized]).to_list()
 
 
 def field_ids(tokenizer, row: dict, field: str) -> list[int]:

@@ -350,7 +350,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
             return KTOObjective(d, pairs, pad_id, ctx.world_size)
         return PairObjective(d, pairs, pad_id, shared, window)
 
-    eval_rows = read_split(inputs["pref_data"], "eval", ids=True)
+    eval_rows = read_split(inputs["pref_data"], "eval", ids=True, texts=False)
     unpaired = is_unpaired(eval_rows)
     if unpaired and DPO_OBJECTIVES[d.loss].pairing != "examples":
         raise DataError(f"dpo.loss={d.loss} trains on pairs, and pref_data holds unpaired rows (one response each): "
@@ -363,7 +363,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     # offline: the preference pairs (or KTO's unpaired rows); iterative: none until each round samples its own
     objective = None
     if not d.iterative.rounds:
-        train_rows = read_split(inputs["pref_data"], "train", ids=True)
+        train_rows = read_split(inputs["pref_data"], "train", ids=True, texts=False)
         objective = (KTOObjective(d, [], pad_id, ctx.world_size, encode_examples(tokenizer, train_rows)) if unpaired
                      else make_objective(encode_pairs(tokenizer, train_rows)))
 

@@ -114,3 +114,18 @@ def test_a_row_that_cannot_fit_is_dropped_by_its_characters_before_it_is_tokeniz
     with pytest.raises(DataError, match=rf"^{sft} line 7: over {limit} characters, more than data.max_len tokens can hold "
                                         r"\(data.strict_lengths\)$"):
         file_rows(strict, tok)
+
+
+def test_stored_ids_are_what_tokenizing_each_field_apart_gives(tok, tmp_path):
+    """The ids RM, PRM, DPO and RL read instead of tokenizing: equal to the tokenizer's on each field alone."""
+    pairs = [{"prompt": f"q{i} ", "chosen": f"good {i}{EOS}", "rejected": f"bad{EOS}", "margin": 0.5 * i} for i in range(4)]
+    fields = ("prompt", "chosen", "rejected")
+    preparer = data_prep.RowPreparer(tok, fields, (), 64, True, functools.partial(data_prep.row_number, "pref_data/train"))
+    ds, _ = data_prep.prepare("pref_data/train", datasets.Dataset.from_list(pairs), preparer, 1, None)
+    prepared_data.save(ds, tmp_path / "pref_data", "train")
+    stored = prepared_data.read_split(tmp_path / "pref_data", "train", ids=True, texts=False)
+    assert stored == [{"margin": r["margin"], **{f"{f}_ids": tok(r[f], add_special_tokens=False)["input_ids"] for f in fields}}
+                      for r in pairs]
+    assert prepared_data.read_split(tmp_path / "pref_data", "train") == pairs
+    assert [prepared_data.field_ids(tok, row, "chosen") for row in stored] == \
+        [prepared_data.field_ids(tok, row, "chosen") for row in pairs]  # stored, or tokenized now: the same
