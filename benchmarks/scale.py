@@ -317,6 +317,7 @@ def watch(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> Watched:
                             errors="replace", bufsize=1)
     root = psutil.Process(proc.pid)
     last: dict[int, str] = {}  # pid -> its role at the last sample
+    root_cmdline = root.cmdline()
 
     def sample() -> None:
         while proc.poll() is None:
@@ -332,6 +333,8 @@ def watch(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> Watched:
                     cmdline = p.cmdline()
                     if not cmdline and p.pid in last:  # exiting: it keeps the role it had
                         roles[p.pid] = last[p.pid]
+                    elif p.pid != root.pid and cmdline == root_cmdline:  # forked, not yet the program it runs
+                        roles[p.pid] = "driver's fork (before exec)"
                     else:
                         roles[p.pid] = role(cmdline, p.pid == root.pid, roles.get(p.ppid()))
                         result.commands[p.pid] = " ".join(cmdline)[:300]
