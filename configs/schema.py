@@ -882,7 +882,8 @@ class PipelineConfig(Section):
         default_factory=dict, description="pinned inputs: an artifact name (e.g. sft_model) to an existing artifact that "
                                           "stands in for the producing stage's output: runs:/<run_id>/<name>, "
                                           "models:/<name>/<version>, models:/<name>@<alias>, or a checkpoint folder or "
-                                          "hub id (imported into the store once, as OpenRLHF's --pretrain names a model)")
+                                          "hub id (recorded once by content: read in place on a local store, copied once "
+                                          "to a remote one; as OpenRLHF's --pretrain names a model)")
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     infra: InfraConfig = InfraConfig()
