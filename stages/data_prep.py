@@ -235,19 +235,25 @@ class RowPreparer:
                 raise DataError(f"empty {field!r}")
 
 
+def pass_options(name: str, procs: int, scratch: Path | None) -> dict:
+    """How `datasets` runs one pass of data prep (`map`, `filter`) over the rows of `name`: its Arrow file
+    under `scratch` (None: in memory), `procs` processes, and a fresh fingerprint (the pass is never reused,
+    so `datasets` need not hash its function, tokenizer included)."""
+    where = {"cache_file_name": str(scratch / f"{name.replace('/', '-')}.arrow")} if scratch else {"keep_in_memory": True}
+    return {**where, "num_proc": procs if procs > 1 else None, "new_fingerprint": uuid.uuid4().hex}
+
+
 def prepare(name: str, ds: datasets.Dataset, preparer: RowPreparer, procs: int, scratch: Path | None) -> tuple[datasets.Dataset, int]:
     """The split's rows as the stages read them, and how many were dropped for `max_len`: rendered and
     tokenized by `procs` processes into Arrow files under `scratch` (None: in memory), never held whole."""
     if not len(ds):
         raise DataError(f"{name}: dataset is empty")
-    where = {"cache_file_name": str(scratch / f"{name.replace('/', '-')}.arrow")} if scratch else {"keep_in_memory": True}
     # renamed, so that a made column of a source column's name gets its own type (`datasets` keeps the source's)
     source = ds.rename_columns({c: SOURCE_PREFIX + c for c in ds.column_names})
     started = time.monotonic()
     with data_files.quiet():
         made = source.map(preparer, batched=True, batch_size=WRITER_BATCH, writer_batch_size=WRITER_BATCH, with_indices=True,
-                          remove_columns=source.column_names, num_proc=procs if procs > 1 else None,
-                          new_fingerprint=uuid.uuid4().hex, **where)  # never reused: `datasets` need not hash the preparer
+                          remove_columns=source.column_names, **pass_options(name, procs, scratch))
     if len(ds) >= PARALLEL_MIN_ROWS:
         print(f"[data_prep] {name}: {len(ds)} rows rendered and measured in {time.monotonic() - started:.1f} s "
               f"({procs} process{'es' if procs > 1 else ''})", flush=True)
@@ -260,17 +266,15 @@ def prepare(name: str, ds: datasets.Dataset, preparer: RowPreparer, procs: int, 
     return made.remove_columns("n_tokens"), len(ds) - len(kept)
 
 
-def drop_unfit(ds: datasets.Dataset, text_columns: list[str], limit: int, strict: bool, locate: Callable[[dict], str],
-               procs: int, scratch: Path | None) -> datasets.Dataset:
+def drop_unfit(name: str, ds: datasets.Dataset, text_columns: list[str], limit: int, strict: bool,
+               locate: Callable[[dict], str], procs: int, scratch: Path | None) -> datasets.Dataset:
     """`ds` without the rows whose text columns hold over `limit` characters (they cannot fit, and one of
     500 MB must not be tokenized to find that out); with `strict` the first is an error naming it."""
     def fits(batch: dict[str, list]) -> list[bool]:
         return [sum(n_chars(batch[c][i]) for c in text_columns) <= limit for i in range(len(batch[text_columns[0]]))]
 
-    where = {"cache_file_name": str(scratch / f"fits-{id(ds)}.arrow")} if scratch else {"keep_in_memory": True}
     with data_files.quiet():
-        fitting = ds.filter(fits, batched=True, batch_size=WRITER_BATCH, num_proc=procs if procs > 1 else None,
-                            new_fingerprint=uuid.uuid4().hex, **where)
+        fitting = ds.filter(fits, batched=True, batch_size=WRITER_BATCH, **pass_options(f"{name}-fits", procs, scratch))
     if strict and len(fitting) < len(ds):
         first = next(i for i in range(len(ds)) if not fits({c: [ds[i][c]] for c in text_columns})[0])
         raise DataError(f"{locate(ds[first])}: over {limit} characters, more than data.max_len tokens can hold "
@@ -438,7 +442,7 @@ def file_datasets(cfg: PipelineConfig, tokenizer, dropped: dict[str, int] | None
         splits = {}
         for split, ds in parts.items():
             procs = num_proc(cfg, len(ds))
-            fitting = drop_unfit(ds, text_columns, limit, data.strict_lengths, locate, procs, scratch)
+            fitting = drop_unfit(f"{name}/{split}", ds, text_columns, limit, data.strict_lengths, locate, procs, scratch)
             if not len(fitting):
                 raise DataError(f"{name}/{split}: every row is longer than data.max_len={data.max_len}; raise data.max_len")
             splits[split], over = prepare(f"{name}/{split}", fitting, preparer, procs, scratch)
