@@ -66,12 +66,18 @@ def stage_worker_logs(root: Path, node: str) -> list[Path]:
     return [p for p in logs.glob("worker-*.out") if "StageWorker" in p.read_text(errors="replace")]
 
 
-def kill(root: Path, service: str) -> None:
-    """SIGKILL every process of a service `up` started, as a machine that died would leave it."""
-    rows = processes.table()
-    for pid in processes.family(rows, cluster.load(root).procs[service]):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+def kill(root: Path, service: str, timeout: float = 30.0) -> None:
+    """SIGKILL every process of a service `up` started, as a machine that died would leave it, and return once
+    none is left: a process forked after a look at the table is killed at the next look, and a killed one
+    that has not yet ended (still writing into the node's folder, still holding its port) is waited for."""
+    leader = cluster.load(root).procs[service]
+    deadline = time.monotonic() + timeout
+    while alive := processes.family(processes.table(), leader):
+        assert time.monotonic() < deadline, f"{service}: processes {sorted(alive)} still alive {timeout:.0f} s after SIGKILL"
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
 
 
 def restart(root: Path, service: str, command: list[str], env: dict[str, str]) -> None:
