@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import TypeVar, overload
 
 import datasets
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from configs.errors import DataError
 from stages.common.tokenization import labels_of
@@ -92,6 +94,12 @@ def read_split(dataset_dir: Path, split: str, ids: bool = False, texts: bool = T
     return ds.select_columns([c for c in ds.column_names if texts or c not in tokenized]).to_list()
 
 
+def list_lengths(ds: datasets.Dataset, column: str) -> np.ndarray:
+    """Each row's length of the list column `column`, read from the Arrow buffers: checking a million
+    rows' lengths makes no Python object per row."""
+    return pc.list_value_length(ds.select_columns([column]).with_format("arrow")[:][column]).to_numpy()
+
+
 def field_ids(tokenizer, row: dict, field: str) -> list[int]:
     """A text field's token ids: data prep's, or for a row made elsewhere (a sample, a test's) tokenized now,
     as data prep tokenizes it (apart from the other fields)."""
@@ -126,6 +134,13 @@ class MappedRows(Sequence[T]):
 
     def __iter__(self) -> Iterator[T]:
         return map(self.make, self.ds)
+
+
+def row_view(dataset_dir: Path, split: str) -> MappedRows[dict]:
+    """The split's rendered rows (no token columns) as dicts, each read as it is indexed: for stages that
+    draw some rows of a set (prompts per round), not all."""
+    ds = load(dataset_dir, split)
+    return MappedRows(ds, tuple(c for c in ds.column_names if not is_token_column(c)), dict, f"{Path(dataset_dir).name}/{split}")
 
 
 def ids_and_labels(row: dict) -> tuple[list[int], list[int]]:

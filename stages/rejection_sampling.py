@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -29,7 +30,7 @@ from stages.common import checkpoint, deepspeed_engine, generation, moe
 from stages.common.tokenization import IGNORE_INDEX
 from stages.common.trainer import SampleStream, total_steps
 from stages.contract import StageContext, StageResult
-from stages.prepared_data import read_split, token_rows
+from stages.prepared_data import row_view, token_rows
 from stages.rewards.factory import build_scorer
 from stages.sft import eval_loss, fit_lm
 
@@ -48,7 +49,7 @@ def training_row(prompt_ids: list[int], response_ids: list[int]) -> Row:
     return prompt_ids + response_ids, [IGNORE_INDEX] * len(prompt_ids) + response_ids
 
 
-def sample_round(ctx: StageContext, r: int, policy: Path, tokenizer, prompt_rows: list[dict], scorer) -> tuple[list[Row], dict]:
+def sample_round(ctx: StageContext, r: int, policy: Path, tokenizer, prompt_rows: Sequence[dict], scorer) -> tuple[list[Row], dict]:
     """Round r's kept rows (every rank gets all of them) and its stats; each rank samples an equal share."""
     s = ctx.config.rs
     stream = SampleStream(len(prompt_rows), s.prompts_per_round, 0, 1, ctx.config.seed)
@@ -97,7 +98,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     deepspeed_engine.init_distributed()
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
     pad_id = tokenizer.pad_token_id
-    prompt_rows = read_split(inputs["prompts"], "train")
+    prompt_rows = row_view(inputs["prompts"], "train")
     eval_rows = token_rows(inputs["sft_data"], "eval")
     scorer = build_scorer(cfg.reward, inputs)
     policy, offset, outcome = inputs["sft_model"], 0, None

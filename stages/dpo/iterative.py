@@ -11,7 +11,7 @@ in the work dir before training on them, so a resumed run trains on exactly the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -57,7 +57,7 @@ class Rounds:
     `make_objective(pairs)` builds the loss over pairs; `reference(engine, objective)` scores its
     sequences with the engine's current weights (on every rank)."""
 
-    def __init__(self, ctx: StageContext, tokenizer, prompt_rows: list[dict], scorer,
+    def __init__(self, ctx: StageContext, tokenizer, prompt_rows: Sequence[dict], scorer,
                  make_objective: Callable[[list[tuple[Seq, Seq]]], Objective], reference: Callable[[Any, Objective], torch.Tensor]):
         d = ctx.config.dpo
         self.ctx, self.d, self.it = ctx, d, d.iterative

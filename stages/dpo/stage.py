@@ -19,9 +19,10 @@ undesirable one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from transformers import AutoConfig, set_seed
@@ -29,6 +30,7 @@ from transformers import AutoConfig, set_seed
 from configs.dpo_objectives import DPO_OBJECTIVES
 from configs.errors import DataError
 from configs.schema import DPOConfig
+from stages import prepared_data
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe, packing, shared_prompt
 from stages.common.shared_prompt import MASKED_ATTENTION, attention_window
 from stages.common.trainer import SampleStream, build_engine, eval_batches, fit, total_steps, train_loop
@@ -42,10 +44,10 @@ from stages.dpo.losses import (
     sequence_logps,
     token_logps,
 )
-from stages.prepared_data import field_ids, read_split
+from stages.dpo.pairs import Pair, PairShape, PairSides, Seq, SplitPairs, WithKLSequences, stored_examples, stored_pairs
+from stages.prepared_data import field_ids
 from stages.rewards.factory import build_scorer
 
-Seq = tuple[list[int], list[int]]  # prompt ids, response ids
 REFERENCE_FILE = "reference_logps.pt"
 
 
@@ -132,14 +134,16 @@ class PairObjective:
     `packing` passes the two-row layout as one padding-free row instead (its restarting position ids
     cannot let a rejected response see a prompt laid out before the chosen one)."""
 
-    def __init__(self, cfg: DPOConfig, pairs: list[tuple[Seq, Seq]], pad_id: int, shared_prompt: bool = False,
-                 window: int | None = None):
+    def __init__(self, cfg: DPOConfig, pairs: Sequence[Pair], pad_id: int, shared_prompt: bool = False,
+                 window: int | None = None, shape: PairShape | None = None):
+        """`shape`: the pairs' (stored_pairs gives it from the stored lengths), else read from the pairs."""
         self.cfg, self.pad_id, self.n_rows, self.pairs = cfg, pad_id, len(pairs), pairs
         # the sequences whose reference log-probs the rows need: chosen ones, then rejected ones
-        self.sequences = [c for c, _ in pairs] + [r for _, r in pairs]
-        self.shared_prompt = shared_prompt and all(c[0] == r[0] and c[1] and r[1] for c, r in pairs) and (
-            window is None or all(len(p) + len(r) <= window for p, r in self.sequences)) and not (
-            cfg.aux_loss_coef or cfg.packing)
+        self.sequences = PairSides(pairs)
+        if shared_prompt:
+            shape = shape or PairShape.of(pairs)
+            shared_prompt = shape.shares_prompts and (window is None or shape.longest <= window)
+        self.shared_prompt = shared_prompt and not (cfg.aux_loss_coef or cfg.packing)
 
     def sequence_ids(self, rows: list[int]) -> list[int]:
         return rows + [self.n_rows + i for i in rows]
@@ -174,33 +178,23 @@ class PairObjective:
         return moe.add_aux_loss(loss, aux, self.cfg.aux_loss_coef, logs), logs, int(batch["tokens"])
 
 
-def mismatched(examples: list[Seq], j: int, start: int) -> int:
-    """The example whose completion goes with example j's prompt in its KL sequence: the first from j + start
-    on, in order, that answers another prompt (OpenRLHF takes the next one in its micro-batch)."""
-    m = len(examples)
-    for step in range(start, start + m):
-        if examples[(j + step) % m][0] != examples[j][0]:
-            return (j + step) % m
-    return (j + start) % m  # every example answers one prompt: no mismatched completion exists
-
-
 class KTOObjective:
     """KTO on unpaired examples: `examples` (sequences and whether each is desirable), or `pairs` split,
     pair i giving example 2i (chosen, desirable) and 2i+1 (rejected, undesirable). Example j's KL sequence
     is its prompt with the completion of another prompt's example (`mismatched`: j+2 for split pairs, as
     j+1 shares the prompt); their log-ratios estimate the reference point z0."""
 
-    def __init__(self, cfg: DPOConfig, pairs: list[tuple[Seq, Seq]], pad_id: int, world: int,
-                 examples: tuple[list[Seq], list[bool]] | None = None):
+    def __init__(self, cfg: DPOConfig, pairs: Sequence[Pair], pad_id: int, world: int,
+                 examples: tuple[Sequence[Seq], Sequence[bool] | np.ndarray] | None = None):
         self.cfg, self.pad_id, self.world, self.pairs = cfg, pad_id, world, pairs
         if examples is None:
-            split = [seq for pair in pairs for seq in pair]
-            examples, start = (split, [j % 2 == 0 for j in range(len(split))]), 2
+            split = SplitPairs(pairs)
+            examples, start = (split, np.arange(len(split)) % 2 == 0), 2
         else:
             start = 1
         seqs, self.desirable = examples
-        self.n_rows = m = len(seqs)
-        self.sequences = seqs + [(seqs[j][0], seqs[mismatched(seqs, j, start)][1]) for j in range(m)]
+        self.n_rows = len(seqs)
+        self.sequences = WithKLSequences(seqs, start)
 
     def sequence_ids(self, rows: list[int]) -> list[int]:
         return rows + [self.n_rows + j for j in rows]
@@ -211,7 +205,7 @@ class KTOObjective:
         kl = sequence_batch([self.sequences[j] for j in kl_idx], self.pad_id)
         batch.update({f"kl_{k}": v for k, v in kl.items()})
         batch["ref"], batch["ref_kl"] = ref[idx], ref[kl_idx]
-        batch["desirable"] = torch.tensor([self.desirable[j] for j in idx])
+        batch["desirable"] = torch.tensor([bool(self.desirable[j]) for j in idx])
         return batch
 
     def terms(self, engine, batch: dict, aux: list | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -345,27 +339,24 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         packing.check(config, "dpo.packing")
     window = attention_window(config)
 
-    def make_objective(pairs):
+    def make_objective(pairs: Sequence[Pair], shape: PairShape | None = None) -> PairObjective | KTOObjective:
         if DPO_OBJECTIVES[d.loss].pairing == "examples":
             return KTOObjective(d, pairs, pad_id, ctx.world_size)
-        return PairObjective(d, pairs, pad_id, shared, window)
+        return PairObjective(d, pairs, pad_id, shared, window, shape)
 
-    eval_rows = read_split(inputs["pref_data"], "eval", ids=True, texts=False)
-    unpaired = is_unpaired(eval_rows)
-    if unpaired and DPO_OBJECTIVES[d.loss].pairing != "examples":
-        raise DataError(f"dpo.loss={d.loss} trains on pairs, and pref_data holds unpaired rows (one response each): "
-                        "set dpo.loss=kto")
-    evaluation: PairObjective | KTOObjective
-    if unpaired:
-        evaluation = KTOObjective(d, [], pad_id, ctx.world_size, encode_examples(tokenizer, eval_rows))
-    else:
-        evaluation = PairObjective(d, encode_pairs(tokenizer, eval_rows), pad_id, shared, window)
+    def stored_objective(split: str) -> PairObjective | KTOObjective:
+        """The split's pairs (or KTO's unpaired rows), read from the memory-mapped split as batches need them."""
+        ds = prepared_data.load(inputs["pref_data"], split)
+        if "desirable" in ds.column_names:  # written from data.preference.unpaired: one response each
+            if DPO_OBJECTIVES[d.loss].pairing != "examples":
+                raise DataError(f"dpo.loss={d.loss} trains on pairs, and pref_data holds unpaired rows (one response "
+                                "each): set dpo.loss=kto")
+            return KTOObjective(d, [], pad_id, ctx.world_size, stored_examples(ds, f"pref_data/{split}"))
+        return make_objective(*stored_pairs(ds, f"pref_data/{split}"))
+
+    evaluation = stored_objective("eval")
     # offline: the preference pairs (or KTO's unpaired rows); iterative: none until each round samples its own
-    objective = None
-    if not d.iterative.rounds:
-        train_rows = read_split(inputs["pref_data"], "train", ids=True, texts=False)
-        objective = (KTOObjective(d, [], pad_id, ctx.world_size, encode_examples(tokenizer, train_rows)) if unpaired
-                     else make_objective(encode_pairs(tokenizer, train_rows)))
+    objective = None if d.iterative.rounds else stored_objective("train")
 
     def precompute() -> dict[str, torch.Tensor]:
         reference = checkpoint.load_frozen_lm(inputs["sft_model"], cfg.model, cfg.infra.precision)
@@ -385,7 +376,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         return eval_pairs(engine, evaluation, ref["eval"], d.micro_batch_size, ctx.rank, ctx.world_size)
 
     if objective is not None:
-        engine, outcome = fit(ctx, model, d, list(range(objective.n_rows)),
+        engine, outcome = fit(ctx, model, d, range(objective.n_rows),
                               collate=lambda idx: objective.collate(ref["train"], idx),
                               loss_fn=objective.loss, evaluate=evaluate)
     else:
@@ -413,7 +404,7 @@ def fit_iterative(ctx: StageContext, model, tokenizer, inputs: dict[str, Path], 
                                     tokenizer.pad_token_id, ctx.rank, ctx.world_size, d.packing)
 
     scorer = build_scorer(cfg.reward, inputs)
-    rounds = Rounds(ctx, tokenizer, read_split(inputs["prompts"], "train"), scorer, make_objective, reference)
+    rounds = Rounds(ctx, tokenizer, prepared_data.row_view(inputs["prompts"], "train"), scorer, make_objective, reference)
     engine = build_engine(model, cfg.infra, d, rounds.max_steps)
     outcome = train_loop(ctx, engine, d, rounds.max_steps, micro_batch=lambda g: rounds.micro_batch(engine, g),
                          loss_fn=rounds.loss, evaluate=lambda: evaluate(engine))

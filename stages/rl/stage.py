@@ -26,19 +26,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
+import numpy as np
 import torch
 from transformers import set_seed
 
 from configs.errors import DataError, RewardError, first_line
 from configs.reward_sources import REWARD_SOURCES, own_models
 from configs.schema import PipelineConfig, RewardConfig
+from stages import prepared_data
 from stages.common import checkpoint
 from stages.common.answers import is_correct
 from stages.common.progress import Progress
 from stages.common.trainer import SampleStream
 from stages.contract import StageContext, StageResult, node_inputs
 from stages.eval_metrics import by_prompt, held_out_metrics
-from stages.prepared_data import field_ids, read_split
+from stages.prepared_data import field_ids
 from stages.rewards.base import RewardBatch, concat
 from stages.rl import reward_worker, weight_sync, workers
 from stages.rl.advantages import compute_advantages, groups_in_range, overlong_penalty, stop_properly_penalty, varied_groups
@@ -69,6 +71,9 @@ R = TypeVar("R")
 MAX_FILL_ROUNDS = 4  # dynamic filtering: extra rollouts tried before the batch is topped up with filtered groups
 
 
+PROMPT_IDS = prepared_data.ids_column("prompt")
+
+
 @dataclass
 class Prompt:
     text: str
@@ -76,16 +81,38 @@ class Prompt:
     label: str | None
 
 
-def encode_prompts(tokenizer, rows: list[dict], max_len: int, where: str) -> list[Prompt]:
-    out = []
-    for i, row in enumerate(rows):
-        ids = field_ids(tokenizer, row, "prompt")
-        if not ids:
+def check_prompt_lengths(lengths: np.ndarray, max_len: int, where: str) -> None:
+    """A DataError naming the first prompt of `lengths` (token counts, in row order) that is empty or
+    over `max_len`."""
+    bad = np.flatnonzero((lengths == 0) | (lengths > max_len))
+    if bad.size:
+        i = int(bad[0])
+        if not lengths[i]:
             raise DataError(f"{where} row {i}: empty prompt")
-        if len(ids) > max_len:
-            raise DataError(f"{where} row {i}: prompt is {len(ids)} tokens, over rl.rollout.prompt_max_len={max_len}")
-        out.append(Prompt(row["prompt"], ids, row.get("label")))
+        raise DataError(f"{where} row {i}: prompt is {lengths[i]} tokens, over rl.rollout.prompt_max_len={max_len}")
+
+
+def encode_prompts(tokenizer, rows: list[dict], max_len: int, where: str) -> list[Prompt]:
+    """Prompts of rows held in memory (data prep's ids where the rows have them)."""
+    out = [Prompt(row["prompt"], field_ids(tokenizer, row, "prompt"), row.get("label")) for row in rows]
+    check_prompt_lengths(np.array([len(p.ids) for p in out], dtype=np.int64), max_len, where)
     return out
+
+
+def prompt_of(row: dict) -> Prompt:
+    return Prompt(row["prompt"], row[PROMPT_IDS], row.get("label"))
+
+
+def stored_prompts(dataset_dir: Path, split: str, max_len: int, where: str, limit: int | None = None) -> Sequence[Prompt]:
+    """A prepared split's prompts (its first `limit`), each read from the memory-mapped split when drawn;
+    every prompt's length checked first, from the stored ids' lengths."""
+    ds = prepared_data.load(dataset_dir, split)
+    if limit is not None and limit < len(ds):
+        ds = ds.select(range(limit))
+    columns = ("prompt", PROMPT_IDS) + (("label",) if "label" in ds.column_names else ())
+    prompts = prepared_data.MappedRows(ds, columns, prompt_of, where)
+    check_prompt_lengths(prepared_data.list_lengths(ds, PROMPT_IDS), max_len, where)
+    return prompts
 
 
 class Timer:
@@ -276,9 +303,9 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
     set_seed(cfg.seed)
     n = rl.rollout.n_samples_per_prompt
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
-    prompts = encode_prompts(tokenizer, read_split(inputs["prompts"], "train", ids=True), rl.rollout.prompt_max_len, "prompts/train")
-    eval_prompts = encode_prompts(tokenizer, read_split(inputs["eval_data"], "eval", ids=True)[: cfg.eval.max_samples],
-                                  rl.rollout.prompt_max_len, "eval_data/eval")
+    prompts = stored_prompts(inputs["prompts"], "train", rl.rollout.prompt_max_len, "prompts/train")
+    eval_prompts = list(stored_prompts(inputs["eval_data"], "eval", rl.rollout.prompt_max_len, "eval_data/eval",
+                                       cfg.eval.max_samples))
     total = rl.max_steps or math.ceil(rl.num_episodes * len(prompts) / rl.rollout.batch_size)
     stream = SampleStream(len(prompts), 1, 0, 1, cfg.seed)
     ckpt = {"policy": ctx.work_dir / "checkpoints" / "policy", "critic": ctx.work_dir / "checkpoints" / "critic"}
@@ -402,7 +429,7 @@ def train(actors: Actors, batch: dict[str, torch.Tensor], step: int, use_kl_loss
     return logs
 
 
-def pick(prompts: list[Prompt], stream: SampleStream, cursor: int, want: int) -> list[Prompt]:
+def pick(prompts: Sequence[Prompt], stream: SampleStream, cursor: int, want: int) -> list[Prompt]:
     return [prompts[stream.micro_batch(p)[0]] for p in range(cursor, cursor + want)]
 
 
@@ -417,14 +444,14 @@ def launch_round(actors: Actors, picked: list[Prompt], cfg, step: int, rounds: i
                              round_seed(cfg, step, rounds), rl.rollout.temperature, rl.rollout.generate_max_len, rl.rollout.top_p)
 
 
-def draw(actors: Actors, prompts: list[Prompt], stream: SampleStream, start: int, cfg, step: int, updates: int) -> Drawn:
+def draw(actors: Actors, prompts: Sequence[Prompt], stream: SampleStream, start: int, cfg, step: int, updates: int) -> Drawn:
     """Step `step`'s first rollout round from stream position `start`, launched now (async training, after
     `updates` policy updates); `rollout` collects it."""
     picked = pick(prompts, stream, start, cfg.rl.rollout.batch_size)
     return Drawn(step, start, updates, launch_round(actors, picked, cfg, step, 0))
 
 
-def rollout(actors: Actors, tokenizer, prompts: list[Prompt], stream: SampleStream, cursor: int, cfg, step: int,
+def rollout(actors: Actors, tokenizer, prompts: Sequence[Prompt], stream: SampleStream, cursor: int, cfg, step: int,
             timer: Timer, drawn: Drawn | None = None):
     """`rl.rollout.batch_size` prompts x n samples, scored; with dynamic filtering, groups whose scores are
     all equal are replaced by fresh prompts (up to MAX_FILL_ROUNDS extra rollouts, then topped up with
