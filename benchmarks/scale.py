@@ -268,8 +268,8 @@ class Watched:
     wall_s: float
     started: float  # Unix seconds
     lines: list[tuple[float, str]] = field(default_factory=list)
-    # (Unix time, pid, role, RSS bytes) for each process of the tree at each sample
-    samples: list[tuple[float, int, str, int]] = field(default_factory=list)
+    # (Unix time, pid, role, RSS bytes, anonymous RSS bytes) for each process of the tree at each sample
+    samples: list[tuple[float, int, str, int, int]] = field(default_factory=list)
     commands: dict[int, str] = field(default_factory=dict)  # pid -> its last command line seen (cut short)
     load: list[float] = field(default_factory=list)  # the machine's 1-minute load average, each sample
 
@@ -278,33 +278,48 @@ class Watched:
         return [min(self.load), max(self.load)] if self.load else []
 
     def processes(self) -> list[dict]:
-        """Each process seen: its role(s), command line and peak RSS, largest first."""
+        """Each process seen: its role(s), command line and peak RSS (and anonymous RSS), largest first."""
         seen: dict[int, dict] = {}
-        for _, pid, name, rss in self.samples:
-            entry = seen.setdefault(pid, {"pid": pid, "roles": [], "peak_mib": 0.0, "cmdline": self.commands.get(pid, "")})
+        for _, pid, name, rss, anon in self.samples:
+            entry = seen.setdefault(pid, {"pid": pid, "roles": [], "peak_mib": 0.0, "peak_anon_mib": 0.0,
+                                          "cmdline": self.commands.get(pid, "")})
             if name not in entry["roles"]:
                 entry["roles"].append(name)
             entry["peak_mib"] = max(entry["peak_mib"], rss / MiB)
+            entry["peak_anon_mib"] = max(entry["peak_anon_mib"], anon / MiB)
         return sorted(seen.values(), key=lambda e: -e["peak_mib"])
 
     def peaks(self, span: tuple[float, float] | None = None) -> dict:
-        """Per role: the largest process's RSS and the role's largest sum over one sample; and the tree's."""
+        """Per role: the largest process's RSS (and anonymous RSS: what it allocated, without the pages of the
+        files it maps, which the kernel can drop) and the role's largest sum over one sample; and the tree's."""
         chosen = [s for s in self.samples if span is None or span[0] <= s[0] <= span[1]]
-        by_time: dict[float, list[tuple[int, str, int]]] = {}
-        for t, pid, name, rss in chosen:
-            by_time.setdefault(t, []).append((pid, name, rss))
+        by_time: dict[float, list[tuple[int, str, int, int]]] = {}
+        for t, pid, name, rss, anon in chosen:
+            by_time.setdefault(t, []).append((pid, name, rss, anon))
         roles: dict[str, dict[str, float]] = {}
         tree = 0
         for procs in by_time.values():
-            tree = max(tree, sum(rss for _, _, rss in procs))
+            tree = max(tree, sum(rss for _, _, rss, _ in procs))
             sums: dict[str, int] = {}
-            for _, name, rss in procs:
+            for _, name, rss, anon in procs:
                 sums[name] = sums.get(name, 0) + rss
-                entry = roles.setdefault(name, {"process_mib": 0.0, "sum_mib": 0.0})
+                entry = roles.setdefault(name, {"process_mib": 0.0, "process_anon_mib": 0.0, "sum_mib": 0.0})
                 entry["process_mib"] = max(entry["process_mib"], rss / MiB)
+                entry["process_anon_mib"] = max(entry["process_anon_mib"], anon / MiB)
             for name, total in sums.items():
                 roles[name]["sum_mib"] = max(roles[name]["sum_mib"], total / MiB)
         return {"tree_mib": tree / MiB, "roles": roles}
+
+
+def anon_rss(pid: int) -> int:
+    """A process's anonymous resident bytes (`RssAnon` of /proc/PID/status; 0 where the kernel has none)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def watch(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> Watched:
@@ -338,7 +353,7 @@ def watch(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> Watched:
                     else:
                         roles[p.pid] = role(cmdline, p.pid == root.pid, roles.get(p.ppid()))
                         result.commands[p.pid] = " ".join(cmdline)[:300]
-                    result.samples.append((now, p.pid, roles[p.pid], p.memory_info().rss))
+                    result.samples.append((now, p.pid, roles[p.pid], p.memory_info().rss, anon_rss(p.pid)))
                 except psutil.Error:  # exited between the listing and the read
                     pass
             last.update(roles)
@@ -607,7 +622,7 @@ def _f(value: float | None, fmt: str = "{:.1f}") -> str:
 
 
 COLUMNS = ["rows", "stage", "wall s", "compute s", "overhead s", "to 1st step s", "store MB", "download cache MB",
-           "worker peak RSS MiB", "tree peak RSS MiB"]
+           "worker peak RSS MiB", "worker peak anon MiB", "tree peak RSS MiB"]
 
 
 def first_step_cell(m: dict) -> str:
@@ -622,18 +637,20 @@ def first_step_cell(m: dict) -> str:
 
 
 def stage_row(n: int, m: dict) -> list[str]:
-    worker = m["roles"].get("stage worker", {}).get("process_mib")
+    worker = m["roles"].get("stage worker", {})
     return [size_label(n), m["stage"], _f(m["wall_s"]), _f(m["compute_s"]), _f(m["wall_s"] - m["compute_s"]),
-            first_step_cell(m), mb(m["store_bytes"]), mb(m["download_bytes"]), _f(worker, "{:,.0f}"),
-            _f(m["tree_mib"], "{:,.0f}")]
+            first_step_cell(m), mb(m["store_bytes"]), mb(m["download_bytes"]), _f(worker.get("process_mib"), "{:,.0f}"),
+            _f(worker.get("process_anon_mib"), "{:,.0f}"), _f(m["tree_mib"], "{:,.0f}")]
 
 
 def reference_row(n: int, ref: dict) -> list[str]:
     kinds = [k for k in KINDS if k in ref]
     load, mapped = sum(ref[k]["load_s"] for k in kinds), sum(ref[k]["map_s"] for k in kinds)
     largest = max((r["process_mib"] for r in ref["peaks"]["roles"].values()), default=0.0)
+    anon = [r["process_anon_mib"] for r in ref["peaks"]["roles"].values() if "process_anon_mib" in r]
     return [size_label(n), f"datasets.map ({ref['num_proc']} procs): load + map", _f(load + mapped), _f(mapped),
-            _f(load), "", "", mb(ref["cache_bytes"]), f"{largest:,.0f}", f"{ref['peaks']['tree_mib']:,.0f}"]
+            _f(load), "", "", mb(ref["cache_bytes"]), f"{largest:,.0f}", f"{max(anon):,.0f}" if anon else "",
+            f"{ref['peaks']['tree_mib']:,.0f}"]
 
 
 def growth_rows(sizes: list[dict]) -> list[list[str]]:
@@ -658,10 +675,11 @@ def growth_rows(sizes: list[dict]) -> list[list[str]]:
 
         over_s, over_l = s["wall_s"] - s["compute_s"], m["wall_s"] - m["compute_s"]
         worker = [x["roles"].get("stage worker", {}).get("process_mib") for x in (s, m)]
+        anon = [x["roles"].get("stage worker", {}).get("process_anon_mib") for x in (s, m)]
         out.append([label, f"{m['stage']} growth", ratio("wall_s"), ratio("compute_s"),
                     f"×{over_l / over_s:.2f}" if over_s > 0 else "", ratio("first_step_s"),
                     diff(s["store_bytes"], m["store_bytes"], 1e6), diff(s["download_bytes"], m["download_bytes"], 1e6),
-                    diff(worker[0], worker[1]), diff(s["tree_mib"], m["tree_mib"])])
+                    diff(worker[0], worker[1]), diff(anon[0], anon[1]), diff(s["tree_mib"], m["tree_mib"])])
     return out
 
 
@@ -671,7 +689,7 @@ def main_table(data: dict) -> tuple[list[str], list[list[str]]]:
         rows_out += [stage_row(size["rows"], m) for m in size["stages"]]
         rows_out.append([size_label(size["rows"]), "rlhf run (whole command)", _f(size["wall_s"]), "", "", "",
                          mb(size["state_after"].get("mlartifacts", 0) - size["state_before"].get("mlartifacts", 0)),
-                         mb(size["state_after"].get("downloads", 0) - size["state_before"].get("downloads", 0)), "",
+                         mb(size["state_after"].get("downloads", 0) - size["state_before"].get("downloads", 0)), "", "",
                          f"{size['peaks']['tree_mib']:,.0f}"])
         if "reference" in size:
             rows_out.append(reference_row(size["rows"], size["reference"]))

@@ -1,9 +1,12 @@
 """The scale benchmark's pure parts: the generated rows (deterministic, a smaller set a prefix of a larger one,
-~650-byte SFT rows), the process roles, SFT's first step from its progress line, and its tables from a result
+~650-byte SFT rows), the process roles, anonymous RSS apart from mapped files, SFT's first step from its progress line, and its tables from a result
 built by hand (the run itself is minutes to hours: `python -m benchmarks run scale`)."""
 
 import json
+import subprocess
+import sys
 
+import psutil
 import pytest
 
 from benchmarks import scale
@@ -72,7 +75,8 @@ def test_rows_option():
 
 def stage(name, wall, compute, store, downloads, worker, tree, **extra):
     return {"stage": name, "wall_s": wall, "compute_s": compute, "store_bytes": store, "download_bytes": downloads,
-            "tree_mib": tree, "roles": {"stage worker": {"process_mib": worker, "sum_mib": worker}}, **extra}
+            "tree_mib": tree, "roles": {"stage worker": {"process_mib": worker, "process_anon_mib": worker / 2,
+                                                         "sum_mib": worker}}, **extra}
 
 
 def size(rows, stages, wall, tree, mlartifacts):
@@ -81,8 +85,8 @@ def size(rows, stages, wall, tree, mlartifacts):
                                                   "stage worker": {"process_mib": tree - 500, "sum_mib": tree - 400}}},
             "state_before": {}, "state_after": {"mlartifacts": mlartifacts, "downloads": 5e6},
             "reference": {"num_proc": 2, "sft": {"load_s": 1.0, "map_s": 4.0}, "prompts": {"load_s": 0.5, "map_s": 1.5},
-                          "cache_bytes": 3e6, "peaks": {"tree_mib": 900.0, "roles": {"driver": {"process_mib": 600.0,
-                                                                                                   "sum_mib": 600.0}}}}}
+                          "cache_bytes": 3e6, "peaks": {"tree_mib": 900.0, "roles": {"driver": {
+                              "process_mib": 600.0, "process_anon_mib": 450.0, "sum_mib": 600.0}}}}}
 
 
 def test_tables_from_a_result_built_by_hand():
@@ -101,15 +105,16 @@ def test_tables_from_a_result_built_by_hand():
     assert list(made) == ["scale", "scale-processes", "scale-pin"]
     main = made["scale"]
     assert main.columns == scale.COLUMNS
-    assert main.rows[0] == ["20k", "data_prep", "20.0", "15.0", "5.0", "", "4", "0", "800", "2,000"]
-    assert main.rows[1] == ["20k", "sft", "30.0", "25.0", "5.0", "10.0", "240", "5", "2,000", "3,000"]
-    assert main.rows[2] == ["20k", "rlhf run (whole command)", "60.0", "", "", "", "244", "5", "", "3,100"]
-    assert main.rows[3] == ["20k", "datasets.map (2 procs): load + map", "7.0", "5.5", "1.5", "", "", "3", "600", "900"]
+    assert main.rows[0] == ["20k", "data_prep", "20.0", "15.0", "5.0", "", "4", "0", "800", "400", "2,000"]
+    assert main.rows[1] == ["20k", "sft", "30.0", "25.0", "5.0", "10.0", "240", "5", "2,000", "1,000", "3,000"]
+    assert main.rows[2] == ["20k", "rlhf run (whole command)", "60.0", "", "", "", "244", "5", "", "", "3,100"]
+    assert main.rows[3] == ["20k", "datasets.map (2 procs): load + map", "7.0", "5.5", "1.5", "", "", "3", "600", "450", "900"]
     assert main.rows[5][5] == "55.0 ± 0.3"
     assert main.rows[7][:2] == ["1M", "datasets.map (2 procs): load + map"]
     # growth, largest against smallest: times as ratios, bytes (MB) and memory (MiB) as differences
-    assert main.rows[8] == ["20k → 1M", "data_prep growth", "×10.00", "×12.67", "×2.00", "", "+196", "+0", "+1,000", "+1,000"]
-    assert main.rows[9] == ["20k → 1M", "sft growth", "×2.67", "×2.80", "×2.00", "×5.50", "+0", "+195", "+250", "+500"]
+    assert main.rows[8] == ["20k → 1M", "data_prep growth", "×10.00", "×12.67", "×2.00", "", "+196", "+0", "+1,000", "+500",
+                            "+1,000"]
+    assert main.rows[9] == ["20k → 1M", "sft growth", "×2.67", "×2.80", "×2.00", "×5.50", "+0", "+195", "+250", "+125", "+500"]
     assert len(main.rows) == 10
     assert "60M-parameter Llama (50m, fp32 safetensors 240 MB) and 20k, 1M rows" in main.title
     assert "load average" not in main.title  # none recorded
@@ -127,14 +132,36 @@ def test_tables_from_a_result_built_by_hand():
 
 
 def test_peaks_by_role_and_for_a_span():
-    w = scale.Watched(1.0, 0.0, samples=[(1.0, 10, "driver", 100 * scale.MiB), (1.0, 11, "stage worker", 200 * scale.MiB),
-                                         (1.0, 12, "stage worker", 50 * scale.MiB), (2.0, 10, "driver", 120 * scale.MiB),
-                                         (2.0, 11, "stage worker", 300 * scale.MiB)])
-    assert w.peaks() == {"tree_mib": 420.0, "roles": {"driver": {"process_mib": 120.0, "sum_mib": 120.0},
-                                                      "stage worker": {"process_mib": 300.0, "sum_mib": 300.0}}}
-    assert w.peaks((0.5, 1.5))["roles"]["stage worker"] == {"process_mib": 200.0, "sum_mib": 250.0}
-    assert [(p["pid"], p["roles"], p["peak_mib"]) for p in w.processes()] == [
-        (11, ["stage worker"], 300.0), (10, ["driver"], 120.0), (12, ["stage worker"], 50.0)]
+    MiB = scale.MiB
+    w = scale.Watched(1.0, 0.0, samples=[(1.0, 10, "driver", 100 * MiB, 90 * MiB), (1.0, 11, "stage worker", 200 * MiB, 150 * MiB),
+                                         (1.0, 12, "stage worker", 50 * MiB, 40 * MiB), (2.0, 10, "driver", 120 * MiB, 80 * MiB),
+                                         (2.0, 11, "stage worker", 300 * MiB, 100 * MiB)])
+    assert w.peaks() == {"tree_mib": 420.0, "roles": {
+        "driver": {"process_mib": 120.0, "process_anon_mib": 90.0, "sum_mib": 120.0},
+        "stage worker": {"process_mib": 300.0, "process_anon_mib": 150.0, "sum_mib": 300.0}}}  # each peak on its own
+    assert w.peaks((0.5, 1.5))["roles"]["stage worker"] == {"process_mib": 200.0, "process_anon_mib": 150.0, "sum_mib": 250.0}
+    assert [(p["pid"], p["roles"], p["peak_mib"], p["peak_anon_mib"]) for p in w.processes()] == [
+        (11, ["stage worker"], 300.0, 150.0), (10, ["driver"], 120.0, 90.0), (12, ["stage worker"], 50.0, 40.0)]
+
+
+def test_anonymous_rss_is_what_a_process_allocated_not_the_file_it_maps(tmp_path):
+    """A process that maps a 64 MiB file and reads it through gains its pages in RSS, not in RssAnon; one that
+    fills 64 MiB of its own memory gains them in both."""
+    (tmp_path / "f").write_bytes(b"x" * (64 * scale.MiB))
+    code = ("import mmap, os, sys, time\n"
+            "f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)\n"
+            "total = sum(m[i] for i in range(0, len(m), 4096))\n"
+            "b = bytearray(b'y' * (64 << 20)) if sys.argv[2] == 'own' else None\n"
+            "print('ready', flush=True); sys.stdin.read()")
+    for kind, rss_grows, anon_grows in (("mapped", True, False), ("own", True, True)):
+        proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "f"), kind], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+            rss, anon = psutil.Process(proc.pid).memory_info().rss, scale.anon_rss(proc.pid)
+            assert (rss > 64 * scale.MiB, anon > 64 * scale.MiB) == (rss_grows, anon_grows), (kind, rss, anon)
+        finally:
+            proc.communicate("", timeout=30)
 
 
 def test_stage_measures_read_a_state_folder(tmp_path, empty_store):
@@ -165,7 +192,8 @@ def test_stage_measures_read_a_state_folder(tmp_path, empty_store):
                                           "stage.sft": f"ran {ids['sft']}", "stage.rm": "not run"})
     client.set_terminated(parent.info.run_id)
     watched = scale.Watched(20.0, 990.0, lines=[(2009.0, "(StageWorker pid=3) [sft] step 2/2 (100%) loss=1 | 0.50 it/s, eta 0s")],
-                            samples=[(1005.0, 3, "stage worker", 100 * scale.MiB), (2005.0, 3, "stage worker", 300 * scale.MiB)])
+                            samples=[(1005.0, 3, "stage worker", 100 * scale.MiB, 60 * scale.MiB),
+                                     (2005.0, 3, "stage worker", 300 * scale.MiB, 250 * scale.MiB)])
     prep, sft = scale.stage_measures(state, watched)
     assert (prep["stage"], prep["wall_s"], prep["compute_s"], prep["store_bytes"], prep["download_bytes"]) == ("data_prep", 10, 6, 10, 0)
     assert (sft["stage"], sft["store_bytes"], sft["download_bytes"], sft["tree_mib"]) == ("sft", 100, 7, 300.0)
