@@ -107,7 +107,27 @@ def field_ids(tokenizer, row: dict, field: str) -> list[int]:
     return stored if stored is not None else tokenizer(row[field], add_special_tokens=False)["input_ids"]
 
 
-class MappedRows(Sequence[T]):
+class Indexed(Sequence[T]):
+    """A read-only sequence whose item i is `item(i)`, made when it is indexed; a slice is a list."""
+
+    def item(self, i: int) -> T:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[T]: ...
+
+    def __getitem__(self, index: int | slice) -> T | list[T]:
+        n = len(self)
+        if isinstance(index, slice):
+            return [self.item(i) for i in range(*index.indices(n))]
+        if not -n <= index < n:
+            raise IndexError(index)
+        return self.item(index % n)
+
+
+class MappedRows(Indexed[T]):
     """`make(row)` of each row of a memory-mapped split, computed as it is indexed: a rank that trains on a
     million rows holds the ones of its micro-batch. `columns` are the ones `make` reads."""
 
@@ -120,17 +140,8 @@ class MappedRows(Sequence[T]):
     def __len__(self) -> int:
         return len(self.ds)
 
-    @overload
-    def __getitem__(self, index: int) -> T: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[T]: ...
-
-    def __getitem__(self, index: int | slice) -> T | list[T]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if not -len(self) <= index < len(self):
-            raise IndexError(index)
-        return self.make(self.ds[index])
+    def item(self, i: int) -> T:
+        return self.make(self.ds[i])
 
     def __iter__(self) -> Iterator[T]:
         return map(self.make, self.ds)

@@ -9,41 +9,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import overload
 
 import datasets
 import numpy as np
 
 from stages import prepared_data
-from stages.prepared_data import MappedRows, ids_column
+from stages.prepared_data import Indexed, MappedRows, ids_column
 
 Seq = tuple[list[int], list[int]]
 Pair = tuple[Seq, Seq]
 PROMPT, CHOSEN, REJECTED, RESPONSE = (ids_column(f) for f in ("prompt", "chosen", "rejected", "response"))
 
 
-class View(Sequence[Seq]):
-    """A read-only sequence whose item i is `item(i)`; slices are lists."""
+class View(Indexed[Seq]):
+    """`n` sequences, each made from the pairs or examples when indexed."""
 
     n: int
 
-    def item(self, i: int) -> Seq:
-        raise NotImplementedError
-
     def __len__(self) -> int:
         return self.n
-
-    @overload
-    def __getitem__(self, index: int) -> Seq: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Seq]: ...
-
-    def __getitem__(self, index: int | slice) -> Seq | list[Seq]:
-        if isinstance(index, slice):
-            return [self.item(i) for i in range(*index.indices(self.n))]
-        if not -self.n <= index < self.n:
-            raise IndexError(index)
-        return self.item(index % self.n)
 
 
 class PairSides(View):
