@@ -32,7 +32,7 @@ from stages.common.tokenization import encode_segments, pad_batch
 from stages.contract import StageContext, StageResult
 from stages.eval_metrics import by_prompt, held_out_metrics
 from stages.eval_results import SCORE, model_inputs
-from stages.prepared_data import read_split
+from stages.prepared_data import read_split, row_view
 from stages.rewards.base import RewardSource
 from stages.rewards.factory import build_scorer
 
@@ -119,7 +119,7 @@ def ranking_metric(cfg, metrics: dict[str, float]) -> float:
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     cfg = ctx.config
     set_seed(cfg.seed)
-    prompts = read_split(inputs["eval_data"], "eval")[: cfg.eval.max_samples]
+    prompts = row_view(inputs["eval_data"], "eval")[: cfg.eval.max_samples]  # only the rows it scores are read
     sft_eval = read_split(inputs["sft_data"], "eval") if "sft_data" in inputs else []
     models = model_inputs(inputs)
     scorer = build_scorer(cfg.reward, inputs)  # a bad reward config fails here, before any model loads
