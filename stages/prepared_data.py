@@ -84,20 +84,20 @@ def rows(ds: datasets.Dataset) -> list[dict]:
     return ds.select_columns(kept).to_list()
 
 
-def read_split(dataset_dir: Path, split: str, ids: bool = False, texts: bool = True) -> list[dict]:
-    """The split's rendered rows (prompts, eval rows, preference pairs, ...) as dicts; with `ids` each text
-    field's token ids too (`field_ids` reads them), and without `texts` none of the texts they were made from."""
-    ds = load(dataset_dir, split)
-    if not ids:
-        return rows(ds)
-    tokenized = {c.removesuffix(IDS_SUFFIX) for c in ds.column_names if c.endswith(IDS_SUFFIX)}
-    return ds.select_columns([c for c in ds.column_names if texts or c not in tokenized]).to_list()
+def read_split(dataset_dir: Path, split: str) -> list[dict]:
+    """The split's rendered rows (prompts, eval rows, preference pairs, ...) as dicts: for sets read whole."""
+    return rows(load(dataset_dir, split))
 
 
-def list_lengths(ds: datasets.Dataset, column: str) -> np.ndarray:
-    """Each row's length of the list column `column`, read from the Arrow buffers: checking a million
+def column(ds: datasets.Dataset, name: str) -> pa.ChunkedArray:
+    """Column `name` of every row, as the Arrow buffers it is stored in (memory-mapped: nothing copied)."""
+    return ds.select_columns([name]).with_format("arrow")[:][name]
+
+
+def list_lengths(ds: datasets.Dataset, name: str) -> np.ndarray:
+    """Each row's length of the list column `name`, read from the Arrow buffers: checking a million
     rows' lengths makes no Python object per row."""
-    return pc.list_value_length(ds.select_columns([column]).with_format("arrow")[:][column]).to_numpy()
+    return pc.list_value_length(column(ds, name)).to_numpy()
 
 
 def field_ids(tokenizer, row: dict, field: str) -> list[int]:

@@ -7,7 +7,7 @@ A sequence is (prompt ids, response ids). A stored pair set is data prep's memor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import datasets
@@ -19,6 +19,13 @@ from stages.prepared_data import Indexed, MappedRows, ids_column
 Seq = tuple[list[int], list[int]]
 Pair = tuple[Seq, Seq]
 PROMPT, CHOSEN, REJECTED, RESPONSE = (ids_column(f) for f in ("prompt", "chosen", "rejected", "response"))
+DESIRABLE = "desirable"  # the column of an unpaired (KTO) row: whether its response is desirable
+
+
+def is_unpaired(columns: Iterable[str]) -> bool:
+    """A row's fields or a split's columns: `pref_data` written from `data.preference.unpaired`, one response
+    each, desirable or not."""
+    return DESIRABLE in columns
 
 
 class View(Indexed[Seq]):
@@ -113,5 +120,4 @@ def stored_examples(ds: datasets.Dataset, where: str) -> tuple[MappedRows[Seq], 
     """A prepared split of unpaired rows: its examples, each read as it is indexed, and whether each is
     desirable."""
     examples = MappedRows(ds, (PROMPT, RESPONSE), example_of, where)
-    desirable = ds.select_columns(["desirable"]).with_format("arrow")[:]["desirable"].to_numpy()
-    return examples, desirable.astype(bool)
+    return examples, prepared_data.column(ds, DESIRABLE).to_numpy().astype(bool)

@@ -44,23 +44,29 @@ from stages.dpo.losses import (
     sequence_logps,
     token_logps,
 )
-from stages.dpo.pairs import Pair, PairShape, PairSides, Seq, SplitPairs, WithKLSequences, stored_examples, stored_pairs
+from stages.dpo.pairs import (
+    DESIRABLE,
+    Pair,
+    PairShape,
+    PairSides,
+    Seq,
+    SplitPairs,
+    WithKLSequences,
+    is_unpaired,
+    stored_examples,
+    stored_pairs,
+)
 from stages.prepared_data import field_ids
 from stages.rewards.factory import build_scorer
 
 REFERENCE_FILE = "reference_logps.pt"
 
 
-def is_unpaired(rows: list[dict]) -> bool:
-    """`pref_data` written from `data.preference.unpaired`: one response each, desirable or not."""
-    return bool(rows) and "desirable" in rows[0]
-
-
 def encode_examples(tokenizer, rows: list[dict]) -> tuple[list[Seq], list[bool]]:
     """Unpaired rows as (prompt, response) sequences, tokenized apart (data prep's ids where the rows have
     them), and whether each is desirable."""
     return ([(field_ids(tokenizer, r, "prompt"), field_ids(tokenizer, r, "response")) for r in rows],
-            [bool(r["desirable"]) for r in rows])
+            [bool(r[DESIRABLE]) for r in rows])
 
 
 def encode_pairs(tokenizer, rows: list[dict]) -> list[tuple[Seq, Seq]]:
@@ -347,7 +353,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     def stored_objective(split: str) -> PairObjective | KTOObjective:
         """The split's pairs (or KTO's unpaired rows), read from the memory-mapped split as batches need them."""
         ds = prepared_data.load(inputs["pref_data"], split)
-        if "desirable" in ds.column_names:  # written from data.preference.unpaired: one response each
+        if is_unpaired(ds.column_names):
             if DPO_OBJECTIVES[d.loss].pairing != "examples":
                 raise DataError(f"dpo.loss={d.loss} trains on pairs, and pref_data holds unpaired rows (one response "
                                 "each): set dpo.loss=kto")

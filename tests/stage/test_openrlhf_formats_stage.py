@@ -87,7 +87,7 @@ def test_kto_on_unpaired_rows_beats_sft_on_sampled_held_out_accuracy(task):
                              "data.preference.unpaired=true", "dpo.loss=kto", "dpo.nll_loss_coef=0", f"dpo.max_steps={KTO_STEPS}",
                              f"dpo.eval_every={KTO_STEPS}", f"dpo.save_every={KTO_STEPS}"])
     made = data_prep.run(make_ctx("data_prep", cfg, root / "prep_kto"), {}).outputs
-    assert dpo.is_unpaired(read_split(made["pref_data"], "train"))
+    assert dpo.is_unpaired(read_split(made["pref_data"], "train")[0])
     result = dpo.run(make_ctx("dpo", cfg, root / "kto"), {"sft_model": task["sft_model"], "pref_data": made["pref_data"]})
     assert result.metrics["eval/reward_accuracy"] > 0.6  # held-out desirable rows outscore undesirable ones
     scorer = build_scorer(task["cfg"].reward, {})

@@ -173,7 +173,7 @@ def test_unpaired_rows_load_as_one_response_each_with_a_boolean_label(tok, model
     ]
     # the dpo stage reads them as KTO's examples
     seqs, desirable = dpo.encode_examples(tok, out["pref_data"]["train"])
-    assert dpo.is_unpaired(out["pref_data"]["train"]) and len(seqs) == len(desirable) == len(out["pref_data"]["train"])
+    assert dpo.is_unpaired(out["pref_data"]["train"][0]) and len(seqs) == len(desirable) == len(out["pref_data"]["train"])
 
 
 def test_unpaired_labels_in_a_csv_file_are_text(tok, model_dir, tmp_path):
