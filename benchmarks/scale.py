@@ -311,15 +311,11 @@ class Watched:
         return {"tree_mib": tree / MiB, "roles": roles}
 
 
-def anon_rss(pid: int) -> int:
-    """A process's anonymous resident bytes (`RssAnon` of /proc/PID/status; 0 where the kernel has none)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+def resident(p) -> tuple[int, int]:
+    """A psutil process's resident bytes, and those of them it allocated itself (anonymous): RSS less the
+    pages of files and shared memory it maps (Linux's `shared` count)."""
+    mem = p.memory_info()
+    return mem.rss, mem.rss - mem.shared
 
 
 def watch(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> Watched:
@@ -353,7 +349,7 @@ def watch(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> Watched:
                     else:
                         roles[p.pid] = role(cmdline, p.pid == root.pid, roles.get(p.ppid()))
                         result.commands[p.pid] = " ".join(cmdline)[:300]
-                    result.samples.append((now, p.pid, roles[p.pid], p.memory_info().rss, anon_rss(p.pid)))
+                    result.samples.append((now, p.pid, roles[p.pid], *resident(p)))
                 except psutil.Error:  # exited between the listing and the read
                     pass
             last.update(roles)

@@ -158,7 +158,7 @@ def test_anonymous_rss_is_what_a_process_allocated_not_the_file_it_maps(tmp_path
                                 stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-            rss, anon = psutil.Process(proc.pid).memory_info().rss, scale.anon_rss(proc.pid)
+            rss, anon = scale.resident(psutil.Process(proc.pid))
             assert (rss > 64 * scale.MiB, anon > 64 * scale.MiB) == (rss_grows, anon_grows), (kind, rss, anon)
         finally:
             proc.communicate("", timeout=30)
