@@ -9,11 +9,13 @@ mix, and each row carries its origin (`ORIGIN_COLUMNS`) through both for the che
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import functools
 import io
 import json
 import math
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +34,7 @@ SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")  # a fo
 SOURCE_COLUMN, ROW_COLUMN = "__source__", "__row__"  # index into `sources(cfg)`; 0-based row of that source
 ORIGIN_COLUMNS = (SOURCE_COLUMN, ROW_COLUMN)
 CHECK_BATCH = 1000  # rows decoded at a time by `check_values`
+PREVIEW_ROWS = 1000  # rows of each local source the driver checks before any work (data prep checks them all)
 READ_CHUNK = 1 << 24  # bytes decoded at a time by `check_text`
 
 
@@ -71,13 +74,16 @@ def sources(cfg: DatasetConfig) -> list[tuple[str, str]]:
 # --- loading -------------------------------------------------------------------------------------
 
 
-def load_source(path: str, split: str, subset: str | None = None, paths_key: str = "paths") -> Dataset:
+def load_source(path: str, split: str, subset: str | None = None, paths_key: str = "paths",
+                first: int | None = None) -> Dataset:
     """One source as a `Dataset` (`subset`: a hub dataset's config name); a missing, empty, non-UTF-8
     or malformed file or an unreachable hub name is a one-line DataError (`paths_key`: the config key
-    that lists the source, for what to do)."""
+    that lists the source, for what to do). With `first`: its first `first` rows, at a cost that does not
+    grow with the files (`first_rows`; the driver's check before any work)."""
     local = Path(path).expanduser()
     if _is_saved(local):
-        return _load_saved(path, local, split)
+        saved = _load_saved(path, local, split)
+        return saved if first is None else saved.select(range(min(first, len(saved))))
     found = local_files(path, split, subset)
     if found is None:  # a hub name, or a folder HF `datasets` reads by itself
         name = str(local) if local.is_dir() else path
@@ -85,22 +91,106 @@ def load_source(path: str, split: str, subset: str | None = None, paths_key: str
     builder, files = found
     for file in files:
         if builder in TEXT_BUILDERS:
-            check_text(file, paths_key)
+            check_text(file, paths_key, whole=first is None)
         elif file.stat().st_size == 0:
             raise _empty(file, paths_key)
     strings = _csv_strings(files[0]) if builder == "csv" else None
-    try:  # the files of a split, in order, are its rows ("train" is what data_files become)
-        with quiet():
-            return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
-                                         **({"features": strings} if strings else {}))
-    except Exception as exc:  # datasets raises many types (ValueError, ArrowInvalid, DatasetGenerationError, ...)
-        malformed = next(filter(None, map(json_problem, files)), None) if builder == "json" else None
-        if malformed:
-            raise DataError(malformed) from exc
-        reason = _reason(exc)
-        if "corresponds to no data" in reason:
-            raise DataError(f"{path}: no rows; add rows or remove it from {paths_key}") from exc
-        raise DataError(f"{path}: cannot load dataset ({reason})") from exc
+    with contextlib.ExitStack() as scratch_dir:
+        try:  # the files of a split, in order, are its rows ("train" is what data_files become)
+            read, options = files, {}
+            if first is not None:  # a scratch copy of the first rows, read in memory and dropped
+                scratch = scratch_dir.enter_context(tempfile.TemporaryDirectory(prefix="rlhf-first-rows-"))
+                read = first_rows(builder, files, first, Path(scratch), paths_key)
+                options = {"cache_dir": scratch, "keep_in_memory": True}
+            with quiet():
+                return datasets.load_dataset(builder, data_files=[str(f) for f in read], split="train",
+                                             **({"features": strings} if strings else {}), **options)
+        except DataError:
+            raise
+        except Exception as exc:  # datasets raises many types (ValueError, ArrowInvalid, DatasetGenerationError, ...)
+            malformed = next(filter(None, map(json_problem, files)), None) if builder == "json" else None
+            if malformed:
+                raise DataError(malformed) from exc
+            reason = _reason(exc)
+            if "corresponds to no data" in reason:
+                raise DataError(f"{path}: no rows; add rows or remove it from {paths_key}") from exc
+            raise DataError(f"{path}: cannot load dataset ({reason})") from exc
+
+
+def first_rows(builder: str, files: list[Path], rows: int, scratch: Path, paths_key: str) -> list[Path]:
+    """Copies into `scratch` of the first `rows` rows of `files`, in the same format, for the same builder to
+    read as it reads the whole: JSON Lines by lines and CSV by records, as written (so a row's line is its
+    line in the user's file), parquet by batches. A JSON document that is not JSON Lines (an array) cannot
+    be cut: it is read whole."""
+    copies, left = [], rows
+    for i, file in enumerate(files):
+        if left <= 0:
+            break
+        copy = scratch / f"{i}{file.suffix}"
+        try:
+            if builder == "parquet":
+                left -= _first_batch(file, copy, left)
+            elif builder == "csv":
+                left -= _first_records(file, copy, left)
+            elif _is_json_lines(file):
+                left -= _first_lines(file, copy, left)
+            else:
+                return files
+        except UnicodeDecodeError:
+            check_text(file, paths_key)  # past the first chunk: its one line names the byte
+            raise
+        copies.append(copy)
+    return copies
+
+
+def _is_json_lines(file: Path) -> bool:
+    with open(file, encoding="utf-8-sig") as f:
+        first = next((line for line in f if line.strip()), "")
+    try:
+        return isinstance(json.loads(first), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _first_lines(file: Path, copy: Path, rows: int) -> int:
+    """The file's lines up to its `rows`-th non-blank one (a row each), copied; how many rows that is."""
+    found = 0
+    with open(file, encoding="utf-8-sig") as src, open(copy, "w", encoding="utf-8") as dst:
+        for line in src:
+            dst.write(line)
+            found += bool(line.strip())
+            if found == rows:
+                break
+    return found
+
+
+def _first_records(file: Path, copy: Path, rows: int) -> int:
+    """The header and the first `rows` records (a quoted field may span lines; blank lines hold none), copied."""
+    kept: list[str] = []
+    found = -1  # the header is no row
+
+    def lines(src: Iterator[str]) -> Iterator[str]:
+        for line in src:
+            kept.append(line)
+            yield line
+
+    with open(file, encoding="utf-8-sig", newline="") as src:
+        for record in csv.reader(lines(src)):
+            found += bool(record)
+            if found == rows:
+                break
+    copy.write_text("".join(kept), encoding="utf-8", newline="")
+    return max(found, 0)
+
+
+def _first_batch(file: Path, copy: Path, rows: int) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(file)
+    batch = next(parquet.iter_batches(batch_size=rows), None)
+    pq.write_table(pa.Table.from_batches([batch]) if batch is not None else parquet.schema_arrow.empty_table(), copy)
+    return 0 if batch is None else batch.num_rows
 
 
 def local_files(path: str, split: str, subset: str | None = None) -> tuple[str, list[Path]] | None:
@@ -203,9 +293,10 @@ def _csv_strings(file: Path) -> datasets.Features | None:
 # --- checking a file's text ----------------------------------------------------------------------
 
 
-def check_text(file: Path, paths_key: str = "paths") -> None:
+def check_text(file: Path, paths_key: str = "paths", whole: bool = True) -> None:
     """A text data file is UTF-8 and not blank; the error names the line and byte offset of the first
-    byte that is not UTF-8. Decoded in chunks, in C: cheap next to loading the file."""
+    byte that is not UTF-8. Decoded in chunks, in C: cheap next to loading the file (`whole=False`: its
+    first chunk only, for a check of its first rows)."""
     base, newlines, blank, pending = 0, 0, True, b""
     with open(file, "rb") as f:
         while True:
@@ -222,6 +313,8 @@ def check_text(file: Path, paths_key: str = "paths") -> None:
             base, pending = base + used, data[used:]
             if not chunk:
                 break
+            if not whole:
+                return
     if blank:
         raise _empty(file, paths_key)
 
@@ -416,14 +509,45 @@ def as_read(data, section: str) -> DatasetConfig:
     return ds_cfg.model_copy(update={"eval_split": None, "eval_ratio": 0.0, "eval_min_rows": 0})
 
 
-def require_eval(section: str, cfg: DatasetConfig, train: Dataset, ev: Dataset) -> None:
-    """Every dataset has eval rows (later stages evaluate on them); the error says which key to set."""
-    if len(ev) == 0:
+def require_eval(section: str, cfg: DatasetConfig, train_rows: int, eval_rows: int, counted_all: bool = True) -> None:
+    """Every dataset has eval rows (later stages evaluate on them); the error says which key to set
+    (`counted_all`: False where only the first rows were read)."""
+    if eval_rows == 0:
+        counted = f"{train_rows}{'' if counted_all else '+'} row{'' if train_rows == 1 and counted_all else 's'}"
         raise DataError(
-            f"data.{section}: no rows held out for eval (eval_ratio={cfg.eval_ratio} of {len(train)} "
-            f"row{'' if len(train) == 1 else 's'}); set "
+            f"data.{section}: no rows held out for eval (eval_ratio={cfg.eval_ratio} of {counted}); set "
             f"data.{section}.eval_ratio above 0 or data.{section}.eval_split (holding rows out needs at least 2)"
         )
+
+
+def check_first_rows(cfg: DatasetConfig, section: str, columns: dict[str, str], holds_out: bool,
+                     pretrain: bool = False, rows: int = PREVIEW_ROWS) -> None:
+    """What `load_mixed` and `require_eval` check, on the first `rows` rows of each source's splits: the
+    columns, their values and, where the section `holds_out` eval rows, that some are held out. The driver
+    checks this before any work starts, at a cost that does not grow with the files; data prep checks
+    every row."""
+    needed = {f"data.{section}.{field}": col for field, col in columns.items()}
+    paths_key = f"data.{section}.paths"
+    seen, held, counted_all = 0, 0, True
+    for path in cfg.paths:
+        ds = load_source(path, cfg.split, cfg.subset, paths_key, first=rows)
+        require_columns(ds, path, needed)
+        fields = {**columns, **{f: c for f, c in optional_columns(section, cfg).items() if c in ds.column_names}}
+        if cfg.max_samples is not None:
+            ds = ds.select(range(min(cfg.max_samples, len(ds))))
+        check_values(ds, section, cfg, fields, functools.partial(where, path, cfg.split, cfg.subset), pretrain)
+        seen += len(ds)
+        counted_all = counted_all and len(ds) < rows
+        if cfg.eval_split is not None:
+            ev = load_source(path, cfg.eval_split, cfg.subset, paths_key, first=rows)
+            require_columns(ev, f"{path} (split {cfg.eval_split!r})", needed)
+            ev_fields = {f: c for f, c in fields.items() if c in ev.column_names}
+            check_values(ev, section, cfg, ev_fields, functools.partial(where, path, cfg.eval_split, cfg.subset), pretrain)
+            held += len(ev)
+        else:  # at least 2 rows of a source with eval_ratio > 0 hold some out: its first rows tell
+            held += held_out_rows(len(ds), cfg.eval_ratio, math.ceil(cfg.eval_min_rows / len(cfg.paths)))
+    if holds_out:
+        require_eval(section, cfg, seen, held, counted_all)
 
 
 def _mix(parts: list[Dataset], probs: list[float] | None, seed: int) -> Dataset:

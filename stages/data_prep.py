@@ -429,7 +429,7 @@ def file_datasets(cfg: PipelineConfig, tokenizer, dropped: dict[str, int] | None
         train, ev = data_files.load_mixed(ds_cfg, section, columns, cfg.seed, plain)
         if data_files.holds_out(data, section):
             parts = {"train": train, "eval": ev}
-            data_files.require_eval(section, ds_cfg, train, ev)
+            data_files.require_eval(section, ds_cfg, len(train), len(ev))
         else:
             parts = {"eval" if section == "eval_prompts" else "train": train}
             if not len(train):

@@ -50,8 +50,8 @@ def with_rl_layout(cfg: PipelineConfig) -> PipelineConfig:
 
 
 def check_inputs(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
-    """The model path, and each local dataset file of a `data.source: files` config (a hub dataset is
-    read when the stage runs)."""
+    """The model path, and the first rows of each local dataset file of a `data.source: files` config
+    (`data_files.check_first_rows`: data prep checks every row, and reads a hub dataset)."""
     if cfg.model.name_or_path:
         checkpoint_paths.validate(cfg.model.name_or_path)
         check_model_family(cfg)
@@ -66,9 +66,7 @@ def check_inputs(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
         plain = section == "sft" and cfg.sft.pretrain_mode
         ds_cfg = data_files.as_read(cfg.data, section)
         columns = data_files.file_columns(section, ds_cfg, plain)
-        train, ev = data_files.load_mixed(ds_cfg, section, columns, cfg.seed, plain)
-        if data_files.holds_out(cfg.data, section):
-            data_files.require_eval(section, ds_cfg, train, ev)
+        data_files.check_first_rows(ds_cfg, section, columns, data_files.holds_out(cfg.data, section), plain)
 
 
 def check_sft_rows(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:

@@ -757,6 +757,55 @@ def test_preflight_catches_a_missing_column_before_run(model_dir, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_preflight_reads_the_first_rows_and_data_prep_every_row(model_dir, tmp_path):
+    """The driver checks the first PREVIEW_ROWS rows of a file, at a cost that does not grow with it; a row past
+    them (here not even JSON) is data prep's to find, naming the same line."""
+    n = data_files.PREVIEW_ROWS
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text("".join(json.dumps(r) + "\n" for r in qa_rows(n + 5)) + "{not json\n")
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
+    cfg = files_config(model_dir, _sft_cfg(sft), _sft_cfg(prompts))
+    preflight.check_inputs(cfg)  # the first rows are fine
+    with pytest.raises(DataError, match=rf"^{sft} line {n + 6}: not valid JSON"):
+        run_stage(cfg, tmp_path)
+    rows = qa_rows(n + 5)
+    rows[3]["output"] = 7
+    write_jsonl(sft, rows)
+    with pytest.raises(DataError, match=rf"^{sft} line 4: 'output' \(data.sft.output_key\)"):
+        preflight.check_inputs(cfg)  # one of the first rows: the driver names it
+
+
+def test_preflight_cuts_csv_by_records_and_reads_parquet_and_json_arrays(model_dir, tmp_path):
+    n = data_files.PREVIEW_ROWS
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
+    csv_file = tmp_path / "sft.csv"  # a quoted field over two lines: the records, not the lines, are counted
+    csv_file.write_text("input,output\n" + "".join(f'"q{i}\nmore",a{i}\n' for i in range(n + 5)) + "q,\n")
+    cfg = files_config(model_dir, _sft_cfg(csv_file), _sft_cfg(prompts))
+    preflight.check_inputs(cfg)  # the empty output of the last record is past the first rows
+    with pytest.raises(DataError, match=rf"^{csv_file} line {2 * (n + 5) + 2}: 'output' \(data.sft.output_key\)"):
+        run_stage(cfg, tmp_path)
+    bad_first = tmp_path / "first.csv"
+    bad_first.write_text('input,output\n"q\nmore",a\nq,\n')
+    with pytest.raises(DataError, match=rf"^{bad_first} line 4: 'output' \(data.sft.output_key\)"):
+        preflight.check_inputs(files_config(model_dir, _sft_cfg(bad_first), _sft_cfg(prompts)))
+    parquet = tmp_path / "sft.parquet"
+    datasets.Dataset.from_list([*qa_rows(n + 5), {"input": "q", "output": ""}]).to_parquet(str(parquet))
+    preflight.check_inputs(files_config(model_dir, _sft_cfg(parquet), _sft_cfg(prompts)))
+    array = tmp_path / "sft.json"  # a JSON array cannot be cut: read whole, its last row checked too
+    array.write_text(json.dumps([*qa_rows(n + 5), {"input": "q", "output": ""}]))
+    with pytest.raises(DataError, match=rf"^{array} row {n + 6}: 'output' \(data.sft.output_key\)"):
+        preflight.check_inputs(files_config(model_dir, _sft_cfg(array), _sft_cfg(prompts)))
+
+
+def test_preflight_says_when_it_counted_only_the_first_rows(model_dir, tmp_path):
+    n = data_files.PREVIEW_ROWS
+    sft = write_jsonl(tmp_path / "sft.jsonl", qa_rows(n + 5))
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
+    cfg = files_config(model_dir, _sft_cfg(sft, eval_ratio=0.0), _sft_cfg(prompts))
+    with pytest.raises(DataError, match=rf"^data\.sft: no rows held out for eval \(eval_ratio=0\.0 of {n}\+ rows\)"):
+        preflight.check_inputs(cfg)
+
+
 def test_preflight_catches_a_missing_file(model_dir, tmp_path):
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "q", "label": "1"}] * 2)
     missing = tmp_path / "missing.parquet"
