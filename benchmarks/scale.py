@@ -696,7 +696,9 @@ def roles_table(data: dict) -> tuple[list[str], list[list[str]]]:
     """Peak RSS of each process role over the whole `rlhf run`, by size (the largest process; the role's sum)."""
     sizes = data["sizes"]
     first = ("driver", STAGE_WORKER, WORKER_CHILD)
-    names = sorted({r for s in sizes for r in s["peaks"]["roles"]}, key=lambda r: (first.index(r) if r in first else 3, r))
+    # a role whose processes were gone before their memory was read (0 MiB) says nothing
+    seen = {r for s in sizes for r, peak in s["peaks"]["roles"].items() if peak["process_mib"] >= 1}
+    names = sorted(seen, key=lambda r: (first.index(r) if r in first else 3, r))
     columns = ["process role", *(f"{size_label(s['rows'])}: largest / all MiB" for s in sizes)]
     out = []
     for name in names:
