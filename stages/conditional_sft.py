@@ -10,6 +10,7 @@ as every training stage's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -19,9 +20,11 @@ from configs.errors import DataError
 from stages.common import checkpoint, conditioning, deepspeed_engine, moe
 from stages.common.tokenization import encode_segments
 from stages.contract import StageContext, StageResult
-from stages.prepared_data import read_split
+from stages.prepared_data import Indexed, row_view
 from stages.rewards.factory import reward_models
 from stages.sft import fit_lm
+
+SCORED_AT_ONCE = 32  # reward batches per read of the SFT rows: a rank holds these rows' texts, not the split's
 
 
 def normalized(train: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,23 +41,46 @@ def response_text(tokenizer, segment: str) -> str:
     return tokenizer.decode(ids[: ids.index(eos)] if eos in ids else ids, skip_special_tokens=True)
 
 
-def scores(ctx: StageContext, rows: dict[str, list[dict]], tokenizer, own_rm: Path | None) -> dict[str, torch.Tensor]:
+def scores(ctx: StageContext, rows: Mapping[str, Sequence[dict]], tokenizer, own_rm: Path | None) -> dict[str, torch.Tensor]:
     """Each split's RM scores, saved in the work dir (a resumed run reuses them); every rank scores all
-    rows (the same deterministic forward passes) rather than waiting on rank 0."""
+    rows (the same deterministic forward passes) rather than waiting on rank 0. The rows are read a few
+    reward batches at a time (the scorer's batches are the same as for the whole split at once)."""
     path = ctx.work_dir / "scores.pt"
     if path.is_file():
-        return torch.load(path)
+        return torch.load(path, weights_only=True)
     rm, out = reward_models(ctx.config.reward, own_rm, offload=False), {}
+    chunk = ctx.config.reward.batch_size * SCORED_AT_ONCE
     for split, split_rows in rows.items():
-        for i, row in enumerate(split_rows):
-            if len(row["texts"]) != 2 or row["train"] != [False, True]:
-                raise DataError(f"sft_data/{split} row {i}: {len(row['texts'])} segments; conditional SFT takes "
-                                "single-turn rows (prompt, response)")
-        prompts = [row["texts"][0] for row in split_rows]
-        responses = [response_text(tokenizer, row["texts"][1]) for row in split_rows]
-        out[split] = rm.score(prompts, responses, [None] * len(split_rows)).rewards.float()
+        parts = [torch.zeros(0)]
+        for start in range(0, len(split_rows), chunk):
+            read = split_rows[start : start + chunk]
+            for i, row in enumerate(read, start):
+                if len(row["texts"]) != 2 or row["train"] != [False, True]:
+                    raise DataError(f"sft_data/{split} row {i}: {len(row['texts'])} segments; conditional SFT takes "
+                                    "single-turn rows (prompt, response)")
+            prompts = [row["texts"][0] for row in read]
+            responses = [response_text(tokenizer, row["texts"][1]) for row in read]
+            parts.append(rm.score(prompts, responses, [None] * len(read)).rewards.float())
+        out[split] = torch.cat(parts)
     checkpoint.save_work_file(out, path, ctx.is_main, ctx.world_size)
     return out
+
+
+class ConditionedRows(Indexed[tuple[list[int], list[int]]]):
+    """Row i of an SFT split with its prompt conditioned on `scores[i]`, tokenized as it is indexed: the
+    conditioned prompt is new text, and a rank holds the rows of its micro-batch, not the split."""
+
+    def __init__(self, rows: Sequence[dict], scores: torch.Tensor, tokenizer, template: str):
+        self.rows, self.scores, self.tokenizer, self.template = rows, scores.tolist(), tokenizer, template
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def item(self, i: int) -> tuple[list[int], list[int]]:
+        row = self.rows[i]
+        texts, trained = row["texts"], row["train"]
+        prompt = conditioning.condition(texts[0], self.template, self.scores[i])
+        return encode_segments(self.tokenizer, [prompt, texts[1]], trained)
 
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
@@ -62,20 +88,20 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     set_seed(cfg.seed)
     deepspeed_engine.init_distributed()
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
-    rows = {split: read_split(inputs["sft_data"], split) for split in ("train", "eval")}
+    rows = {split: row_view(inputs["sft_data"], split) for split in ("train", "eval")}
     scored = scores(ctx, rows, tokenizer, inputs.get("reward_model"))
     if ctx.is_main:
         print(f"[{ctx.stage}] scored {len(scored['train'])} SFT rows: reward mean {float(scored['train'].mean()):.3f}, "
               f"std {float(scored['train'].std()):.3f}", flush=True)
+    for split, split_rows in rows.items():
+        if len(scored[split]) != len(split_rows):  # scores.pt of a resumed run, written for other data
+            raise DataError(f"{ctx.work_dir / 'scores.pt'}: {len(scored[split])} {split} scores for {len(split_rows)} "
+                            "rows; delete it and rerun")
     train_scores, eval_scores = scored["train"], scored["eval"]
     if c.normalize_reward:
         train_scores, eval_scores = normalized(train_scores, eval_scores)
-
-    def encode(split_rows: list[dict], split_scores: torch.Tensor) -> list[tuple[list[int], list[int]]]:
-        return [encode_segments(tokenizer, [conditioning.condition(r["texts"][0], c.template, float(score)), r["texts"][1]],
-                                r["train"]) for r, score in zip(split_rows, split_scores)]
-
-    train_rows, eval_rows = encode(rows["train"], train_scores), encode(rows["eval"], eval_scores)
+    train_rows = ConditionedRows(rows["train"], train_scores, tokenizer, c.template)
+    eval_rows = ConditionedRows(rows["eval"], eval_scores, tokenizer, c.template)[:]  # held out: tokenized once, not per pass
     model = checkpoint.load_causal_lm(inputs["sft_model"], cfg.model)
     moe.check(model.config, c.aux_loss_coef, "csft.aux_loss_coef")
     pad_id = tokenizer.pad_token_id

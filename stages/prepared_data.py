@@ -28,6 +28,7 @@ MANIFEST = "splits.json"
 TOKEN_COLUMNS = ("input_ids", "loss_mask")  # what the SFT-style stages train on
 IDS_SUFFIX = "_ids"  # `prompt_ids`, `chosen_ids`, ...: a text field's tokens, for every other dataset
 T = TypeVar("T")
+READ_BLOCK = 1024  # rows read at a time by a slice of a view
 DIGEST_BATCH = 8192  # rows serialized at a time for the digest: a fixed size, so the storage's chunks do not count
 
 
@@ -121,10 +122,13 @@ class Indexed(Sequence[T]):
     def __getitem__(self, index: int | slice) -> T | list[T]:
         n = len(self)
         if isinstance(index, slice):
-            return [self.item(i) for i in range(*index.indices(n))]
+            return self.items(*index.indices(n))
         if not -n <= index < n:
             raise IndexError(index)
         return self.item(index % n)
+
+    def items(self, start: int, stop: int, step: int) -> list[T]:
+        return [self.item(i) for i in range(start, stop, step)]
 
 
 class MappedRows(Indexed[T]):
@@ -142,6 +146,15 @@ class MappedRows(Indexed[T]):
 
     def item(self, i: int) -> T:
         return self.make(self.ds[i])
+
+    def items(self, start: int, stop: int, step: int) -> list[T]:
+        if step != 1:
+            return super().items(start, stop, step)
+        made: list[T] = []
+        for first in range(start, stop, READ_BLOCK):  # a read of the Arrow columns per block, not per row
+            batch = self.ds[first : min(first + READ_BLOCK, stop)]
+            made.extend(self.make(dict(zip(batch, values))) for values in zip(*batch.values()))
+        return made
 
     def __iter__(self) -> Iterator[T]:
         return map(self.make, self.ds)

@@ -139,3 +139,11 @@ def test_a_row_view_reads_a_row_when_indexed(tok, tmp_path):
     saved(tmp_path, "prompts", rows, tok, ("prompt",))
     view = prepared_data.row_view(tmp_path / "prompts", "train")
     assert len(view) == 4 and view[2] == rows[2] and view[-1] == rows[3] and list(view) == rows
+
+
+def test_a_slice_of_a_view_is_its_rows_read_at_once(tok, tmp_path):
+    rows = [{"prompt": f"q{i}", "label": str(i)} for i in range(7)]
+    saved(tmp_path, "prompts", rows, tok, ("prompt",))
+    view = prepared_data.row_view(tmp_path / "prompts", "train")
+    assert view[2:5] == rows[2:5] and view[:] == rows and view[5:] == rows[5:] and view[4:2] == []
+    assert view[::3] == rows[::3] and view[-2:] == rows[-2:]
