@@ -11,7 +11,8 @@ import torch
 
 MARKED = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
 BOXED = re.compile(r"\\boxed\{\s*(-?[\d,]*\.?\d+)\s*\}")
-NUMBER = re.compile(r"-?[\d,]*\.?\d+")
+# a number starts with a digit or a point: a run of commas then fails at once, not after trying every split of it
+NUMBER = re.compile(r"-?(?:\d[\d,]*)?\.?\d+")
 
 
 def normalize(number):

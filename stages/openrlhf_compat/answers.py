@@ -9,6 +9,10 @@ from fractions import Fraction
 BOXED = ("\\boxed", "\\fbox")
 # LaTeX that changes how an answer looks, not what it is
 NOISE = (r"\left", r"\right", r"\!", r"\,", r"\;", r"\:", r"\displaystyle", "$", " ")
+# A number written in more characters than this, or with a power of ten beyond it, is compared as text only: its
+# exact value would take minutes and gigabytes to build (`1e999999999` is a billion-digit integer).
+MAX_DIGITS = 1000
+EXPONENT = re.compile(r"[eE]([-+]?[\d_]+)")
 
 
 def extract_boxed_answer(text: str) -> str | None:
@@ -42,19 +46,31 @@ def normalize(answer: str) -> str:
 
 
 def as_number(answer: str) -> Fraction | None:
-    """An exact value for an integer, a decimal, `a/b` or `\\frac{a}{b}` (with a sign), else None."""
+    """An exact value for an integer, a decimal, `a/b` or `\\frac{a}{b}` (with a sign), else None (also for a
+    number `exact` refuses to build)."""
     s = normalize(answer)
     frac = re.fullmatch(r"(-?)\\frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", s) or re.fullmatch(r"(-?)\\frac(\d)(\d)", s)
     try:
         if frac:
-            value = Fraction(frac.group(2)) / Fraction(frac.group(3))
+            value = exact(frac.group(2)) / exact(frac.group(3))
             return -value if frac.group(1) else value
         if "/" in s:
             top, bottom = s.split("/", 1)
-            return Fraction(top) / Fraction(bottom)
-        return Fraction(s)
+            return exact(top) / exact(bottom)
+        return exact(s)
     except (ValueError, ZeroDivisionError):
         return None
+
+
+def exact(number: str) -> Fraction:
+    """`Fraction(number)`, refused (ValueError) for a text longer than `MAX_DIGITS` or a power of ten beyond it,
+    which `Fraction` would multiply out."""
+    if len(number) > MAX_DIGITS:
+        raise ValueError(f"more than {MAX_DIGITS} characters: {number[:40]!r}...")
+    power = EXPONENT.search(number)
+    if power and abs(int(power.group(1).replace("_", ""))) > MAX_DIGITS:
+        raise ValueError(f"a power of ten beyond {MAX_DIGITS}: {number[:40]!r}")
+    return Fraction(number)
 
 
 def grade_answer(given: str | None, ground_truth: str | None) -> bool:

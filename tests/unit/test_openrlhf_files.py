@@ -51,6 +51,27 @@ def test_grade_answer(given, truth, same):
     assert grade_answer(given, truth) is same
 
 
+@pytest.mark.timeout(10)  # built as an exact integer, 1e999999999 alone takes minutes and gigabytes
+@pytest.mark.parametrize(("given", "truth", "same"), [
+    ("1e3", "1000", True),  # exponents are exact: 1 x 10^3
+    ("2.5e-3", "\\frac{1}{400}", True),  # 0.0025 = 1/400
+    ("1e999999999", "1", False),  # a billion-digit number is compared as text: not 1
+    ("1e999999999", "1e999999999", True),  # the same text
+    ("1e-999999999", "0", False),  # and not rounded to 0 either
+    ("1e999999999/1e999999999", "1", False),
+    ("\\frac{1}{3}", "1" * 10_000 + "/3", False),  # 10,000 digits: over the 1,000-digit bound, text only
+    ("1" * 999 + "/1", "1" * 999, True),  # 999 digits: still a number
+    ("1/2/3", "1.5", True),  # read as 1 / (2/3), as Fraction reads a denominator
+    ("1_000", "1000", True),  # Fraction's digit separators
+    ("1e1_000", "10e999", True),  # a power of ten of 1,000: built, the same number
+    ("1e1_001", "10e1000", False),  # 1,001: over the bound, compared as text
+    ("Infinity", "1", False),
+    ("NaN", "NaN", True),  # the same text, not a number
+])
+def test_grade_answer_of_huge_numbers_ends_at_once(given, truth, same):
+    assert grade_answer(given, truth) is same
+
+
 def test_openrlhf_reward_func_returns_rewards_scores_and_extra_logs():
     batch = FunctionScorer(EXAMPLES / "reward_func.py").score(["p"] * 6, ["r"] * 6, ["1"] * 6)
     assert set(batch.rewards.tolist()) <= {0.0, 1.0} and batch.rewards.shape == (6,)
