@@ -6,7 +6,8 @@
   rlhf ui  [--config PRESET|FILE] [--port N]
   rlhf runs [--config PRESET|FILE] [--limit N]
   rlhf compare RUN [RUN ...] [--config PRESET|FILE]
-  rlhf serve-rm --model PATH [--host HOST] [--port N] [--batch-size N] [--max-request-mb MIB]
+  rlhf serve-rm --model PATH [--host HOST] [--port N] [--batch-size N] [--max-request-mb MIB] [--max-queries N]
+               [--max-query-chars N] [--max-waiting N]   (RLHF_REWARD_TOKEN: the bearer token it requires)
   rlhf vllm-env PATH
   rlhf merge --adapter PATH --out PATH [--base PATH] [--is-rm]
   rlhf cluster up|down|status [--dir PATH] [--pool NAME] [--worker-cpus N]
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 from configs.errors import PipelineError
+from stages.rewards.serving import Limits
 
 ENV_DEFAULTS = {  # each one the user may set otherwise
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -212,7 +214,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_serve_rm(args: argparse.Namespace) -> int:
     from stages.rewards.server import serve
 
-    serve(args.model, host=args.host, port=args.port, batch_size=args.batch_size, max_request_mb=args.max_request_mb)
+    limits = Limits(int(args.max_request_mb * 2**20), args.max_queries, args.max_query_chars, args.max_waiting)
+    serve(args.model, host=args.host, port=args.port, batch_size=args.batch_size, limits=limits)
     return 0
 
 
@@ -312,8 +315,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve_rm.add_argument("--host", default="127.0.0.1")
     serve_rm.add_argument("--port", type=int, default=5001)
     serve_rm.add_argument("--batch-size", type=int, default=32)
-    serve_rm.add_argument("--max-request-mb", type=float, default=1.0, metavar="MIB",
-                          help="largest request body in MiB (default 1); a larger one is answered 413")
+    limits = Limits()
+    serve_rm.add_argument("--max-request-mb", type=float, default=limits.max_request_bytes / 2**20, metavar="MIB",
+                          help="largest request body in MiB (default %(default)g); a larger one is answered 413")
+    serve_rm.add_argument("--max-queries", type=int, default=limits.max_queries, metavar="N",
+                          help="most queries in one request (default %(default)s); more are answered 413")
+    serve_rm.add_argument("--max-query-chars", type=int, default=limits.max_query_chars, metavar="N",
+                          help="longest query in characters (default %(default)s); a longer one is answered 413")
+    serve_rm.add_argument("--max-waiting", type=int, default=limits.max_waiting, metavar="N",
+                          help="requests in line for the model (default %(default)s); the next is answered 503")
     serve_rm.set_defaults(func=cmd_serve_rm)
     vllm_env = sub.add_parser("vllm-env", help="make a Python environment with the CPU build of vLLM for the rollout engine (rl.rollout.engine=vllm)")
     vllm_env.add_argument("path", metavar="PATH", help="where to create it, e.g. .venv-vllm")

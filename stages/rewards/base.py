@@ -7,6 +7,7 @@ A "query" is `prompt + response`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -15,6 +16,9 @@ import torch
 
 from configs.errors import first_line
 from stages.rewards.errors import RewardError
+
+MAX_EXTRA_LOGS = 32  # extra_logs keys a source may give (a reward file's or a reward server's)
+LOG_KEY = re.compile(r"[A-Za-z0-9_./-]{1,64}")  # a key as it becomes part of an MLflow metric name
 
 
 @dataclass
@@ -83,8 +87,13 @@ def mean_logs(logs: Any, source: str) -> dict[str, float]:
         return {}
     if not isinstance(logs, Mapping):
         raise RewardError(f"{source}: extra_logs must be a dict of numbers or tensors, got {_describe(logs)}")
+    if len(logs) > MAX_EXTRA_LOGS:  # each key becomes an MLflow metric of the run: a bounded set
+        raise RewardError(f"{source}: extra_logs has {len(logs)} keys, over {MAX_EXTRA_LOGS}; log fewer")
     out = {}
     for key, value in logs.items():
+        if not isinstance(key, str) or not LOG_KEY.fullmatch(key):
+            raise RewardError(f"{source}: extra_logs key {_describe(key)} is not a metric name (up to 64 letters, "
+                              "digits and _ - . /); rename it")
         try:
             values = torch.as_tensor(value.detach().cpu() if isinstance(value, torch.Tensor) else value,
                                      dtype=torch.float32)

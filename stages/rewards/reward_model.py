@@ -11,7 +11,6 @@ loaded with `AutoModel` and the head read from the weights, so any prefix works.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,12 +38,16 @@ def rm_query(text: str, eos: str | None, pad: str | None) -> str:
 
     Preference data ends every response with EOS, so the RM learned to score at EOS; queries
     decoded with or without special tokens (or with padding) all get read at that same token.
+    Stripped by position, in one pass over each end (a pattern anchored at the end would try every
+    start inside a long run of marks: quadratic in a hostile query).
     """
-    marks = [re.escape(t) for t in (eos, pad) if t]
-    if marks:
-        run = f"(?:{'|'.join(marks)})+"
-        text = re.sub(f"^{run}|{run}$", "", text)
-    return text + (eos or "")
+    marks = [t for t in (eos, pad) if t]
+    start, end = 0, len(text)
+    while mark := next((m for m in marks if text.startswith(m, start, end)), None):
+        start += len(mark)
+    while mark := next((m for m in marks if text.endswith(m, start, end)), None):
+        end -= len(mark)
+    return text[start:end] + (eos or "")
 
 
 class RewardModel(torch.nn.Module):
@@ -69,14 +72,17 @@ class RewardModel(torch.nn.Module):
         """Rewards of prompt + response, each response read at one EOS (see `rm_query`).
 
         Prompt and response are tokenized apart, as the RM stage trains on them; an empty prompt
-        makes the response the whole query.
+        makes the response the whole query. A query over the model's positions loses its first tokens.
         """
         tok = self.tokenizer
 
         def ids(text: str) -> list[int]:
             return tok(text, add_special_tokens=False)["input_ids"] if text else []
 
-        rows = [ids(p) + ids(rm_query(r, tok.eos_token, tok.pad_token)) for p, r in zip(prompts, responses, strict=True)]
+        # a query longer than the model reads keeps its end, the EOS the reward is read at (the prompt's start is cut)
+        longest = getattr(self.backbone.config, "max_position_embeddings", None)
+        rows = [(ids(p) + ids(rm_query(r, tok.eos_token, tok.pad_token)))[-longest if longest else 0 :]
+                for p, r in zip(prompts, responses, strict=True)]
         device = self.head.weight.device
         out = []
         for start in range(0, len(rows), batch_size):

@@ -262,7 +262,8 @@ def serve_rm(rms):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "serve-rm", "--model", str(rms["a"]), "--port", str(port), "--batch-size", "4"],
+        [sys.executable, "-m", "flows.cli", "serve-rm", "--model", str(rms["a"]), "--port", str(port), "--batch-size", "4",
+         "--max-queries", "6000"],  # the concurrency test's large request
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     try:
@@ -343,3 +344,120 @@ def test_serve_rm_scores_concurrent_requests_in_turns(serve_rm):
     post("small", 1)
     large.join(timeout=120)
     assert done["small"] < done["large"]
+
+
+# --- serve-rm against hostile requests: each answered within its deadline, the server serving others meanwhile ---
+
+
+class HeldScorer(RewardModelScorer):
+    """The real scorer, holding each batch until `release` is set: a request that stays in line as long as a test needs."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.release, self.entered = threading.Event(), threading.Event()
+
+    def score_queries(self, queries: list[str]) -> torch.Tensor:
+        self.entered.set()
+        assert self.release.wait(30)
+        return super().score_queries(queries)
+
+
+@pytest.fixture(scope="module")
+def guarded(rms):
+    """serve-rm's app with a token and small limits, served by uvicorn in this process: its base URL and scorer."""
+    import uvicorn
+
+    from stages.rewards.server import make_app
+    from stages.rewards.serving import Limits
+
+    scorer = HeldScorer([rms["a"]], batch_size=4)
+    scorer.release.set()
+    app = make_app(scorer, Limits(max_queries=8, max_query_chars=4000, max_waiting=1), token="s3cret")
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started
+    yield f"http://127.0.0.1:{port}", scorer
+    scorer.release.set()
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+AUTH = {"Authorization": "Bearer s3cret"}
+QUERY = "Compute 1+2\n1+2=3\nAnswer: 3"
+UNAUTHORIZED = "missing or wrong bearer token; the client sets RLHF_REWARD_TOKEN"
+
+
+@pytest.mark.parametrize(("headers", "body", "status", "detail"), [
+    ({}, {"query": [QUERY]}, 401, UNAUTHORIZED),
+    ({"Authorization": "Bearer wrong"}, {"query": [QUERY]}, 401, UNAUTHORIZED),
+    ({"Authorization": "s3cret"}, {"query": [QUERY]}, 401, UNAUTHORIZED),
+    (AUTH, {"query": [QUERY] * 9}, 413, "9 queries in one request, over this server's limit of 8 "
+                                        "(rlhf serve-rm --max-queries); send fewer per request"),
+    (AUTH, {"query": ["1" * 4001]}, 413, "a query of 4001 characters, over this server's limit of 4000 "
+                                         "(rlhf serve-rm --max-query-chars)"),
+    (AUTH, {"query": "not a list"}, 422, None),
+])
+def test_serve_rm_refuses_a_hostile_request_at_once(guarded, headers, body, status, detail):
+    base, _ = guarded
+    reply = requests.post(f"{base}/get_reward", json=body, headers=headers, timeout=5)
+    assert reply.status_code == status
+    if detail is not None:
+        assert reply.json() == {"detail": detail}
+    assert requests.post(f"{base}/get_reward", json={"query": [QUERY]}, headers=AUTH, timeout=5).ok  # still serving
+
+
+def test_serve_rm_health_names_no_path(guarded, rms):
+    base, _ = guarded
+    assert requests.get(f"{base}/health", timeout=5).status_code == 401
+    reply = requests.get(f"{base}/health", headers=AUTH, timeout=5)
+    assert reply.json() == {"status": "ok", "models": 1} and str(rms["a"]) not in reply.text
+
+
+def test_serve_rm_scores_a_query_over_the_model_length_at_its_end(guarded, tok):
+    """The tiny RM reads 2,048 positions (LlamaConfig's default); digits are one token each here. A query of
+    3,000 digits before the real one scores as the 2,048 tokens that end it."""
+    base, scorer = guarded
+    tail = QUERY + tok.eos_token
+    tail_len = len(tok(tail, add_special_tokens=False)["input_ids"])
+    assert len(tok("1" * 10, add_special_tokens=False)["input_ids"]) == 10
+    long = requests.post(f"{base}/get_reward", json={"query": ["1" * 3000 + tail]}, headers=AUTH, timeout=30).json()
+    cut = requests.post(f"{base}/get_reward", json={"query": ["1" * (2048 - tail_len) + tail]}, headers=AUTH,
+                        timeout=30).json()
+    assert long["rewards"] == cut["rewards"]
+
+
+def test_serve_rm_turns_away_requests_beyond_its_line(guarded):
+    """--max-waiting 1: with one request held at the model, the next is answered 503 at once and may retry."""
+    base, scorer = guarded
+    scorer.release.clear()
+    scorer.entered.clear()
+    held: dict[str, requests.Response] = {}
+    first = threading.Thread(target=lambda: held.setdefault(
+        "reply", requests.post(f"{base}/get_reward", json={"query": [QUERY]}, headers=AUTH, timeout=30)))
+    first.start()
+    try:
+        assert scorer.entered.wait(10)  # the first request is at the model
+        busy = requests.post(f"{base}/get_reward", json={"query": [QUERY]}, headers=AUTH, timeout=5)
+        assert busy.status_code == 503 and busy.headers["Retry-After"] == "1"
+        assert busy.json() == {"detail": "1 requests are waiting for the model (rlhf serve-rm --max-waiting); retry later"}
+    finally:
+        scorer.release.set()
+        first.join(timeout=30)
+    assert held["reply"].ok
+
+
+def test_serve_rm_beyond_loopback_needs_a_token(rms, monkeypatch):
+    from configs.errors import ConfigError
+    from stages.rewards.server import serve
+
+    monkeypatch.delenv("RLHF_REWARD_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match=r"^rlhf serve-rm --host 0\.0\.0\.0: a server reachable from other machines "
+                                          r"needs a token; set RLHF_REWARD_TOKEN in its environment and in the clients', "
+                                          r"or serve on 127\.0\.0\.1$"):
+        serve(rms["a"], host="0.0.0.0", port=free_port())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import random
 import threading
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import torch
 import uvicorn
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
 
 import configs
 from configs.schema import RewardConfig
@@ -97,13 +99,26 @@ def test_rm_query_reads_every_query_at_one_eos():
     assert rm_query("a+b", None, None) == "a+b"
 
 
+@pytest.mark.timeout(10)
+def test_rm_query_strips_in_one_pass_however_long_the_run_of_marks():
+    """A run of marks inside a query: a pattern anchored at the end tried every start in it (a 312 KiB query
+    of `<|im_end|>` took 11.6 s, 100,000 of them minutes); stripping by position reads each end once."""
+    run = "<|im_end|>" * 100_000
+    assert rm_query("a" + run + "b", "<|im_end|>", None) == "a" + run + "b<|im_end|>"
+    assert rm_query(run + "a" + run, "<|im_end|>", "<pad>") == "a<|im_end|>"
+    assert rm_query(run, "<|im_end|>", None) == "<|im_end|>"
+
+
 def test_last_token_index_right_and_left_padding():
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 0], [1, 0, 0, 0, 0]])
     assert last_token_index(mask).tolist() == [2, 4, 3, 0]
 
 
-def test_backoff_delays_double():
-    assert backoff_delays(4, 0.2) == pytest.approx([0.2, 0.4, 0.8, 1.6])
+def test_backoff_delays_double_with_jitter():
+    delays = backoff_delays(4, 0.2, random.Random(1))
+    for delay, base in zip(delays, [0.2, 0.4, 0.8, 1.6], strict=True):  # base x a factor in [0.5, 1.5)
+        assert 0.5 * base <= delay < 1.5 * base
+    assert delays != backoff_delays(4, 0.2, random.Random(2))  # clients refused together come back apart
     assert backoff_delays(0, 0.2) == []
 
 
@@ -323,6 +338,32 @@ def make_test_app() -> FastAPI:
         await asyncio.sleep(2.0)
         return {"rewards": [0.0, 0.0]}
 
+    @app.post("/trickle")
+    async def trickle() -> StreamingResponse:  # a byte every 0.1 s for a minute: each read alone is quick
+        async def drip():
+            for _ in range(600):
+                yield b" "
+                await asyncio.sleep(0.1)
+        return StreamingResponse(drip(), media_type="application/json")
+
+    @app.post("/huge")
+    async def huge() -> Response:  # 20 MiB of JSON
+        return Response('{"rewards": [0.0, 0.0], "pad": "' + "x" * (20 * 2**20) + '"}', media_type="application/json")
+
+    @app.post("/many_logs")
+    async def many_logs() -> dict:
+        return {"rewards": [0.0, 0.0], "extra_logs": {f"k{i}": 1.0 for i in range(10_000)}}
+
+    @app.post("/odd_log_key")
+    async def odd_log_key() -> dict:
+        return {"rewards": [0.0, 0.0], "extra_logs": {"a b\nc": 1.0}}
+
+    @app.post("/locked")
+    async def locked(request: Request):
+        if request.headers.get("authorization") != "Bearer s3cret":
+            return Response('{"detail": "missing or wrong bearer token"}', status_code=401, media_type="application/json")
+        return {"rewards": [1.0, 1.0]}
+
     return app
 
 
@@ -417,16 +458,45 @@ def test_remote_down_server_fails_after_retries():
     assert 0.3 <= elapsed < 3.0  # it did back off (0.1 + 0.2 s), and it did not hang
 
 
-def test_remote_slow_server_times_out_each_try(server):
+def test_remote_slow_server_is_not_sent_the_request_again(server):
+    """A try that reached the server and ran out of time is not re-sent: a slow server is not sent more work."""
     base, app = server
     start = time.monotonic()
     with pytest.raises(RewardError) as err:
-        RemoteScorer(f"{base}/slow", timeout_s=0.3, retries=1, backoff_s=0.05).score(PROMPTS, RESPONSES, LABELS)
+        RemoteScorer(f"{base}/slow", timeout_s=0.3, retries=3, backoff_s=0.05).score(PROMPTS, RESPONSES, LABELS)
     elapsed = time.monotonic() - start
     message = one_line_error(err)
-    assert f"{base}/slow" in message and "after 2 tries" in message and "Timeout" in message
-    assert app.state.hits["/slow"] == 2
-    assert elapsed < 3.9  # the two tries did not wait for the 2 s replies
+    assert message.startswith(f"reward server {base}/slow: no whole reply within reward.timeout_s=0.3 (")
+    assert message.endswith("); not sent again: raise reward.timeout_s or make the server faster")
+    assert app.state.hits["/slow"] == 1
+    assert elapsed < 1.9  # it did not wait for the 2 s reply
+
+
+# hostile replies: each ends within its deadline with one line naming the server, and is not re-sent
+@pytest.mark.parametrize(("path", "expected"), [
+    ("/trickle", "no whole reply within reward.timeout_s=1 ("),
+    ("/huge", f"reply over {16 * 2**20} bytes; a reply holds rewards for reward.batch_size (now 32) queries"),
+    ("/many_logs", "extra_logs has 10000 keys, over 32; log fewer"),
+    ("/odd_log_key", "extra_logs key str 'a b\\nc' is not a metric name (up to 64 letters, digits and _ - . /); rename it"),
+    ("/locked", "HTTP 401: missing or wrong bearer token; set RLHF_REWARD_TOKEN to the server's token"),
+])
+def test_remote_hostile_replies_end_in_one_line_within_the_deadline(server, monkeypatch, path, expected):
+    base, app = server
+    monkeypatch.delenv("RLHF_REWARD_TOKEN", raising=False)
+    start = time.monotonic()
+    with pytest.raises(RewardError) as err:
+        RemoteScorer(f"{base}{path}", timeout_s=1, retries=3, backoff_s=0.05).score(PROMPTS, RESPONSES, LABELS)
+    message = one_line_error(err)
+    assert message.startswith(f"reward server {base}{path}: ") and expected in message, message
+    assert app.state.hits[path] == 1
+    assert time.monotonic() - start < 5  # the trickle alone would last a minute
+
+
+def test_remote_sends_the_bearer_token_of_its_environment(server, monkeypatch):
+    base, _ = server
+    monkeypatch.setenv("RLHF_REWARD_TOKEN", "s3cret")
+    batch = RemoteScorer(f"{base}/locked", timeout_s=5, retries=0).score(PROMPTS, RESPONSES, LABELS)
+    assert batch.rewards.tolist() == [1.0, 1.0]
 
 
 def test_no_reward_function_outside_the_tiny_preset_is_one_line_naming_reward_source():
