@@ -2,7 +2,7 @@
 
 With `tracking.uri=http(s)://...` a stage worker reads nothing by a path the driver gave it: each node
 downloads the inputs its ranks read into a folder of its own (`RLHF_NODE_DIR`, default
-`<tmp>/rlhf-node`), the stage writes its work and outputs there, and rank 0 uploads the outputs to the
+`<tmp>/rlhf-node-<uid>`, 0700), the stage writes its work and outputs there, and rank 0 uploads the outputs to the
 stage's MLflow run through the server. Resumable checkpoints go up to the run as they are written
 (under `work/`, mirroring the work dir), so a rerun of the stage on any node starts from the newest
 checkpoint an earlier run of the same fingerprint left.
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from artifacts import store
+from artifacts.private_dirs import private_dir
 
 WORK = "work"  # a run's artifact folder of resumable checkpoints, mirroring its work dir
 LATEST = "latest"  # DeepSpeed's pointer to a checkpoint folder's newest complete tag: uploaded last
@@ -27,7 +28,8 @@ RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_")
 
 def node_dir() -> Path:
     """This node's folder for stage files (`RLHF_NODE_DIR`, set where a node starts)."""
-    return Path(os.environ.get("RLHF_NODE_DIR") or Path(tempfile.gettempdir()) / "rlhf-node")
+    configured = os.environ.get("RLHF_NODE_DIR")
+    return Path(configured) if configured else private_dir("rlhf-node")
 
 
 def owner(name: str) -> int:

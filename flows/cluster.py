@@ -27,12 +27,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
+from artifacts.private_dirs import private_dir
 from configs.errors import PipelineError
 from flows import prefect_db, processes
 from flows.processes import Proc
@@ -164,7 +164,7 @@ def ray_temp_dir(root: Path, node: str) -> Path:
     """Ray's own folder for a node: short, under the system's temp folder, since Ray's socket paths inside
     it must fit in 107 bytes; one per cluster folder, so a second `up` reuses it."""
     digest = hashlib.sha1(str(root).encode()).hexdigest()[:8]
-    return Path(tempfile.gettempdir()) / f"rlhf-ray-{digest}" / node
+    return private_dir("rlhf-ray") / digest / node
 
 
 # --- checks before anything starts ------------------------------------------------------------------------
