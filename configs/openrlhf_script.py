@@ -21,6 +21,8 @@ ASSIGNMENT = re.compile(rf"^({NAME})=(.*)$", re.S)
 ARRAY_USE = re.compile(rf'^"?\$\{{({NAME})\[[@*]\]\}}"?$')
 VARIABLE_USE = re.compile(rf"^\$(?:\{{({NAME})\}}|({NAME}))$")
 ELISIONS = ("...", "…")  # documentation's "more flags here"
+MAX_SCRIPT_CHARS = 1 << 20  # a launch script is a few KB; more is not a script to convert
+MAX_WORDS = 10_000  # words one array may hold once spliced
 ANSI_C = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "a": "\a", "b": "\b", "e": "\x1b", "0": "\0"}
 
 
@@ -177,7 +179,11 @@ class Lexer:
                     self.pos += 1
             else:
                 items.append(self.word())
-        self.script.arrays[name] = [w for item in items for w in self.script.arrays.get(array_name(item) or "", [item])]
+        spliced = [w for item in items for w in self.script.arrays.get(array_name(item) or "", [item])]
+        if len(spliced) > MAX_WORDS:  # `A=("${A[@]}" "${A[@]}")` doubles per line: bounded, not 2^lines
+            raise self.error(f"{name}=( ... ) holds {len(spliced)} words, over {MAX_WORDS}; a trainer call has a few "
+                             "hundred", opened)
+        self.script.arrays[name] = spliced
 
     def word(self) -> Word:
         """One word: quotes removed, `$(...)`, `${...}` and backticks kept whole."""
@@ -387,6 +393,9 @@ def flag_uses(words: list[Word]) -> list[FlagUse]:
 
 def read_call(text: str, origin: str) -> TrainerCall:
     """The one trainer call in `text`; a ConfigError naming `origin` when there is none, or several that differ."""
+    if len(text) > MAX_SCRIPT_CHARS:
+        raise ConfigError(f"{origin}: over {MAX_SCRIPT_CHARS} characters; a launch script is a few thousand: give "
+                          "the one that calls the trainer")
     script = Lexer(text.replace("\r\n", "\n"), origin).read()
     calls, others = find_calls(script, origin)
     if not calls:

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from configs.errors import ConfigError
 from configs.loader import load_config, parse_override, section_type, set_dotted
 from configs.openrlhf_convert import Conversion, convert, listed
-from configs.openrlhf_script import read_call
+from configs.openrlhf_script import MAX_SCRIPT_CHARS, read_call
 from configs.schema import PipelineConfig
 from stages import dag
 
@@ -32,12 +32,13 @@ COMMENT_COLUMN = 56  # trailing comments line up here, or after the longest line
 def read_script(script: str) -> tuple[str, str]:
     """The script's text and the name errors give it (`-`: standard input)."""
     if script == "-":
-        return sys.stdin.read(), "<stdin>"
+        return sys.stdin.read(MAX_SCRIPT_CHARS + 1), "<stdin>"  # one more: read_call names the excess
     path = Path(script)
     if not path.is_file():
         raise ConfigError(f"{script}: no such file")
     try:
-        return path.read_text(encoding="utf-8"), script
+        with open(path, encoding="utf-8") as f:
+            return f.read(MAX_SCRIPT_CHARS + 1), script
     except UnicodeDecodeError:
         raise ConfigError(f"{script}: not a text file") from None
 

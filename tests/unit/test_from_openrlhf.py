@@ -276,7 +276,13 @@ def test_the_cli_writes_the_config_and_reads_stdin(tmp_path, capsys, monkeypatch
      "error: s.sh line 1: --advantage_estimator 'ppo': expected one of: gae, reinforce, reinforce_baseline, rloo, group_norm, "
      "dr_grpo\n"),
     ("python -m openrlhf.cli.train_sft --pretrain 'm\n", "error: s.sh line 1: a ' is never closed\n"),
+    # an array that doubles per line: 2^40 words if spliced as written, refused at 10,000 (line 15: 2^14)
+    ("A=(--bf16)\n" + 'A=("${A[@]}" "${A[@]}")\n' * 40 + "python -m openrlhf.cli.train_sft \"${A[@]}\"\n",
+     "error: s.sh line 15: A=( ... ) holds 16384 words, over 10000; a trainer call has a few hundred\n"),
+    ("#" * (1 << 20) + "\n", "error: s.sh: over 1048576 characters; a launch script is a few thousand: give the one "
+                            "that calls the trainer\n"),
 ])
+@pytest.mark.timeout(30)
 def test_bad_input_is_one_error_line(script, message, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("s.sh").write_text(script)
