@@ -106,7 +106,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         round_dir = ctx.work_dir / f"round{r}"
         saved = round_dir / "kept.pt"
         if saved.is_file():
-            kept, stats = (loaded := torch.load(saved))["rows"], loaded["stats"]
+            kept, stats = (loaded := torch.load(saved, weights_only=True))["rows"], loaded["stats"]
         else:
             kept, stats = sample_round(ctx, r, policy, tokenizer, prompt_rows, scorer)
             if ctx.is_main:

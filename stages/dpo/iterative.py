@@ -96,7 +96,7 @@ class Rounds:
         if self.current is None or self.current[0] != r:
             path = self.dir / f"round{r}.pt"
             if path.is_file():
-                saved = torch.load(path)
+                saved = torch.load(path, weights_only=True)
                 objective = self.make_objective(saved["pairs"])
                 rnd = Round(objective, saved["ref"], saved["stats"])
             else:

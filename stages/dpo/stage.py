@@ -324,7 +324,7 @@ def cached_reference(ctx: StageContext, compute: Callable[[], dict[str, torch.Te
     saved: after a resume the policy's weights are no longer the reference's."""
     path = ctx.work_dir / REFERENCE_FILE
     if path.is_file():
-        return torch.load(path)
+        return torch.load(path, weights_only=True)
     ref = compute()
     checkpoint.save_work_file(ref, path, ctx.is_main, ctx.world_size)
     return ref

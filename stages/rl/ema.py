@@ -83,7 +83,7 @@ class PolicyAverage:
         if not path.is_file():
             raise CheckpointError(f"rl.actor.ema_beta: the checkpoint {tag_dir} has no {EMA_FILE} to continue the "
                                   "policy's average from; delete the stage's work dir to start over")
-        saved = torch.load(path, map_location="cpu")
+        saved = torch.load(path, map_location="cpu", weights_only=True)
         if set(saved) != set(self.average):
             raise CheckpointError(f"rl.actor.ema_beta: {path} averages other parameters than the policy trains; delete "
                                   "the stage's work dir to start over")
