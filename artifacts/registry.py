@@ -20,6 +20,7 @@ from mlflow.entities import LoggedModelOutput, Metric
 from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS, MLFLOW_RUN_NOTE
 
 from artifacts import tracking
+from configs.redaction import logged
 
 MODEL_PREFIX = "rlhf-"
 CHAMPION = "champion"
@@ -106,7 +107,7 @@ def log_checkpoint(client: MlflowClient, info: CheckpointInfo, artifact: str, ru
     """The logged model of one checkpoint (PENDING until `finish_checkpoint`), an output of its run."""
     model = client.create_logged_model(info.experiment_id, name=artifact, source_run_id=run_id, model_type=MODEL_TYPE,
                                        tags={**info.tags(), MLFLOW_RUN_NOTE: info.description(artifact, run_id)},
-                                       params={k: str(v)[:6000] for k, v in info.config.items()})
+                                       params={k: logged(v) for k, v in info.config.items()})
     client.log_outputs(run_id, [LoggedModelOutput(model.model_id, 0)])
     return model
 

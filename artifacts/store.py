@@ -25,6 +25,7 @@ from mlflow.entities import RunStatus
 from artifacts import disk_full, registry
 from artifacts.registry import CheckpointInfo, model_version, register_model, registered_name
 from configs.errors import PipelineError
+from configs.redaction import logged, redacted
 
 TAG_STAGE = "rlhf.stage"
 TAG_FINGERPRINT = "rlhf.fingerprint"
@@ -189,7 +190,11 @@ def resolve_pin(client: MlflowClient, field: str, uri: str, experiment_id: str,
     try:
         run = client.get_run(pinned.run_id)
     except mlflow.exceptions.MlflowException:
-        raise PipelineError(f"{field}={uri}: no run {pinned.run_id} in {client.tracking_uri}") from None
+        raise PipelineError(f"{field}={uri}: no run {pinned.run_id} in {redacted(client.tracking_uri)}") from None
+    if run.info.status != "FINISHED" or run.data.tags.get(TAG_STATUS, COMPLETE) != COMPLETE:
+        state = run.data.tags.get(TAG_STATUS) or run.info.status
+        raise PipelineError(f"{field}={uri}: run {pinned.run_id} is {run.info.status} ({state}), not a finished run "
+                            "with all its outputs; pin a run that finished")
     if not artifacts_present(client, run, [pinned.name]):
         raise PipelineError(f"{field}={uri}: run {pinned.run_id} has no artifact {pinned.name!r}")
     return pinned
@@ -255,10 +260,14 @@ def linked(ref: ArtifactRef, folder: Path, cache_root: Path) -> Path:
 
 
 def mark_failed(client: MlflowClient, run_id: str, error: str, interrupted: bool = False) -> None:
-    """A stage run that ended without its outputs: FAILED, or KILLED when the user stopped the run."""
+    """A stage run that ended without its outputs: FAILED, or KILLED when the user stopped the run, and no
+    model version of it left registered (`publish` registers before it marks the run complete: a failure
+    in between would leave `models:/rlhf-...` versions of a run that never finished)."""
     client.set_tag(run_id, TAG_STATUS, "interrupted" if interrupted else "failed")
-    client.set_tag(run_id, "rlhf.error", error[:4000])
+    client.set_tag(run_id, "rlhf.error", logged(error, 4000))
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.KILLED if interrupted else RunStatus.FAILED))
+    for version in client.search_model_versions(f"run_id = '{run_id}'"):
+        client.delete_model_version(version.name, version.version)
 
 
 def try_mark_failed(client: MlflowClient, run_id: str, error: str, interrupted: bool = False) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from artifacts import disk_full, sqlite_store, sqlite_template
 from configs.errors import PipelineError
+from configs.redaction import redacted
 from configs.schema import TrackingConfig
 
 
@@ -41,8 +42,8 @@ class TrackingSetup:
         """Where a person opens `page` of the MLflow UI: the tracking server's own UI, or `mlflow ui` on
         the local store first."""
         if self.remote:
-            return f"{self.uri.rstrip('/')}/{page}"
-        return f"mlflow ui --backend-store-uri {self.uri}, then http://127.0.0.1:5000/{page}"
+            return redacted(f"{self.uri.rstrip('/')}/{page}")
+        return redacted(f"mlflow ui --backend-store-uri {self.uri}, then http://127.0.0.1:5000/{page}")
 
 
 def is_server(uri: str) -> bool:

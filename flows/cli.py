@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from configs.errors import PipelineError
+from configs.redaction import redacted
 from stages.rewards.serving import Limits
 
 ENV_DEFAULTS = {  # each one the user may set otherwise
@@ -116,7 +117,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     found = list(pre_run.problems(cfg, stage_names(args.force), stage_names(args.only)))
     for problem in found:
-        print(f"error: {problem}", file=sys.stderr)
+        print(f"error: {redacted(str(problem))}", file=sys.stderr)
     if found:
         return 2
     print(f"ok: {' '.join([args.config or 'tiny', *args.overrides])} passes every check `rlhf run` makes before its first stage")
@@ -170,10 +171,11 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from configs import load_config
 
     setup = tracking.resolve(load_config(args.config).tracking)
-    print(f"MLflow UI on http://127.0.0.1:{args.port}/#/experiments?workflowType=machine_learning  ({setup.uri})", flush=True)
-    from flows.serve import mlflow_ui_command
+    print(f"MLflow UI on http://127.0.0.1:{args.port}/#/experiments?workflowType=machine_learning  "
+          f"({redacted(setup.uri)})", flush=True)
+    from flows.serve import BACKEND_URI_ENV, mlflow_ui_command
 
-    return subprocess.call(mlflow_ui_command(setup.uri, args.port))
+    return subprocess.call(mlflow_ui_command(args.port), env={**os.environ, BACKEND_URI_ENV: setup.uri})
 
 
 def _store(config: str | None):
@@ -382,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redacted(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)

@@ -16,12 +16,15 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import ExternalSignal
 from prefect.futures import PrefectFuture, wait
+from prefect.runtime import deployment
 from prefect.states import Cancelled, Completed, Failed, State
 
 from artifacts import disk_full, registry, run_owner, store, tracking
 from artifacts import fingerprint as fp
 from configs import load_config
 from configs.errors import PipelineError, first_line
+from configs.redaction import logged, redacted
+from configs.remote_overrides import refuse_code_overrides
 from configs.schema import PipelineConfig
 from flows import eval_report, pre_run, retries, run_end, run_views
 from flows.ray_cluster import RaySession, session_for
@@ -42,7 +45,7 @@ def stage_task(stage: str, cfg: PipelineConfig, setup, experiment_id: str, paren
     outcome = execute_stage(dag.BY_NAME[stage], cfg, setup, experiment_id, parent_run_id, upstream, force, ray_session,
                             reuse_only, pins, label)
     if outcome.status == "failed":
-        return Failed(message=f"{stage}: {outcome.error}", data=outcome)
+        return Failed(message=redacted(f"{stage}: {outcome.error}"), data=outcome)
     if outcome.status == "interrupted":  # Cancelled, not Failed: never retried
         return Cancelled(message=f"{stage}: interrupted", data=outcome)
     return Completed(name="Cached" if outcome.status == "cached" else "Completed", data=outcome)
@@ -58,9 +61,11 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
     `only`: run just these stages; the stages they need are reused from MLflow (their cached runs for
     this config), never run, and nothing downstream runs."""
     try:
+        if deployment.id is not None:  # started through the Prefect server, by whoever reaches it
+            refuse_code_overrides(config, overrides or [])
         return run_pipeline(config, overrides, force, only)
     except PipelineError as error:
-        return Failed(message=str(error), data=error)
+        return Failed(message=redacted(str(error)), data=error)
 
 
 def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | None, only: list[str] | None) -> list[dict]:
@@ -78,22 +83,22 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
     with disk_full.reported(setup.state_dir, setup.sqlite_file):
         client = tracking.open_store(setup)
         experiment_id = tracking.experiment_id(client, setup)
-        pins = {name: store.resolve_pin(client, f"inputs.{name}", uri, experiment_id, setup.state_dir / HASH_CACHE)
-                for name, uri in cfg.inputs.items()}
-        if closed := run_owner.close_orphans(client, experiment_id):
+        if closed := run_owner.close_orphans(client, experiment_id):  # first: a pin never resolves to one of them
             print(f"[mlflow] marked FAILED {len(closed)} run(s) left RUNNING by a process that ended: {', '.join(closed)}",
                   flush=True)
+        pins = {name: store.resolve_pin(client, f"inputs.{name}", uri, experiment_id, setup.state_dir / HASH_CACHE)
+                for name, uri in cfg.inputs.items()}
         label = run_views.config_label(config, overrides, force, only)
         parent = client.create_run(
             experiment_id,
             run_name=run_views.pipeline_run_name(label),
-            tags={"rlhf.kind": "pipeline", "rlhf.config": config, "rlhf.overrides": " ".join(overrides or []),
+            tags={"rlhf.kind": "pipeline", "rlhf.config": logged(config), "rlhf.overrides": logged(" ".join(overrides or [])),
                   "rlhf.force": ",".join(force or []), "rlhf.only": ",".join(only or []), **run_owner.owner_tags()},
         )
     parent_id = parent.info.run_id
     with failing(client, parent_id, setup):
         params = fp.flatten(cfg.model_dump(mode="json"))
-        client.log_batch(parent_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+        client.log_batch(parent_id, params=[Param(k, logged(v)) for k, v in params.items()])
 
         ray_session = session_for(cfg.infra)
         scheduled = {spec.name for spec in dag.STAGES

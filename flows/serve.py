@@ -112,8 +112,13 @@ def prefect_server(state_dir: Path, port: int) -> tuple[str, subprocess.Popen | 
     return api, proc
 
 
-def mlflow_ui_command(uri: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
+BACKEND_URI_ENV = "MLFLOW_BACKEND_STORE_URI"  # `mlflow ui`/`server`'s --backend-store-uri, kept off the command line
+
+
+def mlflow_ui_command(port: int) -> list[str]:
+    """`mlflow ui` on 127.0.0.1:`port`; its store comes from the environment (`BACKEND_URI_ENV`), so a password
+    in the URI is not on a command line every user of the machine can read."""
+    return [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(port)]
 
 
 def mlflow_ui(uri: str, state_dir: Path, port: int) -> Starting:
@@ -121,7 +126,8 @@ def mlflow_ui(uri: str, state_dir: Path, port: int) -> Starting:
     url = f"http://127.0.0.1:{port}"
     if answers(url + "/health"):
         raise PipelineError(f"port {port} is taken (something answers at {url}); pick --mlflow-port")
-    return launch(mlflow_ui_command(uri, port), url + "/health", "the MLflow UI", state_dir / "logs" / "mlflow-ui.log")
+    return launch(mlflow_ui_command(port), url + "/health", "the MLflow UI", state_dir / "logs" / "mlflow-ui.log",
+                  {BACKEND_URI_ENV: uri})
 
 
 def terminated(signum: int, frame) -> None:

@@ -24,6 +24,7 @@ from artifacts import fingerprint as fp
 from artifacts.metrics import MlflowMetrics
 from artifacts.tracking import TrackingSetup
 from configs.errors import PipelineError, first_line
+from configs.redaction import logged
 from configs.schema import PipelineConfig
 from flows import eval_report, eval_reuse, run_views
 from flows.ray_cluster import RaySession
@@ -181,7 +182,7 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
     the datasets it read as the run's inputs, its checkpoints as logged models (registered where the DAG
     says) recording where they came from."""
     params = fp.flatten(fp.config_subset(cfg, spec.wanted_config(spec.config_keys, cfg)))
-    client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+    client.log_batch(run_id, params=[Param(k, logged(v)) for k, v in params.items()])
     print(f"[{spec.name}] running (MLflow run {run_id}, fingerprint {fingerprint})", flush=True)
 
     # on a tracking server the stage's workers fetch their own inputs (`node_files`); here, only the
@@ -228,12 +229,12 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
 
     # the result's keys are the last points of the stage's own series (`eval/loss`): only those it did not log
     held = set(client.get_run(run_id).data.metrics)
-    logged = {k: v for k, v in result.metrics.items() if k not in held}
+    recorded = {k: v for k, v in result.metrics.items() if k not in held}
     if result.compute_span is not None:  # what the stage computed vs its run's length: the orchestration cost
         start, end = result.compute_span
-        logged[store.METRIC_COMPUTE_S] = end - start
+        recorded[store.METRIC_COMPUTE_S] = end - start
         client.set_tag(run_id, store.TAG_COMPUTE_SPAN, f"{start:.3f} {end:.3f}")
-    MlflowMetrics(setup.uri, run_id)(logged, 0)
+    MlflowMetrics(setup.uri, run_id)(recorded, 0)
     info = registry.CheckpointInfo(
         experiment_id=experiment_id, stage=spec.name, summary=spec.summary, fingerprint=fingerprint, config=params,
         pipeline_run=parent_run_id, data=datasets.digests(read),
@@ -245,7 +246,7 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
         eval_report.log_rl_curves(client, run_id)
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
     shutil.rmtree(work_dir, ignore_errors=True)
-    return refs, result.metrics | {k: v for k, v in logged.items() if k == store.METRIC_COMPUTE_S}
+    return refs, result.metrics | {k: v for k, v in recorded.items() if k == store.METRIC_COMPUTE_S}
 
 
 def merged_adapters(inputs: dict[str, store.ArtifactRef], local: dict[str, Path], downloads: Path) -> dict[str, Path]:

@@ -23,6 +23,7 @@ import torch
 import urllib3
 
 from configs.errors import first_line
+from configs.redaction import redacted
 from stages.rewards.base import RewardBatch, as_rewards, check_batch, concat, mean_logs
 from stages.rewards.errors import RewardError
 from stages.rewards.serving import TOKEN_ENV
@@ -89,6 +90,7 @@ class RemoteScorer:
     def __init__(self, url: str, timeout_s: float = 10.0, retries: int = 3, backoff_s: float = 0.2,
                  batch_size: int = 32) -> None:
         self.url, self.timeout_s, self.retries, self.backoff_s = url, timeout_s, retries, backoff_s
+        self.shown = redacted(url)  # how errors name it: a password in the URL stays out of them
         self.batch_size = batch_size
         self.session = requests.Session()
 
@@ -104,16 +106,16 @@ class RemoteScorer:
                 with reply:
                     body = read_by(reply, deadline, MAX_REPLY_BYTES)
             except TIMED_OUT as exc:
-                raise RewardError(f"reward server {self.url}: no whole reply within reward.timeout_s={self.timeout_s:g} "
+                raise RewardError(f"reward server {self.shown}: no whole reply within reward.timeout_s={self.timeout_s:g} "
                                   f"({type(exc).__name__}: {first_line(exc)[:160]}); not sent again: raise "
                                   "reward.timeout_s or make the server faster") from None
             except ReplyTooLarge as exc:
-                raise RewardError(f"reward server {self.url}: {exc}; a reply holds rewards for reward.batch_size "
+                raise RewardError(f"reward server {self.shown}: {exc}; a reply holds rewards for reward.batch_size "
                                   f"(now {self.batch_size}) queries") from None
             except RETRYABLE as exc:
                 last = f"{type(exc).__name__}: {first_line(exc)[:160]}"
             except requests.RequestException as exc:  # a bad URL and the like: retrying cannot help
-                raise RewardError(f"reward server {self.url}: {type(exc).__name__}: {first_line(exc)}") from None
+                raise RewardError(f"reward server {self.shown}: {type(exc).__name__}: {first_line(exc)}") from None
             else:
                 if reply.status_code < 500:
                     return self._json(reply.status_code, body)
@@ -121,25 +123,25 @@ class RemoteScorer:
             if attempt < self.retries:
                 time.sleep(delays[attempt])
         tries = self.retries + 1
-        raise RewardError(f"reward server {self.url}: failed after {tries} {'try' if tries == 1 else 'tries'} (last error: {last})")
+        raise RewardError(f"reward server {self.shown}: failed after {tries} {'try' if tries == 1 else 'tries'} (last error: {last})")
 
     def _json(self, status: int, body: bytes) -> dict:
         text = body.decode(errors="replace")
         if status >= 400:  # a client error will not go away by retrying
             hint = f"; lower reward.batch_size (now {self.batch_size} queries a request)" if status == 413 else ""
             hint = f"; set {TOKEN_ENV} to the server's token" if status == 401 else hint
-            raise RewardError(f"reward server {self.url}: HTTP {status}: {error_text(text)}{hint}")
+            raise RewardError(f"reward server {self.shown}: HTTP {status}: {error_text(text)}{hint}")
         try:
             reply = json.loads(text)
         except ValueError:
-            raise RewardError(f"reward server {self.url}: reply is not JSON ({snippet(text)!r})") from None
+            raise RewardError(f"reward server {self.shown}: reply is not JSON ({snippet(text)!r})") from None
         if not isinstance(reply, dict) or "rewards" not in reply:
-            raise RewardError(f"reward server {self.url}: reply has no 'rewards' (got {snippet(str(reply))})")
+            raise RewardError(f"reward server {self.shown}: reply has no 'rewards' (got {snippet(str(reply))})")
         return reply
 
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]) -> RewardBatch:
         check_batch(prompts, responses, labels)
-        parts, where = [], f"reward server {self.url}"
+        parts, where = [], f"reward server {self.shown}"
         for start in range(0, len(prompts), self.batch_size):
             batch = slice(start, start + self.batch_size)
             queries = [p + r for p, r in zip(prompts[batch], responses[batch])]

@@ -481,10 +481,10 @@ def store_contents(ws) -> tuple[int, int]:
     return len(client.search_runs(experiments)) if experiments else 0, len(client.search_model_versions())
 
 
-def test_a_served_run_with_a_bad_reward_file_fails_at_once_and_runs_nothing(ws, served):
-    """A deployment's flow run makes the checks `rlhf run` makes before its first stage: a reward file that is
-    not there ends it Failed within seconds, its state message and logs holding the one line `rlhf run`
-    prints, with no stage task submitted and nothing written to MLflow."""
+def test_a_served_run_that_would_choose_code_is_refused_at_once_and_runs_nothing(ws, served):
+    """Whoever reaches the Prefect server can start a deployment run with any overrides: one that names a
+    reward file (code the reward workers would run) ends it Failed within seconds, its state message and logs
+    holding the one line `rlhf run` prints, with no stage task submitted and nothing written to MLflow."""
     before = store_contents(ws)
     started = time.monotonic()
     result = served.deployment_run("full", 'overrides=["reward.func_path=missing.py"]')
@@ -493,7 +493,9 @@ def test_a_served_run_with_a_bad_reward_file_fails_at_once_and_runs_nothing(ws, 
     assert result.returncode == 1 and "Flow run finished in state 'Failed'." in result.stdout, \
         result.stdout[-3000:] + served.log.read_text()[-3000:]
     assert took < 60
-    expected = f"reward.func_path=missing.py: no such file (looked from {ws} and from {Path(configs.__file__).parent})"
+    expected = ("override 'reward.func_path=missing.py': reward.func_path names the Python file the reward workers run; "
+                "a deployment run takes data and hyperparameter overrides only: set reward.func_path in the config file "
+                f"on the worker ({Path(configs.__file__).parent / 'tiny.yaml'})")
     flow_run_id = UUID(re.search(r"UUID: (\S+)", result.stdout).group(1))
     with served.client() as client:
         flow_run = client.read_flow_run(flow_run_id)

@@ -53,6 +53,29 @@ def test_pins_resolve_runs_versions_and_aliases(client, tmp_path):
         store.resolve_pin(client, "inputs.x", "models:/rlhf-sft@best", client.exp)
 
 
+def test_a_pin_takes_only_a_finished_run_with_all_its_outputs(client, tmp_path):
+    """A run killed after its upload (still RUNNING) or failed after it (FAILED) is no pin's input."""
+    from configs.errors import PipelineError
+
+    running = stage_run(client, tmp_path, finish=False)
+    with pytest.raises(PipelineError, match=rf"^inputs.x=runs:/{running}/sft_model: run {running} is RUNNING \(complete\), "
+                                            r"not a finished run with all its outputs; pin a run that finished$"):
+        store.resolve_pin(client, "inputs.x", f"runs:/{running}/sft_model", client.exp)
+    failed = stage_run(client, tmp_path, register=True, finish=False)
+    store.mark_failed(client, failed, "boom")
+    with pytest.raises(PipelineError, match=rf"run {failed} is FAILED \(failed\), not a finished run"):
+        store.resolve_pin(client, "inputs.x", f"runs:/{failed}/sft_model", client.exp)
+
+
+def test_a_run_that_fails_after_registering_leaves_no_version(client, tmp_path):
+    kept = stage_run(client, tmp_path, register=True)
+    failed = stage_run(client, tmp_path, register=True, finish=False)  # its versions made, then the stage fails
+    assert {v.run_id for v in client.search_model_versions("name = 'rlhf-sft'")} == {kept, failed}
+    store.mark_failed(client, failed, "boom")
+    assert [v.run_id for v in client.search_model_versions("name = 'rlhf-sft'")] == [kept]
+    assert store.resolve_pin(client, "inputs.x", "models:/rlhf-sft/latest", client.exp).run_id == kept
+
+
 def test_a_checkpoint_folder_pin_is_imported_once_and_again_when_it_changes(client, tmp_path):
     from configs.errors import PipelineError
 
