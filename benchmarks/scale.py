@@ -12,7 +12,7 @@ a rerun reuses it):
   drawn from the seed tensor by tensor and written as one fp32 safetensors file: `0.5b` is ~0.5B
   parameters (~2 GB), `50m` ~60M (a quick check of the harness);
 - per row count, JSONL files of pseudo-words drawn from the seed (row i is the same whatever the count):
-  sft.jsonl `{"prompt", "response"}` (~650 bytes a row), preference.jsonl `{"prompt", "chosen",
+  sft.jsonl `{"prompt", "response"}` (20 and 49 words: ~650 bytes, every row the same length), preference.jsonl `{"prompt", "chosen",
   "rejected"}`, prompts.jsonl `{"prompt", "label"}`.
 
 For each row count, in a fresh state folder (nothing cached across sizes), a config of `data.source:
@@ -65,7 +65,7 @@ from benchmarks.report import Report, RunOptions
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ROWS = (20_000, 200_000, 1_000_000)
 SEED = 60
-VERSION = 1  # of the generated files and checkpoint: in their cache folders' names (a new generator, new folders)
+VERSION = 2  # of the generated files and checkpoint: in their cache folders' names (a new generator, new folders)
 CHUNK = 1000  # rows drawn per random stream: row i is the same whatever the row count
 N_WORDS = 30_000
 VOCAB = 32_000  # the BPE trainer's target; the model's vocabulary is what it reaches
@@ -83,8 +83,11 @@ MODELS: dict[str, dict[str, Any]] = {
             "num_key_value_heads": 8},
 }
 KINDS = ("sft", "preference", "prompts")
-# words per text: prompt, response (a preference row has two responses)
+# words per text: prompt, response (a preference row has two responses), drawn from these ranges
 PROMPT_WORDS, RESPONSE_WORDS = (14, 26), (37, 61)
+# an SFT row's, always: the two rows SFT draws then cost the same at every size (at micro-batch 1 a step's
+# activations follow its row's length, hundreds of MiB for a 0.5B model), so its growth is the data's alone
+SFT_WORDS = (20, 49)
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -120,7 +123,10 @@ def chunk_rows(kind: str, seed: int, chunk: int) -> list[dict]:
     words, cdf = vocabulary(seed)
     rng = np.random.default_rng([seed, 1 + KINDS.index(kind), chunk])
     responses = 2 if kind == "preference" else (1 if kind == "sft" else 0)
-    lengths = [rng.integers(*PROMPT_WORDS, CHUNK)] + [rng.integers(*RESPONSE_WORDS, CHUNK) for _ in range(responses)]
+    if kind == "sft":
+        lengths = [np.full(CHUNK, words) for words in SFT_WORDS]
+    else:
+        lengths = [rng.integers(*PROMPT_WORDS, CHUNK)] + [rng.integers(*RESPONSE_WORDS, CHUNK) for _ in range(responses)]
     picks = np.searchsorted(cdf, rng.random(int(sum(int(x.sum()) for x in lengths)))).clip(max=N_WORDS - 1)
     flat = [words[i] for i in picks.tolist()]
     labels = rng.integers(0, 1000, CHUNK).tolist()
