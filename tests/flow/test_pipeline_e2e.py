@@ -502,7 +502,7 @@ def test_a_served_run_that_would_choose_code_is_refused_at_once_and_runs_nothing
         logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     assert flow_run.state.is_failed() and flow_run.state.message == expected
-    assert f"Finished in state Failed('{expected}')" in [log.message for log in logs]
+    assert f"Finished in state Failed({expected!r})" in [log.message for log in logs]
     assert tasks == []
     assert store_contents(ws) == before
 
