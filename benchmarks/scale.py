@@ -26,10 +26,12 @@ stage worker prints, the line's arrival time less N - 1 mean steps of 1/R, with 
 decimals leave, `first_step`).
 Bytes: the stage run's artifact folder in the store, and the download cache copies of its inputs
 (`<state>/downloads/<run>/<name>`); the whole state folder's subfolders before and after are in the JSON.
-Memory: the RSS of every process under the `rlhf` command, every 0.2 s, each process given a role from
-its command line (driver, stage worker: a Ray actor `ray::...`, raylet, gcs_server, Prefect server, ...);
-a stage's peaks are those seen while its MLflow run was open: its largest stage-worker process, and the
-whole tree (RSS counts pages shared by forked processes in each).
+Memory: every process under the `rlhf` command every 0.2 s, each given a role from its command line
+(driver, stage worker: a Ray actor `ray::...`, raylet, gcs_server, Prefect server, ...): its peak RSS since
+the last look, exact (the kernel's high-water mark `VmHWM`, reset after each read by writing 5 to
+`/proc/PID/clear_refs`, so a transient peak between two looks is not missed), its RSS and anonymous RSS at
+the look; a stage's peaks are those of the looks while its MLflow run was open: its largest stage-worker
+process, and the whole tree (the sum of RSS at one look; RSS counts pages shared by forked processes in each).
 
 Side by side, in a subprocess sampled the same way: HF `datasets` loading each JSONL file and
 `datasets.map` (num_proc = the cores) rendering it with the same tokenizer's chat template and
@@ -274,8 +276,9 @@ class Watched:
     wall_s: float
     started: float  # Unix seconds
     lines: list[tuple[float, str]] = field(default_factory=list)
-    # (Unix time, pid, role, RSS bytes, anonymous RSS bytes) for each process of the tree at each sample
-    samples: list[tuple[float, int, str, int, int]] = field(default_factory=list)
+    # (Unix time, pid, role, RSS bytes, anonymous RSS bytes, peak RSS bytes since the last sample) for each
+    # process of the tree at each sample
+    samples: list[tuple[float, int, str, int, int, int]] = field(default_factory=list)
     commands: dict[int, str] = field(default_factory=dict)  # pid -> its last command line seen (cut short)
     load: list[float] = field(default_factory=list)  # the machine's 1-minute load average, each sample
 
@@ -286,42 +289,57 @@ class Watched:
     def processes(self) -> list[dict]:
         """Each process seen: its role(s), command line and peak RSS (and anonymous RSS), largest first."""
         seen: dict[int, dict] = {}
-        for _, pid, name, rss, anon in self.samples:
+        for _, pid, name, _, anon, peak in self.samples:
             entry = seen.setdefault(pid, {"pid": pid, "roles": [], "peak_mib": 0.0, "peak_anon_mib": 0.0,
                                           "cmdline": self.commands.get(pid, "")})
             if name not in entry["roles"]:
                 entry["roles"].append(name)
-            entry["peak_mib"] = max(entry["peak_mib"], rss / MiB)
+            entry["peak_mib"] = max(entry["peak_mib"], peak / MiB)
             entry["peak_anon_mib"] = max(entry["peak_anon_mib"], anon / MiB)
         return sorted(seen.values(), key=lambda e: -e["peak_mib"])
 
     def peaks(self, span: tuple[float, float] | None = None) -> dict:
-        """Per role: the largest process's RSS (and anonymous RSS: what it allocated, without the pages of the
-        files it maps, which the kernel can drop) and the role's largest sum over one sample; and the tree's."""
+        """Per role: the largest process's peak RSS (exact: the kernel's high-water marks), its largest
+        anonymous RSS at a sample (what it allocated, without the pages of the files it maps, which the kernel
+        can drop) and the role's largest sum of RSS over one sample; and the tree's."""
         chosen = [s for s in self.samples if span is None or span[0] <= s[0] <= span[1]]
-        by_time: dict[float, list[tuple[int, str, int, int]]] = {}
-        for t, pid, name, rss, anon in chosen:
-            by_time.setdefault(t, []).append((pid, name, rss, anon))
+        by_time: dict[float, list[tuple[int, str, int, int, int]]] = {}
+        for t, pid, name, rss, anon, peak in chosen:
+            by_time.setdefault(t, []).append((pid, name, rss, anon, peak))
         roles: dict[str, dict[str, float]] = {}
         tree = 0
         for procs in by_time.values():
-            tree = max(tree, sum(rss for _, _, rss, _ in procs))
+            tree = max(tree, sum(rss for _, _, rss, _, _ in procs))
             sums: dict[str, int] = {}
-            for _, name, rss, anon in procs:
+            for _, name, rss, anon, peak in procs:
                 sums[name] = sums.get(name, 0) + rss
                 entry = roles.setdefault(name, {"process_mib": 0.0, "process_anon_mib": 0.0, "sum_mib": 0.0})
-                entry["process_mib"] = max(entry["process_mib"], rss / MiB)
+                entry["process_mib"] = max(entry["process_mib"], peak / MiB)
                 entry["process_anon_mib"] = max(entry["process_anon_mib"], anon / MiB)
             for name, total in sums.items():
                 roles[name]["sum_mib"] = max(roles[name]["sum_mib"], total / MiB)
         return {"tree_mib": tree / MiB, "roles": roles}
 
 
-def resident(p) -> tuple[int, int]:
-    """A psutil process's resident bytes, and those of them it allocated itself (anonymous): RSS less the
-    pages of files and shared memory it maps (Linux's `shared` count)."""
+def resident(p) -> tuple[int, int, int]:
+    """A psutil process's resident bytes, those of them it allocated itself (anonymous: RSS less the pages
+    of files and shared memory it maps, Linux's `shared` count), and its peak resident bytes since the last
+    call: the kernel's high-water mark, then reset (the RSS when the mark cannot be read or reset)."""
     mem = p.memory_info()
-    return mem.rss, mem.rss - mem.shared
+    return mem.rss, mem.rss - mem.shared, max(mem.rss, high_water_mark(p.pid))
+
+
+def high_water_mark(pid: int) -> int:
+    """Process `pid`'s peak RSS in bytes since it started or since the last call, whose mark this resets
+    (0 when the process is gone or not ours)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            kib = next((int(line.split()[1]) for line in status if line.startswith("VmHWM:")), 0)
+        with open(f"/proc/{pid}/clear_refs", "w") as refs:
+            refs.write("5")  # Linux: reset the peak RSS to the current RSS
+    except (OSError, ValueError):
+        return 0
+    return kib * 1024
 
 
 def watch(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> Watched:

@@ -132,16 +132,37 @@ def test_tables_from_a_result_built_by_hand():
 
 
 def test_peaks_by_role_and_for_a_span():
+    """A process's peak is the largest high-water mark of its samples (above the RSS seen at any sample); the
+    role's sum and the tree add the RSS of one sample."""
     MiB = scale.MiB
-    w = scale.Watched(1.0, 0.0, samples=[(1.0, 10, "driver", 100 * MiB, 90 * MiB), (1.0, 11, "stage worker", 200 * MiB, 150 * MiB),
-                                         (1.0, 12, "stage worker", 50 * MiB, 40 * MiB), (2.0, 10, "driver", 120 * MiB, 80 * MiB),
-                                         (2.0, 11, "stage worker", 300 * MiB, 100 * MiB)])
+    w = scale.Watched(1.0, 0.0, samples=[(1.0, 10, "driver", 100 * MiB, 90 * MiB, 100 * MiB),
+                                         (1.0, 11, "stage worker", 200 * MiB, 150 * MiB, 260 * MiB),
+                                         (1.0, 12, "stage worker", 50 * MiB, 40 * MiB, 50 * MiB),
+                                         (2.0, 10, "driver", 120 * MiB, 80 * MiB, 120 * MiB),
+                                         (2.0, 11, "stage worker", 300 * MiB, 100 * MiB, 310 * MiB)])
     assert w.peaks() == {"tree_mib": 420.0, "roles": {
         "driver": {"process_mib": 120.0, "process_anon_mib": 90.0, "sum_mib": 120.0},
-        "stage worker": {"process_mib": 300.0, "process_anon_mib": 150.0, "sum_mib": 300.0}}}  # each peak on its own
-    assert w.peaks((0.5, 1.5))["roles"]["stage worker"] == {"process_mib": 200.0, "process_anon_mib": 150.0, "sum_mib": 250.0}
+        "stage worker": {"process_mib": 310.0, "process_anon_mib": 150.0, "sum_mib": 300.0}}}  # each peak on its own
+    assert w.peaks((0.5, 1.5))["roles"]["stage worker"] == {"process_mib": 260.0, "process_anon_mib": 150.0, "sum_mib": 250.0}
     assert [(p["pid"], p["roles"], p["peak_mib"], p["peak_anon_mib"]) for p in w.processes()] == [
-        (11, ["stage worker"], 300.0, 150.0), (10, ["driver"], 120.0, 90.0), (12, ["stage worker"], 50.0, 40.0)]
+        (11, ["stage worker"], 310.0, 150.0), (10, ["driver"], 120.0, 90.0), (12, ["stage worker"], 50.0, 40.0)]
+
+
+def test_a_peak_between_two_samples_is_seen_once():
+    """A process that holds 256 MiB for a moment and frees it before the first look: the first look reports a
+    peak above 256 MiB though its RSS is back down; the second, after the reset, only what it holds then."""
+    code = ("import sys\n"
+            "b = bytearray(b'y' * (256 << 20)); del b\n"
+            "print('ready', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        rss, _, first = scale.resident(psutil.Process(proc.pid))
+        assert rss < 128 * scale.MiB and first > 256 * scale.MiB, (rss, first)
+        rss, _, second = scale.resident(psutil.Process(proc.pid))
+        assert second < 128 * scale.MiB, (rss, second)
+    finally:
+        proc.communicate("", timeout=30)
 
 
 def test_anonymous_rss_is_what_a_process_allocated_not_the_file_it_maps(tmp_path):
@@ -158,7 +179,7 @@ def test_anonymous_rss_is_what_a_process_allocated_not_the_file_it_maps(tmp_path
                                 stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-            rss, anon = scale.resident(psutil.Process(proc.pid))
+            rss, anon, _ = scale.resident(psutil.Process(proc.pid))
             assert (rss > 64 * scale.MiB, anon > 64 * scale.MiB) == (rss_grows, anon_grows), (kind, rss, anon)
         finally:
             proc.communicate("", timeout=30)
@@ -192,8 +213,8 @@ def test_stage_measures_read_a_state_folder(tmp_path, empty_store):
                                           "stage.sft": f"ran {ids['sft']}", "stage.rm": "not run"})
     client.set_terminated(parent.info.run_id)
     watched = scale.Watched(20.0, 990.0, lines=[(2009.0, "(StageWorker pid=3) [sft] step 2/2 (100%) loss=1 | 0.50 it/s, eta 0s")],
-                            samples=[(1005.0, 3, "stage worker", 100 * scale.MiB, 60 * scale.MiB),
-                                     (2005.0, 3, "stage worker", 300 * scale.MiB, 250 * scale.MiB)])
+                            samples=[(1005.0, 3, "stage worker", 100 * scale.MiB, 60 * scale.MiB, 100 * scale.MiB),
+                                     (2005.0, 3, "stage worker", 300 * scale.MiB, 250 * scale.MiB, 300 * scale.MiB)])
     prep, sft = scale.stage_measures(state, watched)
     assert (prep["stage"], prep["wall_s"], prep["compute_s"], prep["store_bytes"], prep["download_bytes"]) == ("data_prep", 10, 6, 10, 0)
     assert (sft["stage"], sft["store_bytes"], sft["download_bytes"], sft["tree_mib"]) == ("sft", 100, 7, 300.0)
