@@ -1,0 +1,1 @@
+"""The `rlhf` command line: one module per subcommand group; `main` parses and dispatches."""

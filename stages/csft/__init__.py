@@ -1,0 +1,1 @@
+"""Conditional SFT: rows conditioned on their reward score, then fine-tuned on."""

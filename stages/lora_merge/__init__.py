@@ -1,0 +1,1 @@
+"""LoRA merge: adapters folded into their base model."""

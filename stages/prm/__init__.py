@@ -1,0 +1,1 @@
+"""Process reward model training: step-level labels at the step tags."""

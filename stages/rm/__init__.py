@@ -1,0 +1,1 @@
+"""Reward model training: a scalar head on pairwise preferences."""

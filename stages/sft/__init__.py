@@ -1,0 +1,1 @@
+"""Supervised fine-tuning: next-token loss on the response tokens."""
