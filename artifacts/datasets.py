@@ -24,7 +24,7 @@ from artifacts.store import ArtifactRef
 from configs.schema import FILE_DATASETS
 
 DIGEST_CHARS = 8  # as MLflow's own dataset digests
-MANIFEST = "splits.json"  # written by data prep beside its splits (stages/prepared_data.py): rows, digest, first row
+MANIFEST = "splits.json"  # written by data prep beside its splits (stages/data/prepared.py): rows, digest, first row
 RUN_ARTIFACT_SOURCE = "mlflow_run_artifact"  # where no MLflow dataset source reads the artifact store's scheme
 
 
@@ -95,7 +95,7 @@ def config_sources(data, seed: int, hash_cache: Path | None = None) -> list[Data
 
     if data.source == "synthetic":
         settings = json.dumps({"seed": seed, **data.synthetic.model_dump(mode="json")}, sort_keys=True)
-        code = CodeDatasetSource({"generator": "stages.synthetic_task"})
+        code = CodeDatasetSource({"generator": "stages.data_prep.synthetic_task"})
         entity = Dataset(name="synthetic", digest=hashlib.sha256(settings.encode()).hexdigest()[:DIGEST_CHARS],
                          source_type=code._get_source_type(), source=code.to_json())
         return [DatasetInput(entity, [InputTag(MLFLOW_DATASET_CONTEXT, "synthetic")])]

@@ -44,7 +44,7 @@ def code_version(entry: str, packages: tuple[str, ...] = code_graph.PROJECT_PACK
     under its module name: the same code gives the same version wherever the checkout lives (`search`:
     the folders to find the packages in, else where imports find them)."""
     # The imports are followed as they are: a stage that imports configs.schema (all do, through
-    # stages.contract) is invalidated by a schema edit although its config keys count by value. A
+    # stages.dag.contract) is invalidated by a schema edit although its config keys count by value. A
     # missed cache hit costs a rerun; a missed dependency serves a stale result.
     digest = hashlib.sha256()
     for name, file in code_graph.module_closure(entry, packages, search).items():

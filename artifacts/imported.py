@@ -16,9 +16,8 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from artifacts import tracking
+from artifacts import run_tags, tracking
 from artifacts.file_hashes import FileHashes
-from artifacts.store import COMPLETE, TAG_OUTPUTS, TAG_STATUS, _local_path
 from configs.errors import PipelineError
 
 TAG_KIND, KIND = "rlhf.kind", "import"
@@ -91,7 +90,7 @@ def content_hash(folder: Path, hash_cache: Path | None = None) -> str:
 def referenced(client: MlflowClient, run) -> bool:
     """A local store (no tracking server, the run's artifacts in a local folder): the folder is referenced
     in place; a copy would only double it on the same disk."""
-    return not tracking.is_server(client.tracking_uri) and _local_path(run.info.artifact_uri) is not None
+    return not tracking.is_server(client.tracking_uri) and tracking.local_folder(run.info.artifact_uri) is not None
 
 
 def import_checkpoint(client: MlflowClient, experiment_id: str, field: str, name: str, source: str,
@@ -104,7 +103,7 @@ def import_checkpoint(client: MlflowClient, experiment_id: str, field: str, name
     found = client.search_runs([experiment_id], f"tags.`{TAG_KIND}` = '{KIND}' and tags.`{TAG_HASH}` = '{digest}' "
                                f"and attributes.status = 'FINISHED'", max_results=50)
     for run in found:
-        if run.data.tags.get(TAG_OUTPUTS) == name:
+        if run.data.tags.get(run_tags.TAG_OUTPUTS) == name:
             if run.data.tags.get(TAG_PATH) not in (None, str(folder)):
                 # the same content in another folder (moved, or another copy): this one is read from now on,
                 # and the consumers of the run stay cached
@@ -124,8 +123,8 @@ def import_checkpoint(client: MlflowClient, experiment_id: str, field: str, name
     except BaseException:
         client.set_terminated(run_id, "FAILED")  # never found again: only FINISHED imports are reused
         raise
-    client.set_tag(run_id, TAG_OUTPUTS, name)
-    client.set_tag(run_id, TAG_STATUS, COMPLETE)
+    client.set_tag(run_id, run_tags.TAG_OUTPUTS, name)
+    client.set_tag(run_id, run_tags.TAG_STATUS, run_tags.COMPLETE)
     client.set_terminated(run_id, "FINISHED")
     return run_id
 

@@ -9,6 +9,7 @@ at the checkpoint folder, with a description and tags saying where it came from.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ class CheckpointInfo:
 
     experiment_id: str
     stage: str
-    summary: str  # what the stage makes (stages.dag)
+    summary: str  # what the stage makes (stages.dag.declaration)
     fingerprint: str
     config: dict  # the stage's config keys and their values
     pipeline_run: str
@@ -143,10 +144,8 @@ def register_model(client: MlflowClient, name: str, source: str, run_id: str, in
         if description is not None and current.description != description:
             client.update_registered_model(name, description=description)
     except mlflow.exceptions.MlflowException:
-        try:
+        with contextlib.suppress(mlflow.exceptions.MlflowException):  # created concurrently
             client.create_registered_model(name, description=description)
-        except mlflow.exceptions.MlflowException:
-            pass  # created concurrently
     if info is None:
         return client.create_model_version(name, source=source, run_id=run_id)
     # a tracking server takes a version's `model_id` only with a source inside that logged model's own

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from artifacts import store
+from artifacts import run_tags, store
 from artifacts.private_dirs import private_dir
 
 WORK = "work"  # a run's artifact folder of resumable checkpoints, mirroring its work dir
@@ -130,12 +130,12 @@ def resumable_run(client, experiment_id: str, stage: str, fingerprint: str, excl
     checkpoints on the server; None when there is none."""
     runs = client.search_runs(
         [experiment_id],
-        filter_string=f"tags.`{store.TAG_STAGE}` = '{stage}' and tags.`{store.TAG_FINGERPRINT}` = '{fingerprint}'",
+        filter_string=f"tags.`{run_tags.TAG_STAGE}` = '{stage}' and tags.`{run_tags.TAG_FINGERPRINT}` = '{fingerprint}'",
         order_by=["attributes.start_time DESC"],
         max_results=20,
     )
     for run in runs:
-        if run.info.run_id != exclude and run.data.tags.get(store.TAG_STATUS) != store.COMPLETE \
+        if run.info.run_id != exclude and run.data.tags.get(run_tags.TAG_STATUS) != run_tags.COMPLETE \
                 and client.list_artifacts(run.info.run_id, WORK):
             return run.info.run_id
     return None

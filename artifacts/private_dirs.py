@@ -4,6 +4,7 @@ stage files and Ray's sockets inside would then be theirs to read or replace."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
@@ -15,10 +16,8 @@ from configs.errors import PipelineError
 def private_dir(name: str) -> Path:
     """`<system temp>/<name>-<uid>`, this user's alone (made if missing)."""
     path = Path(tempfile.gettempdir()) / f"{name}-{os.getuid()}"
-    try:
+    with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
     found = os.lstat(path)
     if stat.S_ISLNK(found.st_mode) or not stat.S_ISDIR(found.st_mode):
         raise PipelineError(f"{path}: not a folder of this user's own (a link or a file); remove it and run again")

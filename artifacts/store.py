@@ -16,26 +16,18 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import RunStatus
 
-from artifacts import disk_full, registry
-from artifacts.registry import CheckpointInfo, model_version, register_model, registered_name
+from artifacts import disk_full, imported, run_tags, tracking
+from artifacts import model_registry as registry
+from artifacts.model_registry import CheckpointInfo, model_version, register_model, registered_name
 from configs.errors import PipelineError
 from configs.redaction import logged, redacted
 
-TAG_STAGE = "rlhf.stage"
-TAG_FINGERPRINT = "rlhf.fingerprint"
-TAG_STATUS = "rlhf.status"
-TAG_OUTPUTS = "rlhf.outputs"
-TAG_PARENT = "mlflow.parentRunId"
-TAG_INPUT_PREFIX = "rlhf.input."
-TAG_COMPUTE_SPAN = "rlhf.compute_span"  # "start end": Unix seconds of the stage function itself
 METRIC_COMPUTE_S = "time/compute_s"
-COMPLETE = "complete"
 
 
 @dataclass(frozen=True)
@@ -55,19 +47,12 @@ class ArtifactRef:
         return cls(name, run_id)
 
 
-def _local_path(artifact_uri: str) -> Path | None:
-    parsed = urlparse(artifact_uri)
-    return Path(unquote(parsed.path)) if parsed.scheme in ("", "file") else None
-
-
 def artifacts_present(client: MlflowClient, run, names: list[str]) -> bool:
     """Every named output still exists in the artifact store (a deleted one means a rerun), or, for an
     import that references a folder, that folder does."""
-    from artifacts import imported
-
     if (referenced := run.data.tags.get(imported.TAG_PATH)) is not None:
         return Path(referenced).is_dir()
-    local = _local_path(run.info.artifact_uri)
+    local = tracking.local_folder(run.info.artifact_uri)
     for name in names:
         if local is not None:
             path = local / name
@@ -83,14 +68,14 @@ def find_cached(client: MlflowClient, experiment_id: str, stage: str, fingerprin
     runs = client.search_runs(
         [experiment_id],
         filter_string=(
-            f"tags.`{TAG_STAGE}` = '{stage}' and tags.`{TAG_FINGERPRINT}` = '{fingerprint}' "
-            f"and tags.`{TAG_STATUS}` = '{COMPLETE}' and attributes.status = 'FINISHED'"
+            f"tags.`{run_tags.TAG_STAGE}` = '{stage}' and tags.`{run_tags.TAG_FINGERPRINT}` = '{fingerprint}' "
+            f"and tags.`{run_tags.TAG_STATUS}` = '{run_tags.COMPLETE}' and attributes.status = 'FINISHED'"
         ),
         order_by=["attributes.start_time DESC"],
         max_results=5,
     )
     for run in runs:
-        names = [n for n in run.data.tags.get(TAG_OUTPUTS, "").split(",") if n]
+        names = [n for n in run.data.tags.get(run_tags.TAG_OUTPUTS, "").split(",") if n]
         if names and artifacts_present(client, run, names):
             return run
     return None
@@ -98,7 +83,7 @@ def find_cached(client: MlflowClient, experiment_id: str, stage: str, fingerprin
 
 def run_inputs(run) -> dict[str, str]:
     """The lineage a stage run recorded: `{artifact name: identity it consumed}`."""
-    return {k.removeprefix(TAG_INPUT_PREFIX): v for k, v in sorted(run.data.tags.items()) if k.startswith(TAG_INPUT_PREFIX)}
+    return {k.removeprefix(run_tags.TAG_INPUT_PREFIX): v for k, v in sorted(run.data.tags.items()) if k.startswith(run_tags.TAG_INPUT_PREFIX)}
 
 
 def publish(client: MlflowClient, run_id: str, outputs: dict[str, Path], register: tuple[str, ...],
@@ -126,8 +111,8 @@ def publish(client: MlflowClient, run_id: str, outputs: dict[str, Path], registe
     for model_id in models.values():
         registry.link_metrics(client, run_id, model_id, *linked)
         client.finalize_logged_model(model_id, "READY")
-    client.set_tag(run_id, TAG_OUTPUTS, ",".join(outputs))
-    client.set_tag(run_id, TAG_STATUS, COMPLETE)
+    client.set_tag(run_id, run_tags.TAG_OUTPUTS, ",".join(outputs))
+    client.set_tag(run_id, run_tags.TAG_STATUS, run_tags.COMPLETE)
     return refs
 
 
@@ -135,7 +120,7 @@ def log_output(client: MlflowClient, run_id: str, path: Path, name: str, movable
     """Output folder `path` as the run's artifact `name`: renamed into a local store when it may be (`movable`,
     on the store's file system, no links in it that the store's copy would have followed), so a checkpoint is
     written once; copied otherwise."""
-    folder = _local_path(client.get_run(run_id).info.artifact_uri)
+    folder = tracking.local_folder(client.get_run(run_id).info.artifact_uri)
     if movable and folder is not None and not (folder / name).exists() and not has_links(path):
         folder.mkdir(parents=True, exist_ok=True)
         try:
@@ -148,10 +133,7 @@ def log_output(client: MlflowClient, run_id: str, path: Path, name: str, movable
 
 def has_links(folder: Path) -> bool:
     """A symbolic link anywhere in `folder` (moved, it could point into a work dir about to be removed)."""
-    for root, dirs, files in os.walk(folder):
-        if any(os.path.islink(os.path.join(root, entry)) for entry in dirs + files):
-            return True
-    return False
+    return any(any(os.path.islink(os.path.join(root, entry)) for entry in dirs + files) for root, dirs, files in os.walk(folder))
 
 
 def add_mlmodel(client: MlflowClient, run_id: str, name: str, path: Path, model_id: str, info: CheckpointInfo,
@@ -174,8 +156,6 @@ def resolve_pin(client: MlflowClient, field: str, uri: str, experiment_id: str,
     or `models:/<name>@<alias>` (a registered version points at the run and artifact it came from), or a
     checkpoint folder or hub id, imported into the store once (`artifacts.imported`; `hash_cache` keeps its
     files' digests). One-line errors name `field` and what is missing."""
-    from artifacts import imported
-
     if imported.is_external(uri):
         name = field.removeprefix("inputs.")
         pinned = ArtifactRef(name, imported.import_checkpoint(client, experiment_id, field, name, uri, hash_cache))
@@ -191,8 +171,8 @@ def resolve_pin(client: MlflowClient, field: str, uri: str, experiment_id: str,
         run = client.get_run(pinned.run_id)
     except mlflow.exceptions.MlflowException:
         raise PipelineError(f"{field}={uri}: no run {pinned.run_id} in {redacted(client.tracking_uri)}") from None
-    if run.info.status != "FINISHED" or run.data.tags.get(TAG_STATUS, COMPLETE) != COMPLETE:
-        state = run.data.tags.get(TAG_STATUS) or run.info.status
+    if run.info.status != "FINISHED" or run.data.tags.get(run_tags.TAG_STATUS, run_tags.COMPLETE) != run_tags.COMPLETE:
+        state = run.data.tags.get(run_tags.TAG_STATUS) or run.info.status
         raise PipelineError(f"{field}={uri}: run {pinned.run_id} is {run.info.status} ({state}), not a finished run "
                             "with all its outputs; pin a run that finished")
     if not artifacts_present(client, run, [pinned.name]):
@@ -237,11 +217,9 @@ def download(ref: ArtifactRef, cache_root: Path, tracking_uri: str | None = None
 def in_place_folder(run, name: str, hash_cache: Path | None = None) -> Path | None:
     """Artifact `name` of `run` where it lies on this machine (an import's referenced folder, or the folder
     in a local artifact store); None when it is not a local folder here."""
-    from artifacts import imported
-
     if (referenced := imported.checked_folder(run, hash_cache)) is not None:
         return referenced
-    store = _local_path(run.info.artifact_uri)
+    store = tracking.local_folder(run.info.artifact_uri)
     return store / name if store is not None and (store / name).is_dir() else None
 
 
@@ -263,7 +241,7 @@ def mark_failed(client: MlflowClient, run_id: str, error: str, interrupted: bool
     """A stage run that ended without its outputs: FAILED, or KILLED when the user stopped the run, and no
     model version of it left registered (`publish` registers before it marks the run complete: a failure
     in between would leave `models:/rlhf-...` versions of a run that never finished)."""
-    client.set_tag(run_id, TAG_STATUS, "interrupted" if interrupted else "failed")
+    client.set_tag(run_id, run_tags.TAG_STATUS, "interrupted" if interrupted else "failed")
     client.set_tag(run_id, "rlhf.error", logged(error, 4000))
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.KILLED if interrupted else RunStatus.FAILED))
     for version in client.search_model_versions(f"run_id = '{run_id}'"):

@@ -9,6 +9,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from artifacts import disk_full, sqlite_store, sqlite_template
 from configs.errors import PipelineError
@@ -160,3 +161,9 @@ def quiet_store_errors() -> None:
     logger = logging.getLogger("mlflow.store.db.utils")
     if not any(isinstance(f, _NoTraceback) for f in logger.filters):
         logger.addFilter(_NoTraceback())
+
+
+def local_folder(artifact_uri: str) -> Path | None:
+    """The folder an artifact URI names on this machine (a `file:` URI or a bare path); None for a remote one."""
+    parsed = urlparse(artifact_uri)
+    return Path(unquote(parsed.path)) if parsed.scheme in ("", "file") else None

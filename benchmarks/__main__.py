@@ -14,10 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import importlib.metadata
 import json
-import os
-import platform
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,6 +33,7 @@ from benchmarks import (
     time_to_quality,
     trl_compare,
 )
+from benchmarks.machine import machine
 from benchmarks.report import Report, RunOptions
 
 BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report | dict[str, Report]], str]] = {
@@ -64,20 +62,6 @@ BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report | dict[str, Report]], 
 }
 # run only when named (`python -m benchmarks run` alone leaves them out): scale is hours and tens of GB at its sizes
 NAMED_ONLY = ("scale",)
-VERSIONED = ("torch", "transformers", "deepspeed", "trl")
-
-
-def machine() -> dict:
-    """Where the numbers were taken."""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    versions: dict[str, str | None] = {}
-    for package in VERSIONED:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    return {"platform": platform.platform(), "cpus": os.cpu_count(), "memory_gib": round(memory, 1),
-            "python": platform.python_version(), **versions}
 
 
 def run(names: list[str], options: RunOptions, out: Path) -> None:

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.__main__ import machine
+from benchmarks.machine import machine
 from benchmarks.report import save
 
 WORDS = ("apple", "berry", "cherry", "date", "fig", "grape", "kiwi", "lemon", "mango", "melon", "olive",
@@ -122,7 +122,7 @@ def eval_results(workdir: Path) -> dict[str, dict[str, float]]:
     """The newest eval run's per-model metrics in the work folder's store."""
     from mlflow import MlflowClient
 
-    from stages.eval_results import per_model
+    from stages.eval.results import per_model
 
     client = MlflowClient(f"sqlite:///{workdir / '.rlhf' / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rlhf-freeform-")).resolve()
     config = prepare(workdir, args.seed)
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--config", str(config), f"seed={args.seed}"],
+    done = subprocess.run([sys.executable, "-m", "flows.cli.main", "run", "--config", str(config), f"seed={args.seed}"],
                           cwd=workdir)
     if done.returncode:
         return done.returncode

@@ -70,10 +70,9 @@ def trial_main(spec: dict) -> None:
     cfg = trial_config(spec)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    if spec["system"] == "trl":
-        measured = grpo_compare.trl(cfg, data, work)
-    else:  # no Ray on a bare GPU machine: the stage's workers in this process
-        measured = grpo_compare.ours(cfg, data, work, in_process=True)
+    # ours: no Ray on a bare GPU machine, the stage's workers in this process
+    measured = (grpo_compare.trl(cfg, data, work) if spec["system"] == "trl"
+                else grpo_compare.ours(cfg, data, work, in_process=True))
     result = {"system": spec["system"], **measured, "samples_per_s": measured["samples"] / measured["seconds"],
               "tokens_per_s": measured["response_tokens"] / measured["seconds"],
               "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None}
@@ -84,14 +83,14 @@ def run(args) -> dict:
     import torch
 
     from benchmarks import trl_compare
-    from benchmarks.__main__ import machine
     from benchmarks.gpu_smoke import device_name
     from benchmarks.gpu_stages import prepare
+    from benchmarks.machine import machine
     from benchmarks.mfu import count_params
     from configs import load_config
     from stages.common import dist_env
-    from stages.contract import StageContext
-    from stages.data_prep import run as data_prep
+    from stages.dag.contract import StageContext
+    from stages.data_prep.stage import run as data_prep
 
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():

@@ -6,7 +6,7 @@ ZeRO stage as a markdown table, and writes the rows as JSON.
     python -m benchmarks.gpu_smoke [--zero 2 3] [--steps 5] [--seq-len 512] [--batch 8] [--out gpu_smoke.json]
     python -m benchmarks.gpu_smoke --tiny --device cpu     # the same code paths on a CPU, a small model
 
-The losses are the stages' own (`stages.sft.lm_loss`, `stages.reward_model.pairwise_loss`,
+The losses are the stages' own (`stages.sft.stage.lm_loss`, `stages.rm.losses.pairwise_loss`,
 `stages.dpo.losses.dpo_loss`, `stages.rl.losses.policy_loss`) in engines built from the pipeline's
 DeepSpeed config (`stages.common.deepspeed_engine`). Tokens are random: this measures speed and
 memory, not learning. MFU counts 6 x parameters x trained tokens per second (the attention term
@@ -21,6 +21,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypedDict
 
 import torch
@@ -77,7 +78,7 @@ def build(kind: str, size: str, zero: int, precision: str, lr: float = 1e-5):
 
 
 def sft_step(engine, batch: int, seq: int, vocab: int) -> int:
-    from stages.sft import lm_loss
+    from stages.sft.stage import lm_loss
 
     ids = torch.randint(1, vocab, (batch, seq), device=engine.device)
     loss, _, tokens = lm_loss(engine, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
@@ -87,7 +88,7 @@ def sft_step(engine, batch: int, seq: int, vocab: int) -> int:
 
 
 def rm_step(engine, batch: int, seq: int, vocab: int) -> int:
-    from stages.reward_model import pairwise_loss
+    from stages.rm.losses import pairwise_loss
 
     ids = torch.randint(1, vocab, (2 * batch, seq), device=engine.device)  # chosen rows, then rejected
     scores = engine(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.squeeze(-1).float()
@@ -155,7 +156,7 @@ def measure(stage: str, zero: int, args) -> dict:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     rate = tokens / seconds
-    peak = PEAK_BF16.get(next((k for k in PEAK_BF16 if k in device_name()), ""), None) if cuda else None
+    peak = PEAK_BF16.get(next((k for k in PEAK_BF16 if k in device_name()), "")) if cuda else None
     row = {"stage": stage, "zero": zero, "params_m": round(n_params / 1e6, 1), "tokens_per_s": round(rate, 1),
            "step_s": round(seconds / args.steps, 3),
            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="profile one more step of each row: busy share, top ops")
     args = parser.parse_args(argv)
     if args.report:
-        print(report(json.loads(open(args.report).read())))
+        print(report(json.loads(Path(args.report).read_text())))
         return 0
     args.size = "tiny" if args.tiny else "0.5b"
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -105,7 +105,7 @@ def reload_check(name: str, path: Path, device: str) -> str:
         tok = AutoTokenizer.from_pretrained(path)
         enc = tok(["Sort alphabetically: pear fig apple"], return_tensors="pt").to(device)
         if name == "reward_model":
-            from stages.rewards.reward_model import RewardModelScorer
+            from stages.rewards.rm_scorer import RewardModelScorer
 
             score = RewardModelScorer([path], device=device).score(["Sort alphabetically: pear fig apple"],
                                                                    ["apple fig pear"], [None]).rewards
@@ -166,8 +166,8 @@ def run_chain(args, zero: int, config: Path, prepared: dict[str, Path], n_params
     from benchmarks.gpu_smoke import PEAK_BF16, device_name
     from configs import load_config
     from stages.common import deepspeed_engine
-    from stages.contract import StageContext
-    from stages.dag import STAGES as SPECS
+    from stages.dag.contract import StageContext
+    from stages.dag.declaration import STAGES as SPECS
     from stages.rl.stage import run_in_process
 
     cfg = load_config(str(config), settings(args, zero))
@@ -294,13 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     use_device(args.device)
     import torch
 
-    from benchmarks.__main__ import machine
     from benchmarks.gpu_smoke import device_name
+    from benchmarks.machine import machine
     from benchmarks.mfu import count_params
     from configs import load_config
     from stages.common import dist_env
-    from stages.contract import StageContext
-    from stages.data_prep import run as data_prep
+    from stages.dag.contract import StageContext
+    from stages.data_prep.stage import run as data_prep
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda, but torch sees no CUDA GPU here; use --device cpu --tiny", flush=True)

@@ -238,7 +238,7 @@ def trl_trainer(cfg, data: dict[str, Path], work: Path):
     from trl import GRPOConfig, GRPOTrainer
 
     from configs.schema import TrainingConfig
-    from stages.prepared_data import read_split
+    from stages.data.prepared import read_split
     from stages.rewards.factory import build_scorer
 
     rl = cfg.rl
@@ -257,7 +257,7 @@ def trl_trainer(cfg, data: dict[str, Path], work: Path):
     common = trl_compare.trl_training_args(cfg, train, rl.max_steps * per_rollout // rl.train_batch_size, work)
     # the reference TRL builds from the checkpoint loads in float32 unless told (it warns that the policy, passed
     # built, ignores these): on a GPU, in the precision the policy trains in
-    half = common["bf16"] and "bfloat16" or common["fp16"] and "float16"
+    half = (common["bf16"] and "bfloat16") or (common["fp16"] and "float16")
     args = GRPOConfig(
         **common, model_init_kwargs={"dtype": half} if half else None,
         steps_per_generation=per_rollout // rl.micro_train_batch_size, num_generations=rl.rollout.n_samples_per_prompt,
@@ -333,7 +333,7 @@ class PartClock:
 def mean_prompt_tokens(cfg, data: dict[str, Path]) -> float:
     """The prompts' mean length in tokens, as both systems encode them (the rollouts draw them evenly)."""
     from stages.common import checkpoint
-    from stages.prepared_data import read_split
+    from stages.data.prepared import read_split
     from stages.rl.stage import encode_prompts
 
     tokenizer = checkpoint.load_tokenizer(str(data["policy"]))

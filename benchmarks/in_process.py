@@ -15,7 +15,7 @@ def single_rank_env() -> None:
 
 
 def make_ctx(stage: str, cfg, root: Path, log=None):
-    from stages.contract import StageContext
+    from stages.dag.contract import StageContext
 
     ctx = StageContext(stage=stage, config=cfg, output_dir=root / "output", work_dir=root / "work")
     ctx.output_dir.mkdir(parents=True)

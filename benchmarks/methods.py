@@ -20,15 +20,15 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.__main__ import machine
 from benchmarks.in_process import make_ctx, single_rank_env
+from benchmarks.machine import machine
 
 STAGES = {  # name: (module, output, inputs besides sft_model / dpo_model / reward_model)
-    "rs": ("stages.rejection_sampling", "rs_model", ("sft_data", "prompts")),
+    "rs": ("stages.rs.stage", "rs_model", ("sft_data", "prompts")),
     "dpo": ("stages.dpo.stage", "dpo_model", ("pref_data",)),
     "kd": ("stages.kd.stage", "kd_model", ("sft_data",)),
-    "rm": ("stages.reward_model", "reward_model", ("pref_data",)),
-    "csft": ("stages.conditional_sft", "csft_model", ("sft_data",)),
+    "rm": ("stages.rm.stage", "reward_model", ("pref_data",)),
+    "csft": ("stages.csft.stage", "csft_model", ("sft_data",)),
 }
 UPSTREAM = {"kd": "dpo_model", "csft": "reward_model"}  # what the stage takes from an earlier one here
 POLICIES = ("rs", "dpo", "kd", "csft")
@@ -85,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
 
     single_rank_env()
     from configs import load_config
-    from stages import data_prep, evaluate
-    from stages.prepared_data import read_split
+    from stages.data.prepared import read_split
+    from stages.data_prep import stage as data_prep
+    from stages.eval import stage as evaluate
     from stages.rewards.factory import build_scorer
 
     cfg = load_config(None, [*(["kd.teacher=dpo"] if "kd" in names else []), *overrides])
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (prepared / "eval_data").exists():
         data_prep.run(make_ctx("data_prep", cfg, workdir / "data_prep"), {})
     artifacts = {n: prepared / n for n in ("base_model", "sft_data", "pref_data", "prompts", "eval_data")}
-    artifacts["sft_model"] = stage("sft", "stages.sft", "sft_model", cfg, workdir,
+    artifacts["sft_model"] = stage("sft", "stages.sft.stage", "sft_model", cfg, workdir,
                                    {n: artifacts[n] for n in ("base_model", "sft_data")})
     prompts = read_split(artifacts["eval_data"], "eval")[: cfg.eval.max_samples]
     sft_eval = read_split(artifacts["sft_data"], "eval")

@@ -67,13 +67,14 @@ def stage_batch(stage: str, rows, gen, device: str = "cpu"):
     import torch
 
     from configs.schema import DPOConfig, RLConfig
-    from stages import prm, reward_model
     from stages.common import packing
-    from stages.common.tokenization import IGNORE_INDEX, pad_batch
+    from stages.data.tokenization import IGNORE_INDEX, pad_batch
     from stages.dpo import stage as dpo
+    from stages.prm import losses as prm
     from stages.rl.experience import Sample, sequence_batch
     from stages.rl.losses import value_loss
     from stages.rl.workers import actor_loss, critic_values
+    from stages.rm import stage as reward_model
 
     if stage == "rm":
         batch = on(reward_model.pair_batch([(p + c, p + r, 0.0) for p, c, r in rows], 0), device)
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.report:
         return print_saved(args.report, report)
-    from benchmarks.__main__ import machine
+    from benchmarks.machine import machine
 
     setup = {"device": args.device, "shape": args.shape, "dtype": args.dtype, "batch": args.batch}
     result = {"benchmark": "packing", "date": time.strftime("%Y-%m-%d"), "machine": machine() | gpu(args.device),

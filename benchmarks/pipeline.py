@@ -3,7 +3,7 @@ cached), how much of it is orchestration, and the memory each stage needs.
 
     python -m benchmarks run pipeline [--repeats N] [--overrides KEY=VALUE ...]
 
-Each repeat runs `python -m flows.cli run` twice in a fresh folder: cold, then warm. Wall time is the
+Each repeat runs `python -m flows.cli.main run` twice in a fresh folder: cold, then warm. Wall time is the
 command's, start-up included. A stage's compute time is the span of its stage function (in its Ray
 worker, or the driver for RL: the `rlhf.compute_span` tag of its MLflow run); orchestration is the
 rest of the wall time: Python and Prefect start-up, Ray start, actor start-up, input downloads,
@@ -18,6 +18,7 @@ or so processes of a run costs a few per cent of one core.)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import subprocess
@@ -80,7 +81,7 @@ def run_cli(folder: Path, mode: str, overrides: list[str]) -> PipelineRun:
     log = folder / f"{mode}.log"
     start = time.monotonic()
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", *overrides], cwd=folder, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli.main", "run", *overrides], cwd=folder, env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
         memory = sample_memory(proc)
         proc.wait()
@@ -111,10 +112,8 @@ class sample_memory:
             except psutil.Error:
                 break
             for p in processes:
-                try:
+                with contextlib.suppress(psutil.Error):  # exited between the listing and the read
                     total += p.memory_full_info().pss
-                except psutil.Error:  # exited between the listing and the read
-                    pass
             self.samples.append((time.time(), total / 2**20))
             time.sleep(SAMPLE_EVERY_S)
 
@@ -128,7 +127,7 @@ def stage_runs(folder: Path, statuses: tuple[str, ...] = ("ran",)) -> dict:
     (a cached stage's run is the one that made its outputs)."""
     from mlflow import MlflowClient
 
-    from flows.report import pipeline_runs, stage_outcomes
+    from flows.cli.runs import pipeline_runs, stage_outcomes
 
     client = MlflowClient(f"sqlite:///{folder / '.rlhf' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rlhf-pipeline")
@@ -141,11 +140,11 @@ def stage_runs(folder: Path, statuses: tuple[str, ...] = ("ran",)) -> dict:
 
 def stage_spans(folder: Path) -> list[StageSpan]:
     """The stages that ran in the folder's newest pipeline run, from their MLflow runs."""
-    from artifacts import store
+    from artifacts import run_tags
 
     spans = []
     for stage, run in stage_runs(folder).items():
-        start, end = (float(t) for t in run.data.tags[store.TAG_COMPUTE_SPAN].split())
+        start, end = (float(t) for t in run.data.tags[run_tags.TAG_COMPUTE_SPAN].split())
         spans.append(StageSpan(stage, (run.info.start_time / 1000, run.info.end_time / 1000), (start, end)))
     return sorted(spans, key=lambda s: s.run[0])
 

@@ -50,7 +50,7 @@ def reward_model(workdir: Path, data: dict[str, Path], policy: Path) -> Path:
     from configs import load_config
 
     single_rank_env()
-    return stage("rm", "stages.reward_model", "reward_model", load_config(None, []), workdir,
+    return stage("rm", "stages.rm.stage", "reward_model", load_config(None, []), workdir,
                  {"sft_model": policy, "pref_data": data["pref_data"]})
 
 

@@ -32,7 +32,7 @@ def preset_policy(workdir: Path, data: dict[str, Path], overrides: Sequence[str]
 def sft_main(spec: dict) -> None:
     from benchmarks.in_process import make_ctx, single_rank_env
     from configs import load_config
-    from stages import sft
+    from stages.sft import stage as sft
 
     single_rank_env()
     work, data = Path(spec["work"]), {name: Path(path) for name, path in spec["data"].items()}

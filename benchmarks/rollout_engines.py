@@ -8,7 +8,7 @@ cluster, each with the machine's cores, holding the same policy (the tiny base m
 SFT run, shared with the GRPO benchmark) and sampling the same prompts at temperature 1 for up to
 `rl.rollout.generate_max_len` tokens. The HF engine gets the whole batch in one `generate` call
 (`rl.rollout.micro_batch_size` = the batch size). vLLM runs from the environment that
-`flows.vllm_env.machine_cache_python` finds or makes (RLHF_VLLM_PYTHON, else ~/.cache/rlhf-pipeline).
+`flows.cli.vllm_env.machine_cache_python` finds or makes (RLHF_VLLM_PYTHON, else ~/.cache/rlhf-pipeline).
 Engine start-up falls outside the timing; each batch size is timed `--repeats` times per engine,
 alternating, and the table gives medians.
 """
@@ -31,13 +31,13 @@ def rollout(options: RunOptions) -> Report:
     from ray.actor import ActorClass
 
     from configs import load_config
-    from flows import vllm_env
+    from flows.cli import vllm_env
     from runtime import rollout_engines
     from runtime.resources import actor_class, local_cluster, thread_env
     from runtime.vllm_engine import VLLMRolloutEngine, runtime_env
     from stages.common import checkpoint
-    from stages.contract import NodeInputs
-    from stages.prepared_data import read_split
+    from stages.dag.contract import NodeInputs
+    from stages.data.prepared import read_split
     from stages.rl.workers import HFRolloutEngine
 
     repeats = options.repeats_or(3)

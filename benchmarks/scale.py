@@ -476,7 +476,7 @@ def outcomes(state: Path) -> dict[str, tuple[str, str | None]]:
     """stage -> (status, MLflow run id) in the state folder's newest pipeline run."""
     from mlflow import MlflowClient
 
-    from flows.report import pipeline_runs, stage_outcomes
+    from flows.cli.runs import pipeline_runs, stage_outcomes
 
     client = MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rlhf-pipeline")
@@ -490,7 +490,7 @@ def stage_measures(state: Path, watched: Watched) -> list[dict]:
     """What each stage that ran in the state folder's newest pipeline run took: time, bytes, memory."""
     from mlflow import MlflowClient
 
-    from artifacts import store
+    from artifacts import run_tags, store
 
     client = MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
     out = []
@@ -499,7 +499,7 @@ def stage_measures(state: Path, watched: Watched) -> list[dict]:
             continue
         run = client.get_run(run_id)
         span = (run.info.start_time / 1000, run.info.end_time / 1000)
-        compute = tuple(float(t) for t in run.data.tags[store.TAG_COMPUTE_SPAN].split())
+        compute = tuple(float(t) for t in run.data.tags[run_tags.TAG_COMPUTE_SPAN].split())
         artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
         downloads = [state / "downloads" / ref.run_id / ref.name
                      for ref in map(store.ArtifactRef.parse, store.run_inputs(run).values())]
@@ -527,7 +527,7 @@ def run_size(folder: Path, ckpt: Path, files: dict[str, Path], seed: int, overri
     cfg.write_text(yaml.safe_dump(config(ckpt, files, state, seed), sort_keys=False))
     env = cli_env(folder / "hf_home")
     before = folder_sizes(state)
-    watched = watch([sys.executable, "-m", "flows.cli", "run", "--config", str(cfg), "--only", "data_prep,sft",
+    watched = watch([sys.executable, "-m", "flows.cli.main", "run", "--config", str(cfg), "--only", "data_prep,sft",
                      *overrides], folder, env, folder / "run.log")
     return {"wall_s": watched.wall_s, "stages": stage_measures(state, watched), "peaks": watched.peaks(),
             "processes": watched.processes(), "load_avg": watched.load_range(), "state_before": before,
@@ -543,7 +543,7 @@ def pinned(folder: Path, ckpt: Path, overrides: list[str]) -> list[dict]:
     out = []
     for label, extra in (("rerun", []), ("pin-1", [f"inputs.sft_model={ckpt}"]), ("pin-2", [f"inputs.sft_model={ckpt}"])):
         before = folder_sizes(state)
-        watched = watch([sys.executable, "-m", "flows.cli", "run", "--config", str(folder / "scale.yaml"), "--only",
+        watched = watch([sys.executable, "-m", "flows.cli.main", "run", "--config", str(folder / "scale.yaml"), "--only",
                          "data_prep", *overrides, *extra], folder, env, folder / f"{label}.log")
         out.append({"run": label, "wall_s": watched.wall_s, "state_before": before, "state_after": folder_sizes(state),
                     "tree_mib": watched.peaks()["tree_mib"], "load_avg": watched.load_range(),

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.report:
         return print_saved(args.report, report)
-    from benchmarks.__main__ import machine
+    from benchmarks.machine import machine
 
     setup = {"device": args.device, "shape": args.shape, "attn": args.attn, "groups": args.groups, "samples": args.samples}
     result = {"benchmark": "shared-rows", "date": time.strftime("%Y-%m-%d"), "machine": machine() | gpu(args.device),

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = ("docs/benchmarks.md", "docs/gpu.md", "docs/own-task.md")
+PAGES = ("docs/benchmarks.md", "docs/gpu.md", "docs/own-task.md", "docs/testing.md")
 MARKED = re.compile(r"(<!-- table: (?P<path>[\w./-]+?)(?:#(?P<name>[\w-]+))? -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 # a result file's "benchmark" -> the function that renders it (module:function), imported when used
 RENDERERS = {
@@ -34,6 +34,7 @@ RENDERERS = {
     "gpu_grpo": "benchmarks.gpu_grpo:report",
     "methods": "benchmarks.methods:markdown",
     "freeform": "benchmarks.freeform:markdown",
+    "suite": "benchmarks.suite:report",
 }
 
 

@@ -139,7 +139,7 @@ def trl(cfg, data: dict[str, Path], work: Path) -> list[tuple[int, float, float]
 
     from stages.common import checkpoint
     from stages.common.answers import is_correct
-    from stages.prepared_data import read_split
+    from stages.data.prepared import read_split
     from stages.rl.stage import encode_prompts, eval_batches
     from stages.rl.workers import sample
 

@@ -118,7 +118,7 @@ def tiny_data(workdir: Path, overrides: tuple[str, ...] = ()) -> dict[str, Path]
 def prepared_data(workdir: Path, overrides: tuple[str, ...]) -> dict[str, Path]:
     from benchmarks.in_process import make_ctx
     from configs import load_config
-    from stages import data_prep
+    from stages.data_prep import stage as data_prep
 
     print("[benchmarks] preparing the tiny preset's data ...", flush=True)
     folder = folder_for(workdir, "data", overrides)
@@ -153,7 +153,7 @@ def run_trial(task: str, system: str, steps: int, data: dict[str, Path], work: P
 
 UNITS = {"sft": "rows", "dpo": "pairs"}
 LABELS = {
-    "sft": {"ours": "ours: `stages.sft` (DeepSpeed ZeRO-{zero}, 1 CPU rank)", "trl": "TRL {version} `SFTTrainer`"},
+    "sft": {"ours": "ours: `stages.sft.stage` (DeepSpeed ZeRO-{zero}, 1 CPU rank)", "trl": "TRL {version} `SFTTrainer`"},
     "dpo": {"ours": "ours: `stages.dpo` (DeepSpeed ZeRO-{zero}, 1 CPU rank)", "trl": "TRL {version} `DPOTrainer`"},
 }
 
@@ -220,8 +220,8 @@ def drawn_rows(n_rows: int, train, steps: int, seed: int) -> list[int]:
 def sft_rows(cfg, data: dict[str, Path], steps: int) -> list[tuple[list[int], list[int]]]:
     """(ids, labels) of the SFT rows in training order, tokenized as our stage tokenizes them."""
     from stages.common import checkpoint
-    from stages.common.tokenization import encode_segments
-    from stages.prepared_data import read_split
+    from stages.data.prepared import read_split
+    from stages.data.tokenization import encode_segments
 
     tokenizer = checkpoint.load_tokenizer(data["base_model"])
     rows = read_split(data["sft_data"], "train")
@@ -231,14 +231,14 @@ def sft_rows(cfg, data: dict[str, Path], steps: int) -> list[tuple[list[int], li
 
 def pref_rows(cfg, data: dict[str, Path], steps: int) -> list[dict]:
     """The preference pairs (prompt, chosen, rejected text) in training order."""
-    from stages.prepared_data import read_split
+    from stages.data.prepared import read_split
 
     rows = read_split(data["pref_data"], "train")
     return [rows[i] for i in drawn_rows(len(rows), cfg.dpo, steps, cfg.seed)]
 
 
 def ours_sft(cfg, data: dict[str, Path], steps: int, work: Path) -> dict:
-    from stages import sft
+    from stages.sft import stage as sft
 
     rate = run_our_stage(sft.run, "sft", cfg, work, {"base_model": data["base_model"], "sft_data": data["sft_data"]})
     tokens = sum(len(ids) for ids, _ in sft_rows(cfg, data, steps))  # the non-pad tokens of its padded batches

@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.report:
         return print_saved(args.report, report)
-    from benchmarks.__main__ import machine
     from benchmarks.in_process import make_ctx, single_rank_env
-    from stages import data_prep
+    from benchmarks.machine import machine
+    from stages.data_prep import stage as data_prep
 
     single_rank_env()
     root = Path(tempfile.mkdtemp(prefix="rlhf-weight-sync-"))

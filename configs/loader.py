@@ -9,7 +9,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from configs.errors import ConfigError
-from configs.schema import PipelineConfig, moved_key
+from configs.schema import PipelineConfig, moved_key, section_type
 
 PRESET_DIR = Path(__file__).parent
 DEFAULT_PRESET = "tiny"
@@ -51,17 +51,6 @@ def set_dotted(tree: dict, dotted: str, value: Any, model: type[BaseModel], orig
             node[key] = child
         node = child
         schema = section_type(fields[key].annotation) if schema is not None else None
-
-
-def section_type(annotation: Any) -> type[BaseModel] | None:
-    """The Section class inside an annotation such as `DatasetConfig | None`."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        found = section_type(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def parse_override(text: str) -> tuple[str, Any]:

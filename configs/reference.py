@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from configs.registry import Registry
-from configs.schema import PipelineConfig
+from configs.schema import PipelineConfig, section_type
 
 COMMAND = "python -m configs.reference > docs/config-reference.md"
 
@@ -45,17 +45,6 @@ class Section:
     cls: type[BaseModel]
     value: BaseModel | None  # the default instance; None for an optional section that is unset by default
     paths: list[str] = field(default_factory=list)
-
-
-def model_in(annotation) -> type[BaseModel] | None:
-    """The section type a field holds (`DatasetConfig | None` holds `DatasetConfig`), else None."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            if isinstance(arg, type) and issubclass(arg, BaseModel):
-                return arg
-    return None
 
 
 def type_name(annotation) -> str:
@@ -134,7 +123,7 @@ def collect(cls: type[BaseModel], value: BaseModel | None, path: str, sections: 
         return
     sections[key] = Section(cls, value, [path])
     for name, info in cls.model_fields.items():
-        sub = model_in(info.annotation)
+        sub = section_type(info.annotation)
         if sub is not None:
             collect(sub, getattr(value, name) if value is not None else None, f"{path}.{name}".lstrip("."), sections)
 
@@ -143,7 +132,7 @@ def section_table(section: Section) -> list[str]:
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
     unset = section.value is None
     for name, info in section.cls.model_fields.items():
-        sub = model_in(info.annotation)
+        sub = section_type(info.annotation)
         if sub is not None:
             prefix = section.paths[0] + "." if section.paths[0] else ""
             default = "empty" if getattr(section.value, name, None) is None else ""

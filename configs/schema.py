@@ -6,7 +6,7 @@ Every section forbids unknown keys, so a typo fails at load time instead of bein
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -17,6 +17,16 @@ from configs.reward_sources import REWARD_SOURCES, consumed_model
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def section_type(annotation: Any) -> type[BaseModel] | None:
+    """The section class a field holds (`DatasetConfig | None` holds `DatasetConfig`), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        if (found := section_type(arg)) is not None:
+            return found
+    return None
 
 
 class TinyArchitecture(Section):
@@ -281,10 +291,16 @@ class TrainingConfig(OptimConfig):
     save_every: int = Field(50, gt=0, description="optimizer steps between resumable checkpoints")
     max_checkpoints: int = Field(1, gt=0, description=MAX_CHECKPOINTS)
     aux_loss_coef: float = Field(0.0, ge=0.0, description=AUX_LOSS)
+
+
+class AdapterTrainingConfig(TrainingConfig):
+    """A training stage that can train LoRA adapters instead of the whole model (sft, rm, prm, dpo); rs, kd and
+    csft train whole models and have no `lora` section."""
+
     lora: LoRAConfig = LoRAConfig()
 
 
-class SFTConfig(TrainingConfig):
+class SFTConfig(AdapterTrainingConfig):
     """Causal-LM loss on response tokens."""
 
     lr: float = Field(5e-6, gt=0)
@@ -294,7 +310,7 @@ class SFTConfig(TrainingConfig):
                                                    "or output; a row over data.max_len is cut to it")
 
 
-class RewardModelConfig(TrainingConfig):
+class RewardModelConfig(AdapterTrainingConfig):
     """Bradley-Terry reward model trained from the SFT checkpoint on preference pairs."""
 
     lr: float = Field(9e-6, gt=0)
@@ -305,7 +321,7 @@ class RewardModelConfig(TrainingConfig):
     packing: bool = Field(False, description=PACKING + "; each reward read at its own sample's last token")
 
 
-class PRMConfig(TrainingConfig):
+class PRMConfig(AdapterTrainingConfig):
     """Process reward model: next-token CE over the reward tokens at each step placeholder."""
 
     lr: float = Field(1e-6, gt=0)
@@ -328,7 +344,7 @@ class IterativeDPOConfig(Section):
     generate_batch_size: int = Field(64, gt=0, description="sequences per generate call")
 
 
-class DPOConfig(TrainingConfig):
+class DPOConfig(AdapterTrainingConfig):
     """Direct preference optimisation of the SFT policy against its frozen starting weights."""
 
     lr: float = Field(5e-7, gt=0)
@@ -382,12 +398,6 @@ class RejectionSamplingConfig(TrainingConfig):
     max_new_tokens: int = Field(64, gt=0, description="most tokens sampled per response")
     generate_batch_size: int = Field(64, gt=0, description="sequences per generate call")
 
-    @model_validator(mode="after")
-    def _whole_model(self) -> RejectionSamplingConfig:
-        if self.lora.rank:
-            raise ValueError("lora.rank: rejection sampling trains the whole policy, round after round; leave rs.lora.rank at 0")
-        return self
-
 
 class TinyStudentConfig(TinyArchitecture):
     """The shape of a fresh distillation student (`kd.student: tiny`): by default half the tiny model's width
@@ -421,8 +431,6 @@ class KDConfig(TrainingConfig):
     def _teacher_and_student(self) -> KDConfig:
         if (self.teacher == "path") != (self.teacher_path is not None):
             raise ValueError("teacher_path names the teacher exactly when teacher: path (set both, or neither)")
-        if self.lora.rank:
-            raise ValueError("lora.rank: distillation trains the whole student; leave kd.lora.rank at 0")
         if self.student != "tiny" and self.student_tiny != KDConfig.model_fields["student_tiny"].default:
             raise ValueError("student_tiny shapes a fresh student: it needs student: tiny")
         return self
@@ -444,12 +452,10 @@ class ConditionalSFTConfig(TrainingConfig):
                                  "generation (with normalize_reward: standard deviations above the training rows' mean)")
 
     @model_validator(mode="after")
-    def _template_and_whole_model(self) -> ConditionalSFTConfig:
+    def _template(self) -> ConditionalSFTConfig:
         missing = [key for key in ("{prompt}", "{reward}") if key not in self.template]
         if missing:
             raise ValueError(f"template must contain {' and '.join(missing)}")
-        if self.lora.rank:
-            raise ValueError("lora.rank: conditional SFT trains the whole policy; leave csft.lora.rank at 0")
         return self
 
 
@@ -960,8 +966,7 @@ def sections_with(key: str, model: type[BaseModel] = PipelineConfig, prefix: str
     the schema itself so that a list of them cannot drift from it."""
     found: list[str] = []
     for name, field in model.model_fields.items():
-        section = field.annotation
-        if isinstance(section, type) and issubclass(section, BaseModel):
+        if (section := section_type(field.annotation)) is not None:
             if key in section.model_fields:
                 found.append(prefix + name)
             found += sections_with(key, section, f"{prefix}{name}.")

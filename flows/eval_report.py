@@ -13,10 +13,11 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, RunStatus
 from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
-from artifacts import registry, run_owner, store
+from artifacts import model_registry as registry
+from artifacts import run_owner, run_tags
 from artifacts.datasets import context
 from artifacts.store import ArtifactRef
-from stages.eval_results import model_inputs, per_model
+from stages.eval.results import model_inputs, per_model
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -117,7 +118,7 @@ def log_model_runs(client: MlflowClient, eval_run_id: str, inputs: dict[str, str
                 f"[{run.info.run_name}](#/experiments/{experiment_id}/runs/{eval_run_id}). Select several of these runs "
                 f"to chart their `eval/*` metrics side by side; `{SAMPLES_TABLE}` holds the responses.\n")
         child = client.create_run(experiment_id, run_name=f"eval · {model}", tags={
-            store.TAG_PARENT: eval_run_id, "rlhf.kind": KIND_EVAL_MODEL, "rlhf.model": model, "rlhf.model_source": identity,
+            run_tags.TAG_PARENT: eval_run_id, "rlhf.kind": KIND_EVAL_MODEL, "rlhf.model": model, "rlhf.model_source": identity,
             MLFLOW_RUN_NOTE: note, **run_owner.owner_tags()}).info.run_id
         client.log_batch(child, metrics=[Metric(f"eval/{k}", v, now, 0, model_id=model_id,
                                                 dataset_name=dataset.name if dataset else None,

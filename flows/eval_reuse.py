@@ -19,8 +19,8 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-from artifacts import store
-from stages.eval_results import MODEL_SUFFIX, model_inputs
+from artifacts import run_tags, store
+from stages.eval.results import MODEL_SUFFIX, model_inputs
 
 SCORING_TAG = "rlhf.eval.scoring"  # the eval stage's fingerprint without its model inputs
 REUSED_TAG_PREFIX = "rlhf.eval.reused."  # rlhf.eval.reused.<model> = the run whose scores were taken
@@ -36,13 +36,13 @@ def prior_results(client: MlflowClient, experiment_id: str, scoring_key: str,
     """`{model: {"run_id", "metrics", "samples"}}` for each model an earlier complete eval run with this
     scoring key scored from the same checkpoint (the newest such run)."""
     runs = client.search_runs([experiment_id], f"tags.`{SCORING_TAG}` = '{scoring_key}' and "
-                              f"tags.`{store.TAG_STATUS}` = '{store.COMPLETE}'", order_by=["attributes.start_time DESC"])
+                              f"tags.`{run_tags.TAG_STATUS}` = '{run_tags.COMPLETE}'", order_by=["attributes.start_time DESC"])
     found: dict[str, dict] = {}
     for name in model_inputs(inputs):
         identity = inputs[f"{name}{MODEL_SUFFIX}"].identity
         for run in runs:
             metrics = {k.removeprefix(f"{name}/"): v for k, v in run.data.metrics.items() if k.startswith(f"{name}/")}
-            if run.data.tags.get(f"{store.TAG_INPUT_PREFIX}{name}{MODEL_SUFFIX}") == identity and metrics:
+            if run.data.tags.get(f"{run_tags.TAG_INPUT_PREFIX}{name}{MODEL_SUFFIX}") == identity and metrics:
                 found[name] = {"run_id": run.info.run_id, "metrics": metrics, "samples": samples(client, run.info.run_id, name)}
                 break
     return found

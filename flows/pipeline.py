@@ -1,4 +1,4 @@
-"""The `rlhf-pipeline` Prefect flow: every stage of `stages.dag.STAGES` as a task, each started
+"""The `rlhf-pipeline` Prefect flow: every stage of `stages.dag.declaration.STAGES` as a task, each started
 as soon as its upstream stages are done, inside one MLflow parent run and one Ray session."""
 
 from __future__ import annotations
@@ -19,25 +19,28 @@ from prefect.futures import PrefectFuture, wait
 from prefect.runtime import deployment
 from prefect.states import Cancelled, Completed, Failed, State
 
-from artifacts import disk_full, registry, run_owner, store, tracking
+from artifacts import disk_full, run_owner, store, tracking
 from artifacts import fingerprint as fp
+from artifacts import model_registry as registry
 from configs import load_config
 from configs.errors import PipelineError, first_line
 from configs.redaction import logged, redacted
 from configs.remote_overrides import refuse_code_overrides
 from configs.schema import PipelineConfig
 from flows import eval_report, pre_run, retries, run_end, run_views
-from flows.ray_cluster import RaySession, session_for
+from flows.services.ray_cluster import RaySession, session_for
 from flows.stage_task import HASH_CACHE, StageOutcome, execute_stage
 from flows.summary import markdown, print_summary, summary_rows
-from stages import dag, preflight
+from stages.dag import declaration as dag
+from stages.dag import preflight
+from stages.dag.plan import plan
 from stages.rl.layout import describe_layout
 
 FLOW_NAME = "rlhf-pipeline"
 STOP_WAIT_S = 20.0  # after Ctrl-C, how long the stage threads get to record their runs as interrupted
 
 
-# MLflow, not Prefect, is the cache (it survives a wiped Prefect DB); see stages/dag.py and artifacts/.
+# MLflow, not Prefect, is the cache (it survives a wiped Prefect DB); see stages/dag/declaration.py and artifacts/.
 @task(name="stage", cache_policy=NO_CACHE)
 def stage_task(stage: str, cfg: PipelineConfig, setup, experiment_id: str, parent_run_id: str,
                upstream: dict[str, StageOutcome], force: bool, ray_session: RaySession, reuse_only: bool = False,
@@ -78,7 +81,8 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
         print(f"[rl] rl.rollout.engine=auto: {describe_layout(cfg)} on the local Ray cluster", flush=True)
     # a forced stage reruns; its consumers rerun because their inputs' identity (the new run) changed
     forced = set(force or [])
-    reused = dag.reused_by_only(only, cfg)
+    planned = plan(cfg, only or [])
+    reused = {name for name, step in planned.items() if step.status == "reused"}
     setup = tracking.resolve(cfg.tracking)
     with disk_full.reported(setup.state_dir, setup.sqlite_file):
         client = tracking.open_store(setup)
@@ -101,8 +105,7 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
         client.log_batch(parent_id, params=[Param(k, logged(v)) for k, v in params.items()])
 
         ray_session = session_for(cfg.infra)
-        scheduled = {spec.name for spec in dag.STAGES
-                     if not (only and spec.name not in set(only) | reused) and not dag.pinned_away(spec, cfg)}
+        scheduled = {name for name, step in planned.items() if step.scheduled}
         ray_session.preload_drivers(cfg, scheduled)
         futures: dict[str, PrefectFuture[StageOutcome]] = {}
         try:

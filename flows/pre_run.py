@@ -53,7 +53,8 @@ def _request(cfg: PipelineConfig, force: Sequence[str], only: Sequence[str]) -> 
 
 def _checks(cfg: PipelineConfig, force: list[str], only: list[str]) -> list[Callable[[], None]]:
     from artifacts import disk_full, sqlite_store, tracking
-    from stages import dag, preflight
+    from stages.dag import declaration as dag
+    from stages.dag import preflight
 
     uri = tracking.resolve_uri(cfg.tracking)
     store_file = sqlite_store.sqlite_path(uri)

@@ -3,7 +3,7 @@ server and its event and log workers are stopped within a bound, a store the run
 when it recorded no stage run, and a failure leaves one line on the terminal, not Prefect's traceback.
 
 A Ctrl-C raises KeyboardInterrupt in the main thread, where the flow waits for its stage threads; the
-flow then stops their work (`flows.ray_cluster.RaySession.stop`). A SIGTERM (what `timeout`, systemd's
+flow then stops their work (`flows.services.ray_cluster.RaySession.stop`). A SIGTERM (what `timeout`, systemd's
 stop and SLURM's cancel send, often to the whole process group) does the same: during the flow Prefect's
 engine raises its TerminationSignal there, elsewhere `Terminated` is raised. A second Ctrl-C, or a stop
 that takes longer than FORCE_EXIT_S, ends the process at once.
@@ -186,7 +186,7 @@ def remove_if_unused(state_dir: Path, uri: str) -> bool:
 def stage_runs_recorded(uri: str) -> bool:
     from mlflow import MlflowClient
 
-    from artifacts.store import TAG_STAGE
+    from artifacts.run_tags import TAG_STAGE
 
     client = MlflowClient(uri)
     ids = [e.experiment_id for e in client.search_experiments()]

@@ -11,8 +11,8 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, RunStatus
 from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
-from artifacts import run_owner, store
-from stages import dag
+from artifacts import run_owner, run_tags, store
+from stages.dag import declaration as dag
 
 SEP = " · "
 OVERRIDES_WIDTH = 60  # a pipeline run's overrides, cut to this in run names (after what matters most)
@@ -112,12 +112,12 @@ def record_reuse(client: MlflowClient, experiment_id: str, parent_id: str, stage
     """A finished child run of the pipeline run for a stage it reused (`sft · cached`): it links the run
     that made the result, carries that run's headline metrics (unprefixed) and datasets, and is nobody's
     cache entry (no `rlhf.stage` tag). Returns its id."""
-    made_in = cached.data.tags.get(store.TAG_PARENT)
+    made_in = cached.data.tags.get(run_tags.TAG_PARENT)
     note = (f"**{stage}**: reused {run_link(experiment_id, cached.info.run_id, cached.info.run_name)}"
             + (f" of pipeline run {run_link(experiment_id, made_in)}" if made_in else "")
-            + f"; fingerprint `{cached.data.tags.get(store.TAG_FINGERPRINT, '')}`. Nothing ran.\n")
+            + f"; fingerprint `{cached.data.tags.get(run_tags.TAG_FINGERPRINT, '')}`. Nothing ran.\n")
     run_id = client.create_run(experiment_id, run_name=stage + SEP + "cached", tags={
-        store.TAG_PARENT: parent_id, TAG_KIND: KIND_CACHED, TAG_REUSED: cached.info.run_id, MLFLOW_RUN_NOTE: note,
+        run_tags.TAG_PARENT: parent_id, TAG_KIND: KIND_CACHED, TAG_REUSED: cached.info.run_id, MLFLOW_RUN_NOTE: note,
         **run_owner.owner_tags()}).info.run_id
     now = int(time.time() * 1000)
     copied = {name.removeprefix(f"{stage}/"): v for name, v in headline_metrics(stage, dict(cached.data.metrics)).items()}

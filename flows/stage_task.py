@@ -19,18 +19,19 @@ from mlflow.entities import Param, RunStatus
 from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
 import configs
-from artifacts import datasets, disk_full, node_files, registry, run_owner, store
+from artifacts import datasets, disk_full, node_files, run_owner, run_tags, store
 from artifacts import fingerprint as fp
+from artifacts import model_registry as registry
 from artifacts.metrics import MlflowMetrics
 from artifacts.tracking import TrackingSetup
 from configs.errors import PipelineError, first_line
 from configs.redaction import logged
 from configs.schema import PipelineConfig
 from flows import eval_report, eval_reuse, run_views
-from flows.ray_cluster import RaySession
-from stages import dag
+from flows.services.ray_cluster import RaySession
 from stages.common import checkpoint_paths
-from stages.contract import StageContext
+from stages.dag import declaration as dag
+from stages.dag.contract import StageContext
 
 LOCK_POLL_S = 1.0  # how often a stage waiting for another run's lock looks again (and at Ctrl-C)
 
@@ -68,7 +69,7 @@ def resolve_inputs(spec: dag.StageSpec, upstream: dict[str, StageOutcome], cfg: 
     available = {name: ref for outcome in upstream.values() for name, ref in outcome.outputs.items()} | (pins or {})
     wanted = [name for name in spec.wanted_inputs(cfg) if name in available or name not in spec.optional_inputs]
     missing = [name for name in wanted if name not in available]
-    skipped = [name for name in missing if upstream.get(dag.producer(name).name, None) is not None
+    skipped = [name for name in missing if upstream.get(dag.producer(name).name) is not None
                and upstream[dag.producer(name).name].status == "skipped"]
     optional = [name for name in missing if name in dag.producer(name).optional_outputs]
     if missing and set(missing) <= set(optional) | set(skipped):
@@ -127,7 +128,7 @@ def execute_stage(
             run_views.record_reuse(client, experiment_id, parent_run_id, spec.name, cached)
             return StageOutcome(
                 spec.name, "cached", time.monotonic() - started, cached.info.run_id, fingerprint,
-                outputs={n: store.ArtifactRef(n, cached.info.run_id) for n in cached.data.tags[store.TAG_OUTPUTS].split(",")},
+                outputs={n: store.ArtifactRef(n, cached.info.run_id) for n in cached.data.tags[run_tags.TAG_OUTPUTS].split(",")},
                 metrics=dict(cached.data.metrics), inputs=store.run_inputs(cached),
             )
 
@@ -146,11 +147,11 @@ def execute_stage(
                 run_name=run_views.stage_run_name(spec.name, label),
                 tags={
                     MLFLOW_RUN_NOTE: run_views.stage_description(spec, experiment_id, parent_run_id, fingerprint, identities),
-                    store.TAG_PARENT: parent_run_id,
-                    store.TAG_STAGE: spec.name,
-                    store.TAG_FINGERPRINT: fingerprint,
-                    store.TAG_STATUS: "running",
-                    **{store.TAG_INPUT_PREFIX + n: ref.identity for n, ref in inputs.items()},
+                    run_tags.TAG_PARENT: parent_run_id,
+                    run_tags.TAG_STAGE: spec.name,
+                    run_tags.TAG_FINGERPRINT: fingerprint,
+                    run_tags.TAG_STATUS: "running",
+                    **{run_tags.TAG_INPUT_PREFIX + n: ref.identity for n, ref in inputs.items()},
                     **run_owner.owner_tags(),
                 },
             ).info.run_id
@@ -233,7 +234,7 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
     if result.compute_span is not None:  # what the stage computed vs its run's length: the orchestration cost
         start, end = result.compute_span
         recorded[store.METRIC_COMPUTE_S] = end - start
-        client.set_tag(run_id, store.TAG_COMPUTE_SPAN, f"{start:.3f} {end:.3f}")
+        client.set_tag(run_id, run_tags.TAG_COMPUTE_SPAN, f"{start:.3f} {end:.3f}")
     MlflowMetrics(setup.uri, run_id)(recorded, 0)
     info = registry.CheckpointInfo(
         experiment_id=experiment_id, stage=spec.name, summary=spec.summary, fingerprint=fingerprint, config=params,
@@ -253,7 +254,7 @@ def merged_adapters(inputs: dict[str, store.ArtifactRef], local: dict[str, Path]
     """Each LoRA adapter input merged into its base model, once per producing run: `materialize` writes beside
     the folder it is given, so it is given the input's place in `downloads` (a link to a folder read in place),
     never the store's own folder."""
-    from stages import lora_merge  # peft and torch: in this process only when there is an adapter to merge
+    from stages.lora_merge import stage as lora_merge  # peft and torch: in this process only when there is an adapter to merge
 
     return {n: lora_merge.materialize(store.linked(inputs[n], p, downloads)) if checkpoint_paths.is_adapter(p) else p
             for n, p in local.items()}

@@ -10,8 +10,8 @@ from rich.table import Table
 
 from artifacts.store import ArtifactRef
 from flows.stage_task import StageOutcome
-from stages import dag
-from stages.eval_results import per_model
+from stages.dag import declaration as dag
+from stages.eval.results import per_model
 
 COLUMNS = {"stage": "stage", "status": "status", "time": "wall time", "metric": "key metric", "run": "MLflow run",
            "inputs": "inputs from"}

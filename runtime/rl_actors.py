@@ -11,7 +11,7 @@ from configs.schema import PipelineConfig
 from runtime import ray_shutdown, rollout_engines
 from runtime.resources import actor_class, capacity
 from runtime.rl_placement import Placement, waves
-from stages.contract import NodeInputs
+from stages.dag.contract import NodeInputs
 from stages.rl.backend import Ref, RolloutEngine
 from stages.rl.layout import Role, check_async, resolve_layout
 

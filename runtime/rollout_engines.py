@@ -22,7 +22,7 @@ from runtime import ray_shutdown
 from runtime.resources import actor_class
 from runtime.rl_placement import Slot
 from runtime.vllm_engine import VLLMRolloutEngine, runtime_env
-from stages.contract import NodeInputs
+from stages.dag.contract import NodeInputs
 from stages.rl.workers import HFRolloutEngine
 
 if TYPE_CHECKING:

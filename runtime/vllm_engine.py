@@ -31,7 +31,7 @@ class VLLMRolloutEngine:
     """One vLLM engine holding the rollout copy of the policy."""
 
     def __init__(self, given, options: dict, threads: int):
-        """`given`: stages.contract.NodeInputs, the policy read on this actor's node."""
+        """`given`: stages.dag.contract.NodeInputs, the policy read on this actor's node."""
         import torch
         from vllm import LLM
 

@@ -25,7 +25,7 @@ from configs.schema import InfraConfig
 from runtime import ray_shutdown
 from runtime.resources import bundle, capacity_within, cluster_name, thread_env
 from stages.common.dist_env import free_address, join_env, leave_process_group, prepare_process
-from stages.contract import StageContext, StageResult, run_timed
+from stages.dag.contract import StageContext, StageResult, run_timed
 
 
 def free_memory() -> None:
@@ -97,8 +97,8 @@ class StageWorker:
 def whole_models(fetch: Callable[..., dict[str, Path]], names: list[str] | None = None) -> dict[str, Path]:
     """`fetch(names)`'s inputs, a LoRA adapter among them merged into its base on this node (for a stage that
     takes whole models, `StageSpec.takes_adapters` false)."""
-    from stages import lora_merge
     from stages.common.checkpoint_paths import is_adapter
+    from stages.lora_merge import stage as lora_merge
 
     paths = fetch(names)
     if any(is_adapter(p) for p in paths.values()):

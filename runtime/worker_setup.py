@@ -1,9 +1,9 @@
 """What each worker process of the run's Ray job does first, before it imports a stage: Ray's
 `worker_process_setup_hook`, which Ray runs only as the job's (`job_runtime_env`, given to `ray.init`),
-so in every worker, the vLLM engine's interpreter too. The hook is `stages.worker_imports.mark_absent`,
-which imports nothing but the standard library; what it keeps out, and why: stages/worker_imports.py."""
+so in every worker, the vLLM engine's interpreter too. The hook is `stages.common.worker_imports.mark_absent`,
+which imports nothing but the standard library; what it keeps out, and why: stages/common/worker_imports.py."""
 
-from stages.worker_imports import mark_absent
+from stages.common.worker_imports import mark_absent
 
 
 def job_runtime_env() -> dict:

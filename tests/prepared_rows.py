@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from stages import data_prep, prepared_data
+from stages.data import prepared as prepared_data
+from stages.data_prep import stage as data_prep
 
 
 def as_rows(out: dict) -> dict[str, dict[str, list[dict]]]:

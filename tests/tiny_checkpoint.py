@@ -4,7 +4,7 @@ from pathlib import Path
 
 from configs.schema import TinyModelConfig
 from stages.common import checkpoint
-from stages.tiny_model import build_model, train_tokenizer
+from stages.data_prep.tiny_model import build_model, train_tokenizer
 
 
 def save_tiny_checkpoint(corpus: list[str], out_dir: Path, vocab_size: int = 64, seed: int = 0) -> Path:

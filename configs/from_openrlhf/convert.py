@@ -1,6 +1,6 @@
 """An OpenRLHF trainer call as this project's config keys, each with where its value came from.
 
-The flag table (configs/openrlhf_flags.py) maps each flag; what no single flag says is derived here,
+The flag table (configs/from_openrlhf/flags.py) maps each flag; what no single flag says is derived here,
 each rule with the comment a reader sees beside its keys: the starting model pinned as the SFT model,
 accumulation steps from the global batch, PPO's prompt and response bounds from its total length,
 the datasets the schema needs that the script does not name, OpenRLHF's GPU ranks, and the few flag
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from configs.errors import ConfigError
-from configs.openrlhf_flags import KTO, PPO, PRM, ROWS, SFT, TRAINERS, Flag, Trainer, row_for
-from configs.openrlhf_script import FlagUse, TrainerCall
-from configs.openrlhf_values import (
+from configs.from_openrlhf.flags import KTO, PPO, PRM, ROWS, SFT, TRAINERS, Flag, Trainer, row_for
+from configs.from_openrlhf.script import FlagUse, TrainerCall
+from configs.from_openrlhf.values import (
     BadValue,
     Choice,
     CriticStart,

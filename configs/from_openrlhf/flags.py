@@ -1,5 +1,5 @@
 """OpenRLHF's trainer flags and what each becomes here: the one table `rlhf from-openrlhf` converts
-with and docs/from-openrlhf.md is generated from (`python -m configs.openrlhf_page`).
+with and docs/from-openrlhf.md is generated from (`python -m configs.from_openrlhf.page`).
 
 A row names a flag in both of OpenRLHF's spellings, the flat flags of 0.5 to 0.10.1 (`--pretrain`,
 `--actor_learning_rate`) and the nested ones of 0.10.2 on (`--actor.model_name_or_path`,
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from configs.openrlhf_values import (
+from configs.from_openrlhf.values import (
     Choice,
     CriticStart,
     Factor,
@@ -61,12 +61,15 @@ TRAINERS = {t.name: t for t in (
 )}
 
 
+TEXT = Text()  # frozen: one instance serves every flag that takes text
+
+
 @dataclass(frozen=True)
 class Flag:
     names: tuple[str, ...]  # OpenRLHF's spellings, flat and nested
     trainers: tuple[str, ...]
     keys: tuple[str, ...] = ()  # ours; empty: not mapped
-    value: Value = Text()
+    value: Value = TEXT
     why: str = ""  # not mapped: why; mapped: a caveat shown beside the key
     absent: object = None  # OpenRLHF's default where ours differs: set when the script leaves the key unset
     absent_unless: tuple[str, ...] = ()  # flags that make OpenRLHF ignore that default

@@ -1,19 +1,19 @@
-"""docs/from-openrlhf.md, generated from the flag table (configs/openrlhf_flags.py) so it cannot drift:
+"""docs/from-openrlhf.md, generated from the flag table (configs/from_openrlhf/flags.py) so it cannot drift:
 
-    python -m configs.openrlhf_page > docs/from-openrlhf.md
+    python -m configs.from_openrlhf.page > docs/from-openrlhf.md
 """
 
 from __future__ import annotations
 
-from configs.openrlhf_flags import ALL, GROUPS, TRAINING, Flag
-from configs.openrlhf_values import shown
+from configs.from_openrlhf.flags import ALL, GROUPS, TRAINING, Flag
+from configs.from_openrlhf.values import shown
 
-COMMAND = "python -m configs.openrlhf_page > docs/from-openrlhf.md"
+COMMAND = "python -m configs.from_openrlhf.page > docs/from-openrlhf.md"
 
 INTRO = f"""\
 # From OpenRLHF
 
-<!-- Generated from configs/openrlhf_flags.py by `{COMMAND}`; edit the table, not this file. -->
+<!-- Generated from configs/from_openrlhf/flags.py by `{COMMAND}`; edit the table, not this file. -->
 
 `rlhf from-openrlhf SCRIPT` reads an OpenRLHF launch script (or, with `-`, a command line pasted on
 standard input) that calls one of its trainers (`openrlhf.cli.train_sft`, `train_rm`, `train_prm`,

@@ -1,5 +1,5 @@
 """How an OpenRLHF flag's words become a value of this project's config: the value kinds the flag table
-(configs/openrlhf_flags.py) names. Each kind checks the words as OpenRLHF's argparse would and says,
+(configs/from_openrlhf/flags.py) names. Each kind checks the words as OpenRLHF's argparse would and says,
 for the docs page, what it does."""
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ class RewardModel(Value):
 @dataclass(frozen=True)
 class CriticStart(Value):
     """`--critic_pretrain PATH`: a checkpoint to start the critic from; the converter names the SFT model and the
-    pipeline's reward model as such when the path is theirs (configs/openrlhf_convert.py, `critic_start`)."""
+    pipeline's reward model as such when the path is theirs (configs/from_openrlhf/convert.py, `critic_start`)."""
 
     def described(self) -> str:
         return ("the policy's model: init_from `sft`; the pinned reward model: `reward_model`; another checkpoint: "

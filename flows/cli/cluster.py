@@ -34,9 +34,9 @@ from pathlib import Path
 
 from artifacts.private_dirs import private_dir
 from configs.errors import PipelineError
-from flows import prefect_db, processes
-from flows.processes import Proc
-from flows.serve import answers
+from flows.cli.serve import answers
+from flows.services import prefect_db, processes
+from flows.services.processes import Proc
 
 STATE_FILE = "cluster.json"
 SERVICES = ("postgres", "mlflow", "ray-head", "ray-worker", "prefect-server", "prefect-worker")  # in start order
@@ -338,7 +338,7 @@ def up(root: Path, pool: str, worker_cpus: int) -> Cluster:
     """Start every service, wait until each answers, and register the deployments on `pool`. On a
     failure or Ctrl-C, what was started is stopped again before the error goes on."""
     bindir, db_user = check_can_start(root)
-    from flows.ray_cluster import use_local_token
+    from flows.services.ray_cluster import use_local_token
     from stages.common.dist_env import free_port
 
     use_local_token()  # a `ray start` cluster on a machine with a Ray token expects it from every node and client
@@ -349,7 +349,7 @@ def up(root: Path, pool: str, worker_cpus: int) -> Cluster:
     starter = Starter(cluster)
     try:
         start_services(starter, bindir, db_user)
-        from flows.serve import register_deployments
+        from flows.cli.serve import register_deployments
 
         register_deployments(urls(cluster.ports)["prefect"], pool, [PIN], Path.cwd())
         print(f"  {'deployments':15} on pool {pool} after {time.monotonic() - starter.began:4.1f} s", flush=True)
@@ -391,7 +391,7 @@ def start_services(starter: Starter, bindir: Path, db_user: str | None) -> None:
     starter.start("ray-head", ray_head_command(ports, starter.ray_temp("ray-head"), cluster.worker_cpus),
                   RAY_ENV | node_env(starter, "ray-head"))
     # its UI asks the API at PREFECT_API_URL: this server's, whatever this shell has set; a new database
-    # is a copy of an empty migrated one (flows/prefect_db.py)
+    # is a copy of an empty migrated one (flows/services/prefect_db.py)
     keep_template = prefect_db.seeded(starter.folder("prefect-server"))
     starter.start("prefect-server", prefect_server_command(ports),
                   {"PREFECT_HOME": str(starter.folder("prefect-server")), "PREFECT_API_URL": u["prefect"]})

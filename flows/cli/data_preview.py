@@ -8,12 +8,17 @@ length percentiles against `data.max_len`. A wrong `input_key` or template shows
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.text import Text
 
 from configs.schema import PipelineConfig
-from stages.common.tokenization import IGNORE_INDEX, encode_segments
+from stages.data.tokenization import IGNORE_INDEX, decoded, encode_segments
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 LOSS_STYLE = "bold green"
 
@@ -39,9 +44,9 @@ def loss_segments(name: str, row: dict, placeholder: str) -> tuple[list[str], li
     return [row["prompt"]], [False]  # prompts: RL and eval generate after them
 
 
-def tokens_with_loss(tokenizer, texts: list[str], train: list[bool]) -> list[tuple[str, bool]]:
+def tokens_with_loss(tokenizer: PreTrainedTokenizerBase, texts: list[str], train: list[bool]) -> list[tuple[str, bool]]:
     ids, labels = encode_segments(tokenizer, texts, train)
-    return [(tokenizer.decode([i]), label != IGNORE_INDEX) for i, label in zip(ids, labels)]
+    return [(decoded(tokenizer, [i]), label != IGNORE_INDEX) for i, label in zip(ids, labels)]
 
 
 def render(tokens: list[tuple[str, bool]], colour: bool) -> Text:
@@ -82,12 +87,12 @@ SEQUENCE_NAMES = {"pref_data": ("chosen", "rejected")}
 
 
 def preview(cfg: PipelineConfig, n: int, console: Console) -> None:
-    from stages import prepared_data
-    from stages.data_prep import build_datasets, tokenizer_for
+    from stages.data import prepared as prepared_data
+    from stages.data_prep.stage import build_datasets, tokenizer_for
 
     tokenizer = tokenizer_for(cfg)
     placeholder = cfg.prm.placeholder_token
-    from stages.data_prep import add_prm_placeholder
+    from stages.data_prep.stage import add_prm_placeholder
 
     add_prm_placeholder(tokenizer, cfg)
     colour = console.is_terminal and not console.no_color

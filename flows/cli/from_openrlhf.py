@@ -1,7 +1,7 @@
 """`rlhf from-openrlhf SCRIPT`: an OpenRLHF launch script as a commented config of this project.
 
-The script's trainer call is read (configs/openrlhf_script.py), its flags mapped by the table
-(configs/openrlhf_flags.py, configs/openrlhf_convert.py), `--set KEY=VALUE` applied as `rlhf run`
+The script's trainer call is read (configs/from_openrlhf/script.py), its flags mapped by the table
+(configs/from_openrlhf/flags.py, configs/from_openrlhf/convert.py), `--set KEY=VALUE` applied as `rlhf run`
 applies overrides, and the result loaded as `rlhf run --config` would load it before it is printed or
 written: a config that does not load is one `error:` line, not a file.
 """
@@ -20,11 +20,12 @@ import yaml
 from pydantic import BaseModel
 
 from configs.errors import ConfigError
-from configs.loader import load_config, parse_override, section_type, set_dotted
-from configs.openrlhf_convert import Conversion, convert, listed
-from configs.openrlhf_script import MAX_SCRIPT_CHARS, read_call
-from configs.schema import PipelineConfig
-from stages import dag
+from configs.from_openrlhf.convert import Conversion, convert, listed
+from configs.from_openrlhf.script import MAX_SCRIPT_CHARS, read_call
+from configs.loader import load_config, parse_override, set_dotted
+from configs.schema import PipelineConfig, section_type
+from stages.dag import declaration as dag
+from stages.dag.plan import plan
 
 COMMENT_COLUMN = 56  # trailing comments line up here, or after the longest line up to it
 
@@ -130,41 +131,6 @@ def parked(c: Conversion) -> list[str]:
     return ["# inputs:", *(f"#   {key.removeprefix('inputs.')}: {scalar(s.value)}   # {s.source}" for key, s in c.parked.items()), ""]
 
 
-def data_prep_outputs(cfg: PipelineConfig) -> set[str]:
-    """What data_prep makes for `cfg` (stages/data_prep.py): the synthetic task every dataset; files the
-    ones the config names."""
-    made = {"base_model", "prompts", "eval_data"}
-    if cfg.data.source == "synthetic":
-        return made | {"sft_data", "pref_data", "prm_data"}
-    return (made | ({"sft_data"} if cfg.data.sft is not None else set())
-            | ({"pref_data"} if cfg.data.preference is not None else set())
-            | ({"prm_data"} if cfg.data.prm is not None else set()))
-
-
-MISSING = {"sft_data": "no SFT data (data.sft)",
-           "pref_data": "no preference data (data.preference)",
-           "prm_data": "no PRM data (data.prm)"}
-
-
-def stage_plan(cfg: PipelineConfig) -> dict[str, str]:
-    """Each stage of `rlhf run` on `cfg`: `runs`, or `off: why`."""
-    made, plan = data_prep_outputs(cfg), {"data_prep": "runs"}
-    for spec in dag.STAGES[1:]:
-        wanted = [a for a in spec.wanted_inputs(cfg) if a not in cfg.inputs and a not in spec.optional_inputs]
-        missing = [a for a in wanted if a not in made]
-        if not spec.asked_for(cfg):
-            plan[spec.name] = f"off: {spec.off_because}"
-        elif dag.pinned_away(spec, cfg):
-            pins = ", ".join(f"inputs.{a}" for a in spec.outputs if a not in spec.requested_outputs)
-            plan[spec.name] = f"off: {pins} stands in for its output"
-        elif missing:
-            plan[spec.name] = "off: " + "; ".join(MISSING.get(a, f"no {a} (its stage is off)") for a in missing)
-        else:
-            plan[spec.name] = "runs"
-            made |= set(spec.outputs)
-    return plan
-
-
 def launcher(words: list[str]) -> str:
     """`ray job submit ... -- python3 -m`: the programs that launch the trainer, their options elided."""
     if not words:
@@ -194,11 +160,11 @@ def header(c: Conversion, cfg: PipelineConfig, out_name: str) -> list[str]:
         "#",
         f"# Stages of `rlhf run --config {out_name}`:",
     ]
-    plan = stage_plan(cfg)
-    width = max(len(name) for name in plan) + 2
-    for name, status in plan.items():
+    planned = plan(cfg)
+    width = max(len(name) for name in planned) + 2
+    for name, step in planned.items():
         mine = f" (the script's {c.trainer.name})" if name == c.trainer.stage else ""
-        lines.append(f"#   {name.ljust(width)}{status}{mine}")
+        lines.append(f"#   {name.ljust(width)}{step.line()}{mine}")
     alone = dag.needed_by({c.trainer.stage}, cfg) | {c.trainer.stage}
     script = "-" if c.origin == "<stdin>" else c.origin
     only = ",".join(spec.name for spec in dag.STAGES if spec.name in alone)

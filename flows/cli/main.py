@@ -25,10 +25,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from configs.errors import PipelineError
 from configs.redaction import redacted
 from stages.rewards.serving import Limits
+
+if TYPE_CHECKING:
+    from configs.schema import PipelineConfig
+
 
 ENV_DEFAULTS = {  # each one the user may set otherwise
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -65,7 +70,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from prefect.exceptions import ExternalSignal
 
     from artifacts import tracking
-    from flows import ray_cluster, run_end
+    from flows import run_end
+    from flows.services import ray_cluster
 
     named_cluster = ray_cluster.named_address(cfg.infra)
     if named_cluster:
@@ -113,6 +119,7 @@ def stage_names(values: list[str]) -> list[str]:
 def cmd_check(args: argparse.Namespace) -> int:
     from configs import load_config
     from flows import pre_run
+    from stages.dag.plan import plan
 
     cfg = load_config(args.config, args.overrides)
     found = list(pre_run.problems(cfg, stage_names(args.force), stage_names(args.only)))
@@ -121,6 +128,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     if found:
         return 2
     print(f"ok: {' '.join([args.config or 'tiny', *args.overrides])} passes every check `rlhf run` makes before its first stage")
+    planned = plan(cfg, stage_names(args.only))
+    width = max(len(name) for name in planned) + 2
+    print("stages:")
+    for name, step in planned.items():
+        print(f"  {name.ljust(width)}{step.line()}")
     return 0
 
 
@@ -128,13 +140,13 @@ def start_prefect_server() -> threading.Thread | None:
     """Without PREFECT_API_URL, calling the flow starts Prefect's temporary server: a process that imports
     the server and creates its database (seconds). Starting it first, in a thread, lets the flow's
     imports and the early Ray start run meanwhile; the flow then finds it running. A new database starts
-    as a copy of an empty migrated one (flows/prefect_db.py)."""
+    as a copy of an empty migrated one (flows/services/prefect_db.py)."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return None
-    from flows import prefect_db
-    from flows.prefect_server import SessionServer
+    from flows.services import prefect_db
+    from flows.services.prefect_server import SessionServer
 
     keep_template = prefect_db.seeded()
     server = SessionServer()  # in a session of its own: a signal to this process group leaves it to us to stop
@@ -149,7 +161,7 @@ def start_prefect_server() -> threading.Thread | None:
     return thread
 
 
-def new_store(cfg) -> bool:
+def new_store(cfg: PipelineConfig) -> bool:
     """A local MLflow store without its database yet: no stage can be cached, all of them will run."""
     from artifacts import tracking
 
@@ -159,7 +171,7 @@ def new_store(cfg) -> bool:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from configs import load_config
-    from flows.serve import serve
+    from flows.cli.serve import serve
 
     _prefect_home(load_config(args.config).tracking.state_dir)
     serve(args.config, args.prefect_port, None if args.no_ui else args.mlflow_port)
@@ -173,7 +185,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     setup = tracking.resolve(load_config(args.config).tracking)
     print(f"MLflow UI on http://127.0.0.1:{args.port}/#/experiments?workflowType=machine_learning  "
           f"({redacted(setup.uri)})", flush=True)
-    from flows.serve import BACKEND_URI_ENV, mlflow_ui_command
+    from flows.cli.serve import BACKEND_URI_ENV, mlflow_ui_command
 
     return subprocess.call(mlflow_ui_command(args.port), env={**os.environ, BACKEND_URI_ENV: setup.uri})
 
@@ -196,7 +208,7 @@ def _store(config: str | None):
 def cmd_runs(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from flows.report import pipeline_runs, runs_table
+    from flows.cli.runs import pipeline_runs, runs_table
 
     client, experiment_id = _store(args.config)
     Console(width=160).print(runs_table(pipeline_runs(client, experiment_id, args.limit)))
@@ -206,7 +218,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from flows.report import comparison, comparison_table
+    from flows.cli.runs import comparison, comparison_table
 
     client, _ = _store(args.config)
     Console(width=160).print(comparison_table(comparison(client, args.runs), args.runs))
@@ -222,14 +234,14 @@ def cmd_serve_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_vllm_env(args: argparse.Namespace) -> int:
-    from flows.vllm_env import create
+    from flows.cli.vllm_env import create
 
     create(Path(args.path))
     return 0
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from stages.lora_merge import merge
+    from stages.lora_merge.stage import merge
 
     out = Path(args.out)
     if out.exists():
@@ -240,7 +252,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_from_openrlhf(args: argparse.Namespace) -> int:
-    from flows.from_openrlhf import run
+    from flows.cli.from_openrlhf import run
 
     print(run(args.script, args.output, args.set), file=sys.stderr)  # stdout holds the config itself
     return 0
@@ -250,14 +262,14 @@ def cmd_data_preview(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from configs import load_config
-    from flows.data_preview import preview
+    from flows.cli.data_preview import preview
 
     preview(load_config(args.config, args.overrides), args.n, Console())
     return 0
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    from flows import cluster
+    from flows.cli import cluster
 
     root = Path(args.dir).expanduser().resolve()
     if args.cluster_command == "up":

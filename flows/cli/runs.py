@@ -9,7 +9,7 @@ from mlflow.exceptions import MlflowException
 from rich.table import Table
 
 from configs.errors import PipelineError
-from stages import dag
+from stages.dag import declaration as dag
 
 STAGE_TAG = "stage."
 # the key metrics' names in runs made before the stages shared one metric scheme: old stores still compare

@@ -13,6 +13,7 @@ deployments can instead be registered on a work pool (`register_deployments`, fo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import cast
 
 from configs.errors import PipelineError
-from flows import prefect_db
+from flows.services import prefect_db
 
 START_TIMEOUT_S = 120
 
@@ -200,7 +201,5 @@ def serve_deployments(config: str, api: str, mlflow_port: int | None) -> None:
           f"  prefect deployment run {FLOW_NAME}/full --watch\n"
           f"  prefect deployment run {FLOW_NAME}/full --watch -p overrides='[\"sft.lr=3e-4\"]' -p force='[\"rm\"]'\n"
           f"  prefect deployment run {FLOW_NAME}/stage --watch -p only='[\"rm\"]'", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt, TerminationSignal):  # the serve's own stop: its caller shuts the servers down
         asyncio.run(runner.start())
-    except (KeyboardInterrupt, TerminationSignal):  # the serve's own stop: its caller shuts the servers down
-        pass

@@ -35,7 +35,7 @@ class SessionServer(SubprocessASGIServer):
         # the environment Prefect (3.8.8, pinned) gives its temporary server: no UI, ephemeral mode
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
                **get_current_settings().to_environment_variables(exclude_unset=True)}
-        return subprocess.Popen([sys.executable, "-m", "flows.prefect_server", str(self.port), str(os.getpid())],
+        return subprocess.Popen([sys.executable, "-m", "flows.services.prefect_server", str(self.port), str(os.getpid())],
                                 env=env, start_new_session=True)
 
 
@@ -47,7 +47,7 @@ def stop_when_orphaned(parent: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """The server process: `python -m flows.prefect_server PORT PARENT_PID`. uvicorn exits with 3 when the port
+    """The server process: `python -m flows.services.prefect_server PORT PARENT_PID`. uvicorn exits with 3 when the port
     is taken, which Prefect's start answers with another port."""
     port, parent = int(argv[0]), int(argv[1])
     threading.Thread(target=stop_when_orphaned, args=(parent,), name="orphan-watch", daemon=True).start()

@@ -45,10 +45,8 @@ def table() -> dict[int, Row]:
     rows = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
-            try:
+            with contextlib.suppress(OSError, ValueError, IndexError):  # it ended while we looked
                 rows[int(entry.name)] = parse_stat(Path(entry.path, "stat").read_text())
-            except (OSError, ValueError, IndexError):
-                pass  # it ended while we looked
     return rows
 
 

@@ -21,9 +21,9 @@ from configs.errors import PipelineError, first_line
 from configs.schema import InfraConfig, PipelineConfig
 from runtime import ray_shutdown
 from runtime.worker_setup import job_runtime_env
-from stages import dag
-from stages.contract import StageContext, StageResult, run_timed
-from stages.dag import StageSpec
+from stages.dag import declaration as dag
+from stages.dag.contract import StageContext, StageResult, run_timed
+from stages.dag.declaration import StageSpec
 
 if TYPE_CHECKING:
     from runtime.worker_pool import Shape, WorkerPool

@@ -1,1 +1,1 @@
-"""Machinery shared by the stages: checkpoints, DeepSpeed engines, tokenization, generation, progress."""
+"""Machinery shared by the training stages: checkpoints, DeepSpeed engines, LoRA, packing, generation, progress."""

@@ -10,14 +10,18 @@ import re
 import sys
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from configs.schema import InfraConfig, OptimConfig, TrainingConfig
-from stages import worker_imports
+from stages.common import worker_imports
 from stages.common.precision import resolve_precision
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine as Engine  # deepspeed ships no types: Any to mypy
+
 
 RESUME_TAG = "latest"
 # every engine this process made and has not released: DeepSpeed's hooks keep an engine (and its model,
@@ -117,7 +121,7 @@ def initialize(model: torch.nn.Module, config: dict[str, Any]):
     return engine
 
 
-def step(engine) -> float | None:
+def step(engine: Engine) -> float | None:
     """`engine.step()`; at an optimizer step, the 2-norm of the step's gradients before clipping (None between
     accumulation micro-steps, or where nothing measures it). DeepSpeed's ZeRO and mixed-precision optimizers
     compute it; its plain fp32 path does not, and there each rank holds the whole averaged gradients, so they
@@ -163,7 +167,7 @@ def import_muon_uncompiled() -> None:
     compile_decorator = compiler.compile
     compiler.compile = lambda: (lambda fn: fn)
     try:
-        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+        import deepspeed.runtime.zero.muon.muon_optimizer
         import deepspeed.runtime.zero.muon.original_muon  # noqa: F401
     finally:
         compiler.compile = compile_decorator
@@ -183,7 +187,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_resumable(engine, ckpt_dir: Path, step: int, extra: dict[str, Any] | None = None, keep: int | None = 1) -> None:
+def save_resumable(engine: Engine, ckpt_dir: Path, step: int, extra: dict[str, Any] | None = None, keep: int | None = 1) -> None:
     """Model, optimizer, scheduler and our own counters; DeepSpeed writes `latest` last, so a kill mid-save
     leaves the previous checkpoint as the one that loads. The newest `keep` tags stay (`prune_old_tags`);
     None keeps the older ones too (for a model whose checkpoint must stay in step with another one's until
@@ -216,7 +220,7 @@ def prune_old_tags(ckpt_dir: Path, step: int, keep: int) -> None:
         shutil.rmtree(ckpt_dir / name, ignore_errors=True)
 
 
-def load_resumable(engine, ckpt_dir: Path, tag: str | None = None) -> dict[str, Any] | None:
+def load_resumable(engine: Engine, ckpt_dir: Path, tag: str | None = None) -> dict[str, Any] | None:
     """The client state of the newest complete checkpoint (or of `tag`), restoring engine and RNG;
     None when there is none."""
     if not (ckpt_dir / RESUME_TAG).is_file():
@@ -228,7 +232,7 @@ def load_resumable(engine, ckpt_dir: Path, tag: str | None = None) -> dict[str, 
     return client_state
 
 
-def full_state_dict(engine) -> dict[str, torch.Tensor] | None:
+def full_state_dict(engine: Engine) -> dict[str, torch.Tensor] | None:
     """The whole model's weights on rank 0 (gathering ZeRO-3 partitions); None on other ranks."""
     module = engine.module
     if engine.zero_optimization_stage() == 3:

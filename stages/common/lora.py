@@ -14,7 +14,7 @@ from configs.errors import CheckpointError
 from configs.schema import LoRAConfig
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 EXTRA_FILE = "adapter_extra.json"
 FRESH_HEADS = ("score.", "classifier.")  # initialised by the stage, saved with the adapter: not part of the base
@@ -110,7 +110,7 @@ def prepare(model: PreTrainedModel, cfg: LoRAConfig, task_type: str) -> tuple[to
     return apply(model, cfg, task_type), signature
 
 
-def save_adapter(peft_model, tokenizer, out: Path, state_dict: dict | None, signature: str,
+def save_adapter(peft_model, tokenizer: PreTrainedTokenizerBase, out: Path, state_dict: dict | None, signature: str,
                  config_fields: dict | None = None) -> Path:
     """The adapter weights and config (its `base_model_name_or_path` points at the base checkpoint),
     the tokenizer, and `adapter_extra.json`: the base signature and the config fields (e.g. reward
@@ -128,7 +128,7 @@ def read_extra(adapter: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {"config_fields": {}}
 
 
-def save_trained(model, tokenizer, out: Path, state_dict: dict | None, signature: str | None,
+def save_trained(model, tokenizer: PreTrainedTokenizerBase, out: Path, state_dict: dict | None, signature: str | None,
                  config_fields: dict | None = None) -> Path:
     """A training stage's model: the adapter when trained with LoRA (`signature` set), else a full
     HF checkpoint with `config_fields` set on its config."""

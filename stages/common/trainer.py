@@ -14,16 +14,36 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
+from transformers import set_seed
 
 from configs.schema import InfraConfig, TrainingConfig
-from stages.common import deepspeed_engine
+from stages.common import checkpoint, deepspeed_engine, moe, packing
 from stages.common.progress import Progress
-from stages.contract import StageContext
+from stages.dag.contract import StageContext
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from stages.common.deepspeed_engine import Engine
 
 LOG_EVERY = 10
+
+
+def begin_training(ctx: StageContext, starting_model: Path) -> PreTrainedTokenizerBase:
+    """What every training stage does first: seed Python's, numpy's and torch's generators from `seed`, join
+    the DeepSpeed ranks, and load the tokenizer of the model it starts from."""
+    set_seed(ctx.config.seed)
+    deepspeed_engine.init_distributed()
+    return checkpoint.load_tokenizer(starting_model)
+
+
+def check_trainable(model, section: TrainingConfig, name: str, packed: bool = False) -> None:
+    """The loaded model trains as section `name` asks, or a one-line error naming the key: a router for its
+    `aux_loss_coef`, position ids for `packing` (`packed`)."""
+    moe.check(model.config, section.aux_loss_coef, f"{name}.aux_loss_coef")
+    if packed:
+        packing.check_loaded(model, f"{name}.packing")
+
 
 # loss_fn(engine, batch) -> (loss to backpropagate, metrics to average over the log window, tokens seen)
 LossFn = Callable[[object, dict], tuple[torch.Tensor, dict[str, float], int]]
@@ -111,7 +131,7 @@ def fit(
 
 def train_loop(
     ctx: StageContext,
-    engine,
+    engine: Engine,
     train: TrainingConfig,
     steps: int,
     micro_batch: Callable[[int], dict],

@@ -12,17 +12,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import set_seed
 
 from configs.errors import DataError
-from stages.common import checkpoint, conditioning, deepspeed_engine, moe
-from stages.common.tokenization import encode_segments
-from stages.contract import StageContext, StageResult
-from stages.prepared_data import Indexed, row_view
+from stages.common import checkpoint, conditioning, deepspeed_engine
+from stages.common.trainer import begin_training, check_trainable
+from stages.dag.contract import StageContext, StageResult
+from stages.data.prepared import Indexed, row_view
+from stages.data.tokenization import decoded, encode_segments
 from stages.rewards.factory import reward_models
-from stages.sft import fit_lm
+from stages.sft.stage import fit_lm
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 SCORED_AT_ONCE = 32  # reward batches per read of the SFT rows: a rank holds these rows' texts, not the split's
 
@@ -34,14 +39,14 @@ def normalized(train: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, 
     return (train - mean) / std, (other - mean) / std
 
 
-def response_text(tokenizer, segment: str) -> str:
+def response_text(tokenizer: PreTrainedTokenizerBase, segment: str) -> str:
     """A trained segment as the policy's sampled response reads: up to its first EOS, special tokens dropped."""
     ids = tokenizer(segment, add_special_tokens=False)["input_ids"]
     eos = tokenizer.eos_token_id
-    return tokenizer.decode(ids[: ids.index(eos)] if eos in ids else ids, skip_special_tokens=True)
+    return decoded(tokenizer, ids[: ids.index(eos)] if eos in ids else ids, skip_special_tokens=True)
 
 
-def scores(ctx: StageContext, rows: Mapping[str, Sequence[dict]], tokenizer, own_rm: Path | None) -> dict[str, torch.Tensor]:
+def scores(ctx: StageContext, rows: Mapping[str, Sequence[dict]], tokenizer: PreTrainedTokenizerBase, own_rm: Path | None) -> dict[str, torch.Tensor]:
     """Each split's RM scores, saved in the work dir (a resumed run reuses them); every rank scores all
     rows (the same deterministic forward passes) rather than waiting on rank 0. The rows are read a few
     reward batches at a time (the scorer's batches are the same as for the whole split at once)."""
@@ -70,7 +75,7 @@ class ConditionedRows(Indexed[tuple[list[int], list[int]]]):
     """Row i of an SFT split with its prompt conditioned on `scores[i]`, tokenized as it is indexed: the
     conditioned prompt is new text, and a rank holds the rows of its micro-batch, not the split."""
 
-    def __init__(self, rows: Sequence[dict], scores: torch.Tensor, tokenizer, template: str):
+    def __init__(self, rows: Sequence[dict], scores: torch.Tensor, tokenizer: PreTrainedTokenizerBase, template: str):
         self.rows, self.scores, self.tokenizer, self.template = rows, scores.tolist(), tokenizer, template
 
     def __len__(self) -> int:
@@ -85,9 +90,7 @@ class ConditionedRows(Indexed[tuple[list[int], list[int]]]):
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     cfg, c = ctx.config, ctx.config.csft
-    set_seed(cfg.seed)
-    deepspeed_engine.init_distributed()
-    tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
+    tokenizer = begin_training(ctx, inputs["sft_model"])
     rows = {split: row_view(inputs["sft_data"], split) for split in ("train", "eval")}
     scored = scores(ctx, rows, tokenizer, inputs.get("reward_model"))
     if ctx.is_main:
@@ -103,7 +106,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     train_rows = ConditionedRows(rows["train"], train_scores, tokenizer, c.template)
     eval_rows = ConditionedRows(rows["eval"], eval_scores, tokenizer, c.template)[:]  # held out: tokenized once, not per pass
     model = checkpoint.load_causal_lm(inputs["sft_model"], cfg.model)
-    moe.check(model.config, c.aux_loss_coef, "csft.aux_loss_coef")
+    check_trainable(model, c, "csft")
     pad_id = tokenizer.pad_token_id
     engine, outcome = fit_lm(ctx, model, c, train_rows, eval_rows, pad_id)
     state = deepspeed_engine.full_state_dict(engine)

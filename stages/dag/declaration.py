@@ -4,13 +4,17 @@ the config keys its result depends on, and how it runs. Flow, CLI and tests all 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from configs.reward_sources import consumed_model, own_models, path_keys
-from configs.schema import EvalConfig
-from stages import chat_template
-from stages.eval_results import SCORE
+from configs.schema import EvalConfig, LoRAConfig, PipelineConfig
+from stages.data import chat_template
+from stages.eval.results import SCORE
+
+# a question the DAG asks of a config: does the stage run, does it consume an input, does a key count
+ConfigTest = Callable[[PipelineConfig], bool]
 
 
 @dataclass(frozen=True)
@@ -33,13 +37,13 @@ class StageSpec:
     requested_outputs: tuple[str, ...] = ()
     local_sources: tuple[str, ...] = ()  # config keys naming local files whose content the result depends on
     # inputs consumed only when the config asks for them (e.g. the pipeline's own RM as the RL reward)
-    input_when: dict[str, Callable] = field(default_factory=dict)
+    input_when: dict[str, ConfigTest] = field(default_factory=dict)
     # config keys and local sources that count only when the config uses them (the reward for iterative DPO)
-    config_when: dict[str, Callable] = field(default_factory=dict)
+    config_when: dict[str, ConfigTest] = field(default_factory=dict)
     optional_inputs: tuple[str, ...] = ()  # used when upstream made them, not needed (eval's candidate models)
     datasets: tuple[str, ...] = ()  # outputs that are datasets (split files): logged as MLflow dataset inputs of their consumers
     driver: bool = False  # the entrypoint runs in the flow process and starts its own Ray actors
-    run_when: Callable | None = None  # the stage runs only when this holds for the config (else skipped)
+    run_when: ConfigTest | None = None  # the stage runs only when this holds for the config (else skipped)
     off_because: str = ""  # why the stage is skipped when `run_when` does not hold, in a line
     takes_adapters: bool = False  # inputs that are LoRA adapters reach it as they are, not merged
     # the stage scores the models it is given: its metrics are `<model>/<metric>`, a model scored before from the
@@ -47,14 +51,14 @@ class StageSpec:
     scores_models: bool = False
     plots_eval_series: bool = False  # its `eval/*` series are drawn as a plot on its run (the held-out curve of RL)
 
-    def asked_for(self, cfg) -> bool:
+    def asked_for(self, cfg: PipelineConfig) -> bool:
         """The config turns the stage on (`run_when`), whatever its inputs."""
         return self.run_when is None or self.run_when(cfg)
 
-    def wanted_inputs(self, cfg) -> tuple[str, ...]:
+    def wanted_inputs(self, cfg: PipelineConfig) -> tuple[str, ...]:
         return tuple(name for name in self.inputs if name not in self.input_when or self.input_when[name](cfg))
 
-    def wanted_config(self, keys: tuple[str, ...], cfg) -> tuple[str, ...]:
+    def wanted_config(self, keys: tuple[str, ...], cfg: PipelineConfig) -> tuple[str, ...]:
         """`keys` (config_keys or local_sources) less those `config_when` rules out for `cfg`."""
         return tuple(key for key in keys if key not in self.config_when or self.config_when[key](cfg))
 
@@ -66,39 +70,39 @@ class StageSpec:
         return getattr(importlib.import_module(self.module), self.entrypoint.partition(":")[2])
 
 
-def scores_with(artifact: str) -> Callable:
+def scores_with(artifact: str) -> ConfigTest:
     """The config's reward scores with the pipeline's own `artifact` (configs/reward_sources.py says when)."""
     return lambda cfg: consumed_model(cfg.reward) == artifact
 
 
-def paired_preferences(cfg) -> bool:
+def paired_preferences(cfg: PipelineConfig) -> bool:
     """The preference data are pairs, not KTO's unpaired rows (the RM trains on pairs only)."""
     return cfg.data.preference is None or not cfg.data.preference.unpaired
 
 
-def scored_by_reward(cfg) -> bool:
+def scored_by_reward(cfg: PipelineConfig) -> bool:
     """RL's rollouts are scored by the reward section, not played as an agent's episodes (which give their own)."""
     return not cfg.rl.agent.path
 
 
-def critic_from_reward_model(cfg) -> bool:
+def critic_from_reward_model(cfg: PipelineConfig) -> bool:
     """RL's critic starts from the pipeline's reward model (rl.critic.init_from)."""
     return cfg.rl.critic.init_from == "reward_model"
 
 
-def either(first: Callable, second: Callable) -> Callable:
+def either(first: ConfigTest, second: ConfigTest) -> ConfigTest:
     return lambda cfg: first(cfg) or second(cfg)
 
 
-def iterative_dpo(cfg) -> bool:
+def iterative_dpo(cfg: PipelineConfig) -> bool:
     return cfg.dpo.iterative.rounds > 0
 
 
-def both(first: Callable, second: Callable) -> Callable:
+def both(first: ConfigTest, second: ConfigTest) -> ConfigTest:
     return lambda cfg: first(cfg) and second(cfg)
 
 
-def iterative_dpo_with(uses: Callable) -> Callable:
+def iterative_dpo_with(uses: ConfigTest) -> ConfigTest:
     return both(iterative_dpo, uses)
 
 
@@ -109,23 +113,23 @@ SCORES_WITH = {artifact: scores_with(artifact) for artifact in REWARD_MODELS}
 RL_EVAL_KEYS = tuple(f"eval.{key}" for key in EvalConfig.model_fields if key != "metric")
 
 
-def rejection_sampling(cfg) -> bool:
+def rejection_sampling(cfg: PipelineConfig) -> bool:
     return cfg.rs.enabled
 
 
-def distillation(cfg) -> bool:
+def distillation(cfg: PipelineConfig) -> bool:
     return cfg.kd.enabled
 
 
-def kd_teacher(name: str) -> Callable:
+def kd_teacher(name: str) -> ConfigTest:
     return lambda cfg: cfg.kd.teacher == name
 
 
-def conditional_sft(cfg) -> bool:
+def conditional_sft(cfg: PipelineConfig) -> bool:
     return cfg.csft.enabled
 
 
-def own_reward_model(cfg) -> bool:
+def own_reward_model(cfg: PipelineConfig) -> bool:
     """Conditional SFT scores with the pipeline's RM unless reward.rm_paths names others."""
     return not cfg.reward.rm_paths
 
@@ -134,14 +138,12 @@ def own_reward_model(cfg) -> bool:
 OPTIONAL_POLICIES = {"rs_model": rejection_sampling, "kd_model": distillation, "csft_model": conditional_sft}
 
 
-def lora_of(cfg, section: str):
+def lora_of(cfg: PipelineConfig, section: str) -> LoRAConfig:
     """The LoRA config of a dotted section, e.g. `rl.actor`."""
-    for part in section.split("."):
-        cfg = getattr(cfg, part)
-    return cfg.lora
+    return attrgetter(f"{section}.lora")(cfg)
 
 
-def trains_adapters(cfg) -> bool:
+def trains_adapters(cfg: PipelineConfig) -> bool:
     """Some stage saves its model as a LoRA adapter."""
     return any(lora_of(cfg, section).rank for section in ADAPTER_SECTIONS)
 
@@ -151,10 +153,21 @@ ADAPTER_SECTIONS = LORA_SECTIONS[:-1]  # those whose stage output is then an ada
 TRAINING_INFRA = ("infra.zero_stage", "infra.precision", "infra.num_workers")
 LM_KERNELS = ("model.attn_implementation", "model.use_liger_kernel")  # how a causal LM's layers compute
 
+
+def training_stage(name: str, output: str, inputs: tuple[str, ...], key_metric: str, summary: str, *,
+                   kernels: tuple[str, ...] = LM_KERNELS, config_keys: tuple[str, ...] = (), **more) -> StageSpec:
+    """A DeepSpeed training stage: `stages/<name>/stage.py`'s `run` on `infra.num_workers` ranks, making one
+    model (`output`, registered); its result depends on the seed, how the model's layers compute (`kernels`),
+    its config section, the training infra, and `config_keys`. `more`: the other StageSpec fields."""
+    return StageSpec(name=name, entrypoint=f"stages.{name}.stage:run", inputs=inputs, outputs=(output,),
+                     config_keys=("seed", *kernels, name, *TRAINING_INFRA, *config_keys), key_metric=key_metric,
+                     summary=summary, distributed=True, register=(output,), **more)
+
+
 STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         name="data_prep",
-        entrypoint="stages.data_prep:run",
+        entrypoint="stages.data_prep.stage:run",
         inputs=(),
         outputs=("base_model", "sft_data", "pref_data", "prm_data", "prompts", "eval_data"),
         optional_outputs=("sft_data", "pref_data", "prm_data"),
@@ -167,41 +180,14 @@ STAGES: tuple[StageSpec, ...] = (
         summary="the base model and every dataset the later stages train and evaluate on",
         datasets=("sft_data", "pref_data", "prm_data", "prompts", "eval_data"),
     ),
-    StageSpec(
-        name="sft",
-        entrypoint="stages.sft:run",
-        inputs=("base_model", "sft_data"),
-        outputs=("sft_model",),
-        config_keys=("seed", *LM_KERNELS, "sft", *TRAINING_INFRA),
-        key_metric="eval/loss",
-        summary="the SFT policy: the base model fine-tuned on the SFT data",
-        distributed=True,
-        register=("sft_model",),
-    ),
-    StageSpec(
-        name="rm",
-        entrypoint="stages.reward_model:run",
-        inputs=("sft_model", "pref_data"),
-        outputs=("reward_model",),
-        config_keys=("seed", "model.attn_implementation", "rm", *TRAINING_INFRA),
-        key_metric="eval/accuracy",
-        summary="the reward model: a Bradley-Terry scorer trained from the SFT model on the preference pairs",
-        distributed=True,
-        register=("reward_model",),
-        run_when=paired_preferences,
-        off_because="data.preference.unpaired: KTO's rows, no pairs",
-    ),
-    StageSpec(
-        name="prm",
-        entrypoint="stages.prm:run",
-        inputs=("sft_model", "prm_data"),
-        outputs=("prm",),
-        config_keys=("seed", *LM_KERNELS, "prm", *TRAINING_INFRA),
-        key_metric="eval/step_accuracy",
-        summary="the process reward model: a per-step scorer trained from the SFT model on labelled solution steps",
-        distributed=True,
-        register=("prm",),
-    ),
+    training_stage("sft", "sft_model", ("base_model", "sft_data"), "eval/loss",
+                   "the SFT policy: the base model fine-tuned on the SFT data"),
+    training_stage("rm", "reward_model", ("sft_model", "pref_data"), "eval/accuracy",
+                   "the reward model: a Bradley-Terry scorer trained from the SFT model on the preference pairs",
+                   kernels=("model.attn_implementation",),  # a sequence classifier: Liger patches causal LMs only
+                   run_when=paired_preferences, off_because="data.preference.unpaired: KTO's rows, no pairs"),
+    training_stage("prm", "prm", ("sft_model", "prm_data"), "eval/step_accuracy",
+                   "the process reward model: a per-step scorer trained from the SFT model on labelled solution steps"),
     StageSpec(
         name="rl",
         entrypoint="runtime.rl_driver:run",
@@ -222,68 +208,29 @@ STAGES: tuple[StageSpec, ...] = (
         driver=True,
         register=("rl_model", "critic_model"),
     ),
-    StageSpec(
-        name="dpo",
-        entrypoint="stages.dpo.stage:run",
-        inputs=("sft_model", "pref_data", "prompts", *REWARD_MODELS),
-        input_when={"prompts": iterative_dpo, **{a: iterative_dpo_with(uses) for a, uses in SCORES_WITH.items()}},
-        outputs=("dpo_model",),
-        config_keys=("seed", *LM_KERNELS, "dpo", *TRAINING_INFRA, "reward", "prm.step_separator"),
-        local_sources=REWARD_FILES,
-        config_when=dict.fromkeys(("reward", "prm.step_separator", *REWARD_FILES), iterative_dpo),
-        key_metric="eval/reward_accuracy",
-        summary="the DPO policy: the SFT model trained on preference pairs (or its own ranked samples)",
-        distributed=True,
-        register=("dpo_model",),
-    ),
-    StageSpec(
-        name="rs",
-        entrypoint="stages.rejection_sampling:run",
-        inputs=("sft_model", "sft_data", "prompts", *REWARD_MODELS),
-        input_when=SCORES_WITH,
-        outputs=("rs_model",),
-        config_keys=("seed", *LM_KERNELS, "rs", *TRAINING_INFRA, "reward", "prm.step_separator"),
-        local_sources=REWARD_FILES,
-        key_metric="eval/loss",
-        summary="the rejection-sampling policy: the SFT model trained on the best of its own samples the reward keeps",
-        distributed=True,
-        register=("rs_model",),
-        run_when=rejection_sampling,
-        off_because="rs.enabled is false",
-    ),
-    StageSpec(
-        name="kd",
-        entrypoint="stages.kd.stage:run",
-        inputs=("sft_model", "sft_data", "rl_model", "dpo_model"),
-        input_when={"rl_model": kd_teacher("rl"), "dpo_model": kd_teacher("dpo")},
-        outputs=("kd_model",),
-        config_keys=("seed", *LM_KERNELS, "kd", *TRAINING_INFRA),
-        local_sources=("kd.teacher_path",),
-        key_metric="eval/kl",
-        summary="the distilled policy: a student (the SFT model or a smaller one) trained toward the teacher's distributions",
-        distributed=True,
-        register=("kd_model",),
-        run_when=distillation,
-        off_because="kd.enabled is false",
-    ),
-    StageSpec(
-        name="csft",
-        entrypoint="stages.conditional_sft:run",
-        inputs=("sft_model", "sft_data", "reward_model"),
-        input_when={"reward_model": own_reward_model},
-        outputs=("csft_model",),
-        config_keys=("seed", *LM_KERNELS, "csft", *TRAINING_INFRA, "reward.rm_paths", "reward.normalize", "reward.batch_size"),
-        local_sources=("reward.rm_paths",),
-        key_metric="eval/loss",
-        summary="the conditional-SFT policy: the SFT model trained on the SFT data with each response's RM score in its prompt",
-        distributed=True,
-        register=("csft_model",),
-        run_when=conditional_sft,
-        off_because="csft.enabled is false",
-    ),
+    training_stage("dpo", "dpo_model", ("sft_model", "pref_data", "prompts", *REWARD_MODELS), "eval/reward_accuracy",
+                   "the DPO policy: the SFT model trained on preference pairs (or its own ranked samples)",
+                   input_when={"prompts": iterative_dpo, **{a: iterative_dpo_with(uses) for a, uses in SCORES_WITH.items()}},
+                   config_keys=("reward", "prm.step_separator"), local_sources=REWARD_FILES,
+                   config_when=dict.fromkeys(("reward", "prm.step_separator", *REWARD_FILES), iterative_dpo)),
+    training_stage("rs", "rs_model", ("sft_model", "sft_data", "prompts", *REWARD_MODELS), "eval/loss",
+                   "the rejection-sampling policy: the SFT model trained on the best of its own samples the reward keeps",
+                   input_when=SCORES_WITH, config_keys=("reward", "prm.step_separator"), local_sources=REWARD_FILES,
+                   run_when=rejection_sampling, off_because="rs.enabled is false"),
+    training_stage("kd", "kd_model", ("sft_model", "sft_data", "rl_model", "dpo_model"), "eval/kl",
+                   "the distilled policy: a student (the SFT model or a smaller one) trained toward the teacher's "
+                   "distributions",
+                   input_when={"rl_model": kd_teacher("rl"), "dpo_model": kd_teacher("dpo")},
+                   local_sources=("kd.teacher_path",), run_when=distillation, off_because="kd.enabled is false"),
+    training_stage("csft", "csft_model", ("sft_model", "sft_data", "reward_model"), "eval/loss",
+                   "the conditional-SFT policy: the SFT model trained on the SFT data with each response's RM score in "
+                   "its prompt",
+                   input_when={"reward_model": own_reward_model},
+                   config_keys=("reward.rm_paths", "reward.normalize", "reward.batch_size"),
+                   local_sources=("reward.rm_paths",), run_when=conditional_sft, off_because="csft.enabled is false"),
     StageSpec(
         name="lora_merge",
-        entrypoint="stages.lora_merge:run",
+        entrypoint="stages.lora_merge.stage:run",
         inputs=("sft_model", "reward_model", "prm", "dpo_model", "rl_model"),
         optional_inputs=("sft_model", "reward_model", "prm", "dpo_model", "rl_model"),
         outputs=("merged_models",),
@@ -297,7 +244,7 @@ STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         name="eval",
-        entrypoint="stages.evaluate:run",
+        entrypoint="stages.eval.stage:run",
         inputs=("base_model", "sft_model", "rl_model", "dpo_model", *OPTIONAL_POLICIES, "sft_data", "eval_data",
                 *REWARD_MODELS),
         input_when={**SCORES_WITH, **OPTIONAL_POLICIES},
@@ -329,7 +276,7 @@ def upstream(spec: StageSpec) -> list[str]:
     return [s.name for s in STAGES if s.name in names]
 
 
-def needed_by(names: set[str] | list[str], cfg) -> set[str]:
+def needed_by(names: set[str] | list[str], cfg: PipelineConfig) -> set[str]:
     """The stages whose outputs the given stages consume under `cfg`, transitively (not themselves
     unless one consumes another); a pinned input (`cfg.inputs`) needs no producer."""
     needed: set[str] = set()
@@ -339,18 +286,13 @@ def needed_by(names: set[str] | list[str], cfg) -> set[str]:
     return needed
 
 
-def pinned_away(spec: StageSpec, cfg) -> bool:
+def pinned_away(spec: StageSpec, cfg: PipelineConfig) -> bool:
     """Every output of the stage is pinned to an existing artifact: it need not run (what it makes only on
     request, `requested_outputs`, goes unmade)."""
     return set(spec.outputs) - set(spec.requested_outputs) <= set(cfg.inputs)
 
 
-def runs(spec: StageSpec, cfg, only: Sequence[str] = ()) -> bool:
-    """The stage runs in a request whose `--only` names `only` (every stage when empty), unless pinned away."""
-    return not pinned_away(spec, cfg) and (not only or spec.name in only)
-
-
-def check_pins(cfg) -> None:
+def check_pins(cfg: PipelineConfig) -> None:
     from configs.errors import ConfigError
 
     artifacts = [a for spec in STAGES for a in spec.outputs]
@@ -368,12 +310,12 @@ def check_stages(names: list[str], option: str) -> None:
         raise ConfigError(f"{option} {' '.join(unknown)}: unknown stage (stages: {', '.join(BY_NAME)})")
 
 
-def reused_by_only(only: list[str] | None, cfg) -> set[str]:
+def reused_by_only(only: list[str] | None, cfg: PipelineConfig) -> set[str]:
     """The stages `--only` reuses from MLflow: those the named stages need, less the named ones."""
     return needed_by(only, cfg) - set(only) if only else set()
 
 
-def check_request(cfg, force: list[str], only: list[str]) -> None:
+def check_request(cfg: PipelineConfig, force: list[str], only: list[str]) -> None:
     """A run's request names real stages and artifacts, and does not force a stage that --only reuses."""
     from configs.errors import ConfigError
 

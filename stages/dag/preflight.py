@@ -14,9 +14,12 @@ from pathlib import Path
 
 from configs.errors import CheckpointError, ConfigError, PipelineError
 from configs.schema import FILE_DATASETS, DatasetConfig, PipelineConfig, sections_with
-from stages import agent_file, chat_template, reward_file
 from stages.common import checkpoint_paths, moe, packing, vocabulary
-from stages.dag import BY_NAME, LORA_SECTIONS, STAGES, lora_of, runs
+from stages.dag.declaration import BY_NAME, LORA_SECTIONS, STAGES, StageSpec, lora_of
+from stages.dag.plan import plan
+from stages.data import chat_template
+from stages.rewards import func_file as reward_file
+from stages.rl import agent_file
 from stages.rl.layout import check_async, check_fits, resolve_layout
 
 AUX_LOSS_SECTIONS = sections_with("aux_loss_coef")  # config sections with an aux_loss_coef
@@ -57,7 +60,7 @@ def check_inputs(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
         check_model_family(cfg)
     if cfg.data.source != "files":
         return
-    from stages import data_files  # HF datasets: only a config that reads files needs it here
+    from stages.data import files as data_files  # HF datasets: only a config that reads files needs it here
 
     for section in FILE_DATASETS:
         ds_cfg: DatasetConfig | None = getattr(cfg.data, section)
@@ -74,7 +77,7 @@ def check_sft_rows(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
     if cfg.data.source != "files" or cfg.data.sft is not None:
         return
     for spec in STAGES:
-        if ("sft_data" in spec.wanted_inputs(cfg) and "sft_data" not in spec.optional_inputs and runs(spec, cfg, only)
+        if ("sft_data" in spec.wanted_inputs(cfg) and "sft_data" not in spec.optional_inputs and in_request(spec, cfg, only)
                 and spec.asked_for(cfg)):
             if spec.name == "sft":
                 raise ConfigError("data.sft is empty and the sft stage trains on it: name SFT rows in data.sft, or pin "
@@ -88,10 +91,10 @@ def check_reward(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
     """The `reward_func` file, when the config has a stage that scores with it: found, compiled, and
     defining a `reward_func` the stages can call (a deterministic error here would otherwise fail the
     stage's reward actors after the cluster and the models are up)."""
-    scores = any("reward" in spec.wanted_config(spec.config_keys, cfg) and runs(spec, cfg, only) for spec in STAGES)
+    scores = any("reward" in spec.wanted_config(spec.config_keys, cfg) and in_request(spec, cfg, only) for spec in STAGES)
     if scores and cfg.reward.source == "func":
         reward_file.check(reward_file.resolve_func_path(cfg.reward.func_path))
-    if cfg.rl.agent.path and runs(BY_NAME["rl"], cfg, only):
+    if cfg.rl.agent.path and in_request(BY_NAME["rl"], cfg, only):
         agent_file.check(agent_file.resolve(cfg.rl.agent.path))
 
 
@@ -100,7 +103,7 @@ def check_distillation(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
     (`model.name_or_path`) are both local folders with a tokenizer.json, they share the tokenizer and
     vocabulary (else the kd stage checks the loaded tokenizers before it trains)."""
     kd = cfg.kd
-    if not kd.enabled or kd.teacher != "path" or not runs(BY_NAME["kd"], cfg, only):
+    if not kd.enabled or kd.teacher != "path" or not in_request(BY_NAME["kd"], cfg, only):
         return
     teacher_path = kd.teacher_path
     if teacher_path is None:  # the config's validation pairs it with teacher: path
@@ -125,7 +128,7 @@ def check_distillation(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
 def check_conditional_sft(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
     """Conditional SFT scores the SFT data with a reward model: `reward.rm_paths`, a pinned
     `inputs.reward_model`, or the one the rm stage trains, which needs preference data."""
-    if not cfg.csft.enabled or not runs(BY_NAME["csft"], cfg, only) or cfg.reward.rm_paths or "reward_model" in cfg.inputs:
+    if not cfg.csft.enabled or not in_request(BY_NAME["csft"], cfg, only) or cfg.reward.rm_paths or "reward_model" in cfg.inputs:
         return
     if cfg.data.source == "files" and cfg.data.preference is None:
         raise ConfigError("csft.enabled: conditional SFT scores the SFT data with a reward model, and this pipeline has "
@@ -137,7 +140,7 @@ def check_critic_start(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
     """RL's critic starts from a reward model there is: `rl.critic.init_path`'s checkpoint, or the pipeline's own (a
     pinned `inputs.reward_model`, or the one the rm stage trains, which needs preference data)."""
     critic = cfg.rl.critic
-    if critic.init_from == "sft" or not runs(BY_NAME["rl"], cfg, only):
+    if critic.init_from == "sft" or not in_request(BY_NAME["rl"], cfg, only):
         return
     if critic.init_path is not None:
         checkpoint_paths.validate(critic.init_path, "rl.critic.init_path")
@@ -198,7 +201,7 @@ def check_local_resources(cfg: PipelineConfig, only: Sequence[str] = ()) -> None
             f"infra.num_workers={cfg.infra.num_workers} x infra.cpus_per_worker={cfg.infra.cpus_per_worker} needs "
             f"{need} CPUs; the local Ray cluster has {have} (infra.num_cpus)"
         )
-    if runs(BY_NAME["rl"], cfg, only):
+    if in_request(BY_NAME["rl"], cfg, only):
         check_fits(with_rl_layout(cfg), have, gpus, "the local Ray cluster (infra.num_cpus)")
         check_async(with_rl_layout(cfg))
 
@@ -211,3 +214,8 @@ def check_chat_template(cfg: PipelineConfig, only: Sequence[str] = ()) -> None:
 # error (flows/pre_run.py makes them one by one)
 CHECKS = (check_inputs, check_chat_template, check_sft_rows, check_reward, check_distillation, check_conditional_sft,
           check_critic_start, check_local_resources)
+
+
+def in_request(spec: StageSpec, cfg: PipelineConfig, only: Sequence[str]) -> bool:
+    """The request runs `spec` itself (stages/dag/plan.py), so its checks apply."""
+    return plan(cfg, only)[spec.name].in_request

@@ -9,9 +9,14 @@ else a path. Nothing here imports transformers: the flow's driver checks the tem
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from configs.errors import ConfigError
-from configs.schema import FILE_DATASETS
+from configs.schema import FILE_DATASETS, PipelineConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 KEY = "data.tokenizer_chat_template"
 TEMPLATE_MARKS = ("{{", "{%")
@@ -23,7 +28,7 @@ def is_template(value: str) -> bool:
     return any(mark in value for mark in TEMPLATE_MARKS)
 
 
-def names_a_file(cfg) -> bool:
+def names_a_file(cfg: PipelineConfig) -> bool:
     """The key names a file (its content then counts in data prep's fingerprint)."""
     value = cfg.data.tokenizer_chat_template
     return value is not None and not is_template(value)
@@ -42,7 +47,7 @@ def template_text(value: str) -> str:
     return text
 
 
-def check(cfg) -> None:
+def check(cfg: PipelineConfig) -> None:
     """The template is found and parses as Jinja (transformers renders it in a sandboxed Jinja environment)."""
     value = cfg.data.tokenizer_chat_template
     if value is None:
@@ -55,7 +60,7 @@ def check(cfg) -> None:
         raise ConfigError(f"{KEY}: not a valid Jinja template (line {exc.lineno}: {exc.message})") from None
 
 
-def apply(tokenizer, cfg) -> bool:
+def apply(tokenizer: PreTrainedTokenizerBase, cfg: PipelineConfig) -> bool:
     """Replace `tokenizer`'s chat template with the configured one; True when it did."""
     value = cfg.data.tokenizer_chat_template
     if value is None:
@@ -70,7 +75,7 @@ def apply(tokenizer, cfg) -> bool:
     return True
 
 
-def warnings(cfg) -> list[str]:
+def warnings(cfg: PipelineConfig) -> list[str]:
     """One line per dataset whose `input_template` the configured chat template overrides: OpenRLHF applies
     an input template only with apply_chat_template off, so the chat template wins (not an error: a
     converted script often carries both)."""

@@ -26,7 +26,7 @@ from datasets import Dataset
 
 from configs.errors import DataError, first_line
 from configs.schema import DatasetConfig
-from stages import data_values
+from stages.data import values as data_values
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 TEXT_BUILDERS = ("json", "csv")  # read as text: must be UTF-8

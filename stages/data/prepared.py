@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar, overload
+from typing import TYPE_CHECKING, TypeVar, overload
 
 import datasets
 import numpy as np
@@ -22,7 +22,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from configs.errors import DataError
-from stages.common.tokenization import labels_of
+from stages.data.tokenization import labels_of
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 MANIFEST = "splits.json"
 TOKEN_COLUMNS = ("input_ids", "loss_mask")  # what the SFT-style stages train on
@@ -101,7 +105,7 @@ def list_lengths(ds: datasets.Dataset, name: str) -> np.ndarray:
     return pc.list_value_length(column(ds, name)).to_numpy()
 
 
-def field_ids(tokenizer, row: dict, field: str) -> list[int]:
+def field_ids(tokenizer: PreTrainedTokenizerBase, row: dict, field: str) -> list[int]:
     """A text field's token ids: data prep's, or for a row made elsewhere (a sample, a test's) tokenized now,
     as data prep tokenizes it (apart from the other fields)."""
     stored = row.get(ids_column(field))

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from transformers import PreTrainedTokenizerBase
 
 IGNORE_INDEX = -100
+
+
+def decoded(tokenizer: PreTrainedTokenizerBase, ids: list[int], skip_special_tokens: bool = False) -> str:
+    """The text of one sequence of ids (transformers types `decode` for a batch too: `str | list[str]`)."""
+    return cast(str, tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
 
 def encode_segments(tokenizer: PreTrainedTokenizerBase, texts: list[str], train: list[bool]) -> tuple[list[int], list[int]]:

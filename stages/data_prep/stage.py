@@ -1,6 +1,6 @@
 """Data prep stage: the base model and tokenizer, and every dataset later stages train or evaluate on.
 
-Outputs (each a directory; a dataset holds a `train` and/or `eval` split as Arrow, see stages/prepared_data.py;
+Outputs (each a directory; a dataset holds a `train` and/or `eval` split as Arrow, see stages/data/prepared.py;
 every row is rendered and measured here, once, and an SFT row tokenized):
   base_model  HF checkpoint with tokenizer and chat template (the tiny preset builds one), or a
               pointer to `model.name_or_path` (a full copy where its tokenizer changes: the PRM
@@ -33,11 +33,15 @@ from transformers import PreTrainedTokenizerBase, set_seed
 
 from configs.errors import DataError
 from configs.schema import DatasetConfig, PipelineConfig
-from stages import chat_template, data_files, data_values, prepared_data, prm_rows, synthetic_task, tiny_model
 from stages.common import checkpoint, checkpoint_paths
 from stages.common.answers import extract_answer
-from stages.common.tokenization import segments_with_mask
-from stages.contract import StageContext, StageResult
+from stages.dag.contract import StageContext, StageResult
+from stages.data import chat_template, prm_rows
+from stages.data import files as data_files
+from stages.data import prepared as prepared_data
+from stages.data import values as data_values
+from stages.data.tokenization import segments_with_mask
+from stages.data_prep import synthetic_task, tiny_model
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +92,7 @@ def conversation_segments(tokenizer: PreTrainedTokenizerBase, messages: list[dic
     return texts, train
 
 
-def sft_row(tokenizer, prompt: str | list[dict], response: str | None, cfg: DatasetConfig | None) -> dict:
+def sft_row(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict], response: str | None, cfg: DatasetConfig | None) -> dict:
     """One SFT row; `response=None` means `prompt` is a whole conversation (multi-turn)."""
     if response is None:
         if not isinstance(prompt, list):
@@ -97,7 +101,7 @@ def sft_row(tokenizer, prompt: str | list[dict], response: str | None, cfg: Data
         return {"texts": texts, "train": train}
     if (cfg is None or cfg.apply_chat_template) and tokenizer.chat_template:
         messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        texts, train = conversation_segments(tokenizer, messages + [{"role": "assistant", "content": response}])
+        texts, train = conversation_segments(tokenizer, [*messages, {"role": "assistant", "content": response}])
         return {"texts": texts, "train": train}
     return {"texts": [render_prompt(tokenizer, prompt, cfg), response + tokenizer.eos_token], "train": [False, True]}
 
@@ -106,7 +110,7 @@ def prm_response(steps: list[str], placeholder: str) -> str:
     return "".join(f"{step}{placeholder}\n" for step in steps)
 
 
-def add_placeholder_token(tokenizer, token: str) -> bool:
+def add_placeholder_token(tokenizer: PreTrainedTokenizerBase, token: str) -> bool:
     """PRM data ends each step with `prm.placeholder_token`, where the PRM reads its reward: a tokenizer
     that splits it (or reads it as its unknown token) gets it as one special token. True when it was
     added (the embeddings must grow)."""
@@ -117,7 +121,7 @@ def add_placeholder_token(tokenizer, token: str) -> bool:
     return True
 
 
-def resize_base_model(cfg: PipelineConfig, tokenizer, base_dir: Path, why: str) -> None:
+def resize_base_model(cfg: PipelineConfig, tokenizer: PreTrainedTokenizerBase, base_dir: Path, why: str) -> None:
     """The base model with embeddings for every token of `tokenizer`, saved in full, with `tokenizer`, to
     `base_dir` (replacing a pointer to the original checkpoint); `why` says what changed in the tokenizer."""
     model = checkpoint.load_causal_lm(cfg.model.name_or_path or base_dir, cfg.model, kernels=False)  # copied, not run
@@ -134,7 +138,7 @@ def has_prm_rows(cfg: PipelineConfig) -> bool:
     return cfg.data.source == "synthetic" or cfg.data.prm is not None
 
 
-def add_prm_placeholder(tokenizer, cfg: PipelineConfig) -> bool:
+def add_prm_placeholder(tokenizer: PreTrainedTokenizerBase, cfg: PipelineConfig) -> bool:
     """`prm.placeholder_token` in the tokenizer where the data has PRM rows; True when it was added. In
     rows read from files it must be a special token even where the tokenizer has it as a word: a word
     merges with what stands before it (Math-Shepherd's ` ки` is another token than `ки` in a byte-level
@@ -162,7 +166,7 @@ def num_proc(cfg: PipelineConfig, n_rows: int) -> int:
     return cfg.data.num_proc or int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
 
 
-def char_limit(tokenizer, max_len: int) -> int:
+def char_limit(tokenizer: PreTrainedTokenizerBase, max_len: int) -> int:
     """Characters beyond which a text cannot be `max_len` tokens or fewer: no token spells more characters
     than its vocabulary entry has (a byte-level entry has one per byte), with `CHAR_SLACK` for what a
     normalizer or template changes."""
@@ -285,7 +289,7 @@ def drop_unfit(name: str, ds: datasets.Dataset, text_columns: list[str], limit: 
 # --- the two sources -----------------------------------------------------------------------------
 
 
-def synthetic_datasets(cfg: PipelineConfig, tokenizer) -> dict[str, dict[str, list[dict]]]:
+def synthetic_datasets(cfg: PipelineConfig, tokenizer: PreTrainedTokenizerBase) -> dict[str, dict[str, list[dict]]]:
     splits = synthetic_task.generate(cfg.data.synthetic, cfg.seed)
 
     def sft(rows):
@@ -332,7 +336,7 @@ def reference_answer(label, cfg: DatasetConfig) -> str:
     return answer
 
 
-def _pref_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
+def _pref_row(tokenizer: PreTrainedTokenizerBase, row: dict, cfg: DatasetConfig) -> dict:
     chosen, rejected = row[cfg.chosen_key], row[cfg.rejected_key]
     if isinstance(chosen, list) != isinstance(rejected, list):
         raise DataError(f"{cfg.chosen_key!r} and {cfg.rejected_key!r} must both be text or both be conversations")
@@ -353,7 +357,7 @@ def _pref_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
     }
 
 
-def _unpaired_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
+def _unpaired_row(tokenizer: PreTrainedTokenizerBase, row: dict, cfg: DatasetConfig) -> dict:
     """A KTO row: one response, rendered as a preference pair's are, and whether it is desirable."""
     response = row[cfg.output_key]
     prompt = row.get(cfg.input_key) or ""  # None where a mixed-in source lacks the prompt column
@@ -370,7 +374,7 @@ def _unpaired_row(tokenizer, row: dict, cfg: DatasetConfig) -> dict:
     return {"prompt": render_prompt(tokenizer, prompt, cfg), "response": response, "desirable": desirable}
 
 
-def _pretrain_row(tokenizer, text: str, max_len: int) -> dict:
+def _pretrain_row(tokenizer: PreTrainedTokenizerBase, text: str, max_len: int) -> dict:
     """sft.pretrain_mode: the text as it is, every token trained, cut to `max_len` tokens (OpenRLHF cuts
     them too: plain text has no end token a cut could teach to skip)."""
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -383,7 +387,7 @@ def _pretrain_row(tokenizer, text: str, max_len: int) -> dict:
     return {"texts": [text], "train": [True]}
 
 
-def _prm_file_row(tokenizer, row: dict, cfg: DatasetConfig, placeholder: str, reward_tokens: tuple[str, str]) -> dict:
+def _prm_file_row(tokenizer: PreTrainedTokenizerBase, row: dict, cfg: DatasetConfig, placeholder: str, reward_tokens: tuple[str, str]) -> dict:
     """A Math-Shepherd row as the PRM stage reads it: the whole text, its placeholders one token each."""
     text = row[cfg.input_key]
     labels = prm_rows.step_labels(text, row[cfg.label_key], placeholder, reward_tokens, (cfg.input_key, cfg.label_key))
@@ -396,7 +400,7 @@ def _prm_file_row(tokenizer, row: dict, cfg: DatasetConfig, placeholder: str, re
     return {"prompt": "", "response": text, "labels": labels}
 
 
-def templated_response(tokenizer, messages: list[dict], response: str) -> str:
+def templated_response(tokenizer: PreTrainedTokenizerBase, messages: list[dict], response: str) -> str:
     """`response` as the chat template renders it after `messages` (Mistral's leading space, Llama-3's
     trimming), up to the EOS where generation stops: the text SFT trains and the policy samples."""
     texts, _ = conversation_segments(tokenizer, [*messages, {"role": "assistant", "content": response}], "preference")
@@ -407,7 +411,7 @@ def templated_response(tokenizer, messages: list[dict], response: str) -> str:
 TEXT_KEYS = ("input_key", "output_key", "chosen_key", "rejected_key")  # the config fields of columns that hold text
 
 
-def file_datasets(cfg: PipelineConfig, tokenizer, dropped: dict[str, int] | None = None,
+def file_datasets(cfg: PipelineConfig, tokenizer: PreTrainedTokenizerBase, dropped: dict[str, int] | None = None,
                   scratch: Path | None = None) -> dict[str, dict[str, datasets.Dataset]]:
     """Every dataset a `data.source: files` config names, rendered and tokenized (`prepare`); rows are
     checked here, where their file and line are known. `dropped` gets each `<set>/<split>`'s count of rows
@@ -522,7 +526,7 @@ def row_number(shown: str, _: dict, index: int) -> str:
     return f"{shown} row {index}"
 
 
-def build_datasets(cfg: PipelineConfig, tokenizer, dropped: dict[str, int] | None = None,
+def build_datasets(cfg: PipelineConfig, tokenizer: PreTrainedTokenizerBase, dropped: dict[str, int] | None = None,
                    scratch: Path | None = None) -> dict[str, dict[str, datasets.Dataset]]:
     """Every dataset's splits as the stages read them, rendered and tokenized with `tokenizer` (`dropped`,
     `scratch`: see file_datasets)."""

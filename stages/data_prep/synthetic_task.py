@@ -62,7 +62,7 @@ def solution_steps(problem: Problem, slip_at: int | None = None, slip: int = 0) 
     for op, term, value in zip(problem.ops, problem.terms[1:], values):
         steps.append(f"{left}{op}{term}={value}")
         left = value
-    return steps + [f"{ANSWER_PREFIX}{values[-1]}"]
+    return [*steps, f"{ANSWER_PREFIX}{values[-1]}"]
 
 
 def step_labels(problem: Problem, slip_at: int | None) -> list[str]:

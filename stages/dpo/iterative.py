@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -21,7 +21,13 @@ import torch.distributed as dist
 from configs.errors import ConfigError, DataError
 from stages.common import checkpoint, generation
 from stages.common.trainer import SampleStream
-from stages.contract import StageContext
+from stages.dag.contract import StageContext
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from stages.common.deepspeed_engine import Engine
+
 
 Seq = tuple[list[int], list[int]]  # prompt ids, response ids
 
@@ -41,7 +47,7 @@ class Objective(Protocol):
 
     def collate(self, ref: torch.Tensor, idx: list[int]) -> dict: ...
 
-    def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]: ...
+    def loss(self, engine: Engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]: ...
 
 
 @dataclass
@@ -57,7 +63,7 @@ class Rounds:
     `make_objective(pairs)` builds the loss over pairs; `reference(engine, objective)` scores its
     sequences with the engine's current weights (on every rank)."""
 
-    def __init__(self, ctx: StageContext, tokenizer, prompt_rows: Sequence[dict], scorer,
+    def __init__(self, ctx: StageContext, tokenizer: PreTrainedTokenizerBase, prompt_rows: Sequence[dict], scorer,
                  make_objective: Callable[[list[tuple[Seq, Seq]]], Objective], reference: Callable[[Any, Objective], torch.Tensor]):
         d = ctx.config.dpo
         self.ctx, self.d, self.it = ctx, d, d.iterative
@@ -78,7 +84,7 @@ class Rounds:
     def round_of(self, step: int) -> int:
         return min(step // self.steps_per_round, self.it.rounds - 1)
 
-    def micro_batch(self, engine, g: int) -> dict:
+    def micro_batch(self, engine: Engine, g: int) -> dict:
         step = g // self.d.grad_accum_steps
         r = self.round_of(step)
         rnd = self.get(r, engine)
@@ -87,12 +93,12 @@ class Rounds:
                               self.ctx.config.seed + r)
         return rnd.objective.collate(rnd.ref, stream.micro_batch(local))
 
-    def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
+    def loss(self, engine: Engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
         if self.current is None:
             raise RuntimeError("Rounds.loss before any micro_batch: the training loop collates a batch first")
         return self.current[1].objective.loss(engine, batch)
 
-    def get(self, r: int, engine) -> Round:
+    def get(self, r: int, engine: Engine) -> Round:
         if self.current is None or self.current[0] != r:
             path = self.dir / f"round{r}.pt"
             if path.is_file():
@@ -111,7 +117,7 @@ class Rounds:
             self.current = (r, rnd)
         return self.current[1]
 
-    def make(self, r: int, engine) -> Round:
+    def make(self, r: int, engine: Engine) -> Round:
         ctx, it = self.ctx, self.it
         rows = [self.rows[i] for i in self.prompt_stream.micro_batch(r)][ctx.rank :: ctx.world_size]
         k = it.samples_per_prompt

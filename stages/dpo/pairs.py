@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import datasets
 import numpy as np
 
-from stages import prepared_data
-from stages.prepared_data import Indexed, MappedRows, ids_column
+from stages.data import prepared as prepared_data
+from stages.data.prepared import Indexed, MappedRows, ids_column
 
 Seq = tuple[list[int], list[int]]
 Pair = tuple[Seq, Seq]

@@ -21,20 +21,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from transformers import AutoConfig, set_seed
+from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from configs.dpo_objectives import DPO_OBJECTIVES
 from configs.errors import DataError
 from configs.schema import DPOConfig
-from stages import prepared_data
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe, packing, shared_prompt
 from stages.common.shared_prompt import MASKED_ATTENTION, attention_window
-from stages.common.trainer import SampleStream, build_engine, eval_batches, fit, total_steps, train_loop
-from stages.contract import StageContext, StageResult
+from stages.common.trainer import SampleStream, begin_training, build_engine, eval_batches, fit, total_steps, train_loop
+from stages.dag.contract import StageContext, StageResult
+from stages.data import prepared as prepared_data
+from stages.data.prepared import field_ids
 from stages.dpo.iterative import Rounds
 from stages.dpo.losses import (
     chosen_nll,
@@ -56,20 +58,23 @@ from stages.dpo.pairs import (
     stored_examples,
     stored_pairs,
 )
-from stages.prepared_data import field_ids
 from stages.rewards.factory import build_scorer
+
+if TYPE_CHECKING:
+    from stages.common.deepspeed_engine import Engine
+
 
 REFERENCE_FILE = "reference_logps.pt"
 
 
-def encode_examples(tokenizer, rows: list[dict]) -> tuple[list[Seq], list[bool]]:
+def encode_examples(tokenizer: PreTrainedTokenizerBase, rows: list[dict]) -> tuple[list[Seq], list[bool]]:
     """Unpaired rows as (prompt, response) sequences, tokenized apart (data prep's ids where the rows have
     them), and whether each is desirable."""
     return ([(field_ids(tokenizer, r, "prompt"), field_ids(tokenizer, r, "response")) for r in rows],
             [bool(r[DESIRABLE]) for r in rows])
 
 
-def encode_pairs(tokenizer, rows: list[dict]) -> list[tuple[Seq, Seq]]:
+def encode_pairs(tokenizer: PreTrainedTokenizerBase, rows: list[dict]) -> list[tuple[Seq, Seq]]:
     """(chosen, rejected) sequences, prompt and responses tokenized apart as the policy produces them (data
     prep's ids where the rows have them)."""
     def ids(row: dict, field: str) -> list[int]:
@@ -99,10 +104,7 @@ def response_logps(model, batch: dict[str, torch.Tensor], aux: list | None = Non
     a prompt (a pair's two, and any other pair of the same prompt) as one row, the prompt once
     (stages/common/shared_prompt.py). `aux`: where an MoE model's router load-balancing loss is
     appended (stages.common.moe)."""
-    if shared:
-        logits = shared_prompt.logits(model, batch, prefix=batch["response_mask"].argmax(-1))
-    else:
-        logits = packing.logits(model, batch, packed, aux)
+    logits = shared_prompt.logits(model, batch, prefix=batch["response_mask"].argmax(-1)) if shared else packing.logits(model, batch, packed, aux)
     mask = batch["response_mask"][:, 1:]
     logps = token_logps(logits[:, :-1], batch["input_ids"][:, 1:])
     return sequence_logps(logps, mask), mask.sum(-1)
@@ -112,7 +114,7 @@ def to_device(batch: dict, device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def reference_logps(engine, seqs: list[Seq], batch_size: int, pad_id: int, rank: int, world: int,
+def reference_logps(engine: Engine, seqs: list[Seq], batch_size: int, pad_id: int, rank: int, world: int,
                     packed: bool = False) -> torch.Tensor:
     """Summed response log-probs of every sequence under the engine's current weights, on every rank
     (each rank scores `seqs[rank::world]`, then the shares are gathered)."""
@@ -174,7 +176,7 @@ class PairObjective:
         chosen_sums, chosen_counts = sums.chunk(2)[0], counts.chunk(2)[0]
         return losses, chosen, rejected, chosen_nll(chosen_sums, chosen_counts)
 
-    def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
+    def loss(self, engine: Engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
         aux: list[torch.Tensor] | None = [] if self.cfg.aux_loss_coef else None
         losses, chosen, rejected, nll = self.pair_terms(engine, batch, aux)
         loss = losses.mean()
@@ -214,7 +216,7 @@ class KTOObjective:
         batch["desirable"] = torch.tensor([bool(self.desirable[j]) for j in idx])
         return batch
 
-    def terms(self, engine, batch: dict, aux: list | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def terms(self, engine: Engine, batch: dict, aux: list | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per example: KTO's losses and implicit rewards; and the batch's reference point z0."""
         sums, _ = response_logps(engine, batch, aux, self.cfg.packing)
         with torch.no_grad():
@@ -225,7 +227,7 @@ class KTOObjective:
                                    self.cfg.desirable_weight, self.cfg.undesirable_weight)
         return losses, rewards, z0
 
-    def loss(self, engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
+    def loss(self, engine: Engine, batch: dict) -> tuple[torch.Tensor, dict[str, float], int]:
         aux: list[torch.Tensor] | None = [] if self.cfg.aux_loss_coef else None
         losses, rewards, z0 = self.terms(engine, batch, aux)
         good = batch["desirable"]
@@ -250,7 +252,7 @@ def pair_logs(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
     }
 
 
-def eval_pairs(engine, objective: PairObjective, ref: torch.Tensor, batch_size: int, rank: int, world: int) -> dict[str, float]:
+def eval_pairs(engine: Engine, objective: PairObjective, ref: torch.Tensor, batch_size: int, rank: int, world: int) -> dict[str, float]:
     """Held-out pairs: implicit reward accuracy, rewards and margin; the pair loss and chosen NLL."""
     keys = ("loss", "reward_accuracy", "chosen_reward", "rejected_reward", "margin", "nll")
     sums = torch.zeros(len(keys) + 1, dtype=torch.float64)
@@ -266,7 +268,7 @@ def eval_pairs(engine, objective: PairObjective, ref: torch.Tensor, batch_size: 
     return {k: float(v) / n for k, v in zip(keys, sums[:-1])}
 
 
-def eval_examples(engine, objective: KTOObjective, ref: torch.Tensor, batch_size: int, rank: int, world: int) -> dict[str, float]:
+def eval_examples(engine: Engine, objective: KTOObjective, ref: torch.Tensor, batch_size: int, rank: int, world: int) -> dict[str, float]:
     """Held-out unpaired examples: KTO's loss and reference point, the mean implicit reward of the desirable
     and of the undesirable ones and their margin, and reward_accuracy: the share of (desirable, undesirable)
     pairs of examples the implicit reward orders right (the pair metric's counterpart)."""
@@ -332,9 +334,7 @@ def cached_reference(ctx: StageContext, compute: Callable[[], dict[str, torch.Te
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     cfg, d = ctx.config, ctx.config.dpo
-    set_seed(cfg.seed)
-    deepspeed_engine.init_distributed()
-    tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
+    tokenizer = begin_training(ctx, inputs["sft_model"])
     pad_id = tokenizer.pad_token_id
 
     # flash_attention_2 takes no 4D mask: there, two padded rows per pair
@@ -376,7 +376,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     ref = cached_reference(ctx, precompute)  # before the policy's engine exists: one model in memory at a time
     model, signature = lora.load_for_training(inputs["sft_model"], cfg.model, d.lora, "dpo.lora")
 
-    def evaluate(engine) -> dict[str, float]:
+    def evaluate(engine: Engine) -> dict[str, float]:
         if isinstance(evaluation, KTOObjective):
             return eval_examples(engine, evaluation, ref["eval"], d.micro_batch_size, ctx.rank, ctx.world_size)
         return eval_pairs(engine, evaluation, ref["eval"], d.micro_batch_size, ctx.rank, ctx.world_size)
@@ -399,12 +399,12 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     return StageResult(outputs={"dpo_model": out}, metrics=metrics)
 
 
-def fit_iterative(ctx: StageContext, model, tokenizer, inputs: dict[str, Path], make_objective, evaluate):
+def fit_iterative(ctx: StageContext, model, tokenizer: PreTrainedTokenizerBase, inputs: dict[str, Path], make_objective, evaluate):
     """Iterative DPO: `dpo.max_steps` optimizer steps split into rounds, each on pairs the policy sampled
     at the round's start and the reward scorer ranked (see stages/dpo/iterative.py)."""
     cfg, d = ctx.config, ctx.config.dpo
 
-    def reference(engine, objective):
+    def reference(engine: Engine, objective):
         with torch.no_grad():
             return scored_reference(engine, objective, list(range(objective.n_rows)), d.micro_batch_size,
                                     tokenizer.pad_token_id, ctx.rank, ctx.world_size, d.packing)

@@ -2,7 +2,7 @@
 (a `reward_func` file, an RM, a PRM or a remote server). A conditional-SFT policy is prompted with the
 target reward its checkpoint records (stages/common/conditioning.py).
 
-Per model (stages.eval_metrics, as the RL stage's periodic evals): the mean reward of the greedy
+Per model (stages.eval.metrics, as the RL stage's periodic evals): the mean reward of the greedy
 responses; the mean reward of `eval.samples_per_prompt` responses drawn per prompt at
 `eval.sample_temperature` (the policy as RL samples it) and, where those rewards are 0/1, pass@k;
 the mean response length (tokens); where `eval.answer_pattern` is set, the exact-match accuracy of the
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from transformers import PreTrainedTokenizerBase, set_seed
@@ -28,13 +28,17 @@ from stages.common import checkpoint, conditioning
 from stages.common.answers import extract_answer, is_correct, matches
 from stages.common.generation import generate
 from stages.common.progress import Progress
-from stages.common.tokenization import encode_segments, pad_batch
-from stages.contract import StageContext, StageResult
-from stages.eval_metrics import by_prompt, held_out_metrics
-from stages.eval_results import SCORE, model_inputs
-from stages.prepared_data import read_split, row_view
+from stages.dag.contract import StageContext, StageResult
+from stages.data.prepared import read_split, row_view
+from stages.data.tokenization import encode_segments, pad_batch
+from stages.eval.metrics import by_prompt, held_out_metrics
+from stages.eval.results import SCORE, model_inputs
 from stages.rewards.base import RewardSource
 from stages.rewards.factory import build_scorer
+
+if TYPE_CHECKING:
+    from configs.schema import PipelineConfig
+
 
 
 @torch.no_grad()
@@ -53,7 +57,7 @@ def decoded(tokenizer: PreTrainedTokenizerBase, sequences: list[list[int]]) -> l
     return [cast(str, tokenizer.decode(ids, skip_special_tokens=True)) for ids in sequences]
 
 
-def evaluate_model(model_dir: Path, cfg, prompts: list[dict], sft_eval: list[dict],
+def evaluate_model(model_dir: Path, cfg: PipelineConfig, prompts: list[dict], sft_eval: list[dict],
                    scorer: RewardSource) -> tuple[dict[str, float], list[dict]]:
     e, k = cfg.eval, cfg.eval.samples_per_prompt
     set_seed(cfg.seed)  # each model's sampled responses are drawn from the same seed
@@ -105,7 +109,7 @@ def markdown_table(results: dict[str, dict[str, float]], ranked_by: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ranking_metric(cfg, metrics: dict[str, float]) -> float:
+def ranking_metric(cfg: PipelineConfig, metrics: dict[str, float]) -> float:
     """The model's `eval.metric`; pass@k is missing only where the rewards are not 0/1 (the schema checks the rest)."""
     metric = cfg.eval.metric
     if metric not in metrics:

@@ -13,25 +13,32 @@ resumable as every training stage (`stages/common/trainer.py`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from transformers import PreTrainedModel, set_seed
+from transformers import PreTrainedModel
 
 from configs.errors import CheckpointError
-from stages import tiny_model
 from stages.common import checkpoint, deepspeed_engine, moe, vocabulary
-from stages.common.tokenization import IGNORE_INDEX, pad_batch
-from stages.common.trainer import eval_batches, fit
-from stages.contract import StageContext, StageResult
+from stages.common.trainer import begin_training, check_trainable, eval_batches, fit
+from stages.dag.contract import StageContext, StageResult
+from stages.data.prepared import token_rows
+from stages.data.tokenization import IGNORE_INDEX, pad_batch
+from stages.data_prep import tiny_model
 from stages.kd.losses import DIVERGENCES, kd_loss, token_nll
-from stages.prepared_data import token_rows
+
+if TYPE_CHECKING:
+    from configs.schema import PipelineConfig
+    from stages.common.deepspeed_engine import Engine
 
 
-def teacher_of(cfg, inputs: dict[str, Path]) -> tuple[str | Path, str]:
+
+def teacher_of(cfg: PipelineConfig, inputs: dict[str, Path]) -> tuple[str | Path, str]:
     """The teacher checkpoint and the config key that names it (for errors)."""
     kd = cfg.kd
     if kd.teacher == "path":
+        assert kd.teacher_path is not None  # the schema requires it with teacher: path
         return kd.teacher_path, f"kd.teacher_path={kd.teacher_path}"
     return inputs[f"{kd.teacher}_model"], f"kd.teacher={kd.teacher}"
 
@@ -57,15 +64,13 @@ def terms(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: to
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     cfg, kd = ctx.config, ctx.config.kd
-    set_seed(cfg.seed)
-    deepspeed_engine.init_distributed()
-    tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
+    tokenizer = begin_training(ctx, inputs["sft_model"])
     student: PreTrainedModel
     if kd.student == "tiny":
         student, student_name = tiny_model.build_model(kd.student_tiny, tokenizer, cfg.seed), "a fresh kd.student_tiny model"
     else:
         student, student_name = checkpoint.load_causal_lm(inputs["sft_model"], cfg.model), "the SFT policy"
-    moe.check(student.config, kd.aux_loss_coef, "kd.aux_loss_coef")
+    check_trainable(student, kd, "kd")
     teacher_path, field = teacher_of(cfg, inputs)
     teacher_tokenizer = checkpoint.load_tokenizer(teacher_path)
     teacher = checkpoint.load_frozen_lm(teacher_path, cfg.model, cfg.infra.precision)
@@ -76,7 +81,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     train_rows, eval_rows = (token_rows(inputs["sft_data"], split) for split in ("train", "eval"))
     pad_id = tokenizer.pad_token_id
 
-    def loss_fn(engine, batch: dict):
+    def loss_fn(engine: Engine, batch: dict):
         tokens = int(batch["attention_mask"].sum())
         forward = {k: v for k, v in batch.items() if k != "labels"}
         with torch.no_grad():
@@ -88,7 +93,7 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
         logs = {"nll": nll.item(), "kl": divergence.item()}
         return moe.add_aux_loss(kd_loss(nll, divergence, kd.kd_coef), aux, kd.aux_loss_coef, logs), logs, tokens
 
-    def evaluate(engine) -> dict[str, float]:
+    def evaluate(engine: Engine) -> dict[str, float]:
         """Token-weighted NLL and divergence over the SFT eval split, sharded across ranks."""
         total = torch.zeros(3, dtype=torch.float64)
         for chunk, weight in eval_batches(eval_rows, ctx.rank, ctx.world_size, kd.micro_batch_size):

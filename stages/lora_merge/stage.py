@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from configs.errors import CheckpointError
 from stages.common import checkpoint, checkpoint_paths, lora
-from stages.contract import StageContext, StageResult
+from stages.dag.contract import StageContext, StageResult
 
 MODEL_INPUTS = ("sft_model", "reward_model", "prm", "dpo_model", "rl_model")
 PROBE_TOKENS = 32
@@ -80,7 +80,7 @@ def merge(adapter: Path, out: Path, base: str | None = None, is_rm: bool | None 
     tmp = out.with_name(f"{out.name}.tmp-{uuid.uuid4().hex[:8]}")
     fields = extra.get("config_fields", {})
     if is_rm:
-        from stages.reward_model import save_reward_model
+        from stages.rm.stage import save_reward_model
 
         save_reward_model(merged, tokenizer, tmp, merged.state_dict(), fields.get("value_head_prefix", "score"),
                           fields.get("normalize_reward", False), fields.get("reward_mean", 0.0), fields.get("reward_std", 1.0))

@@ -9,21 +9,27 @@ config records the placeholder, the reward tokens and the step separator for the
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from transformers import set_seed
 
 from configs.errors import CheckpointError, DataError
-from stages.common import checkpoint, deepspeed_engine, lora, moe, packing
-from stages.common.tokenization import IGNORE_INDEX, pad_batch
-from stages.common.trainer import eval_batches, fit
-from stages.contract import StageContext, StageResult
-from stages.prepared_data import MappedRows, field_ids, ids_column, load
+from stages.common import deepspeed_engine, lora, moe, packing
+from stages.common.trainer import begin_training, check_trainable, eval_batches, fit
+from stages.dag.contract import StageContext, StageResult
+from stages.data.prepared import MappedRows, field_ids, ids_column, load
+from stages.data.tokenization import IGNORE_INDEX, pad_batch
+from stages.prm.losses import prm_loss
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from stages.common.deepspeed_engine import Engine
 
 
-def single_token_id(tokenizer, token: str, field: str) -> int:
+
+def single_token_id(tokenizer: PreTrainedTokenizerBase, token: str, field: str) -> int:
     ids = tokenizer(token, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
         raise CheckpointError(f"{field}={token!r}: the tokenizer splits it into {len(ids)} tokens; it must be one token")
@@ -33,7 +39,7 @@ def single_token_id(tokenizer, token: str, field: str) -> int:
 PRM_COLUMNS = (ids_column("prompt"), ids_column("response"), "labels")
 
 
-def encode_prm_row(tokenizer, row: dict, placeholder_id: int, reward_ids: tuple[int, int],
+def encode_prm_row(tokenizer: PreTrainedTokenizerBase, row: dict, placeholder_id: int, reward_ids: tuple[int, int],
                    reward_tokens: tuple[str, str], where: str) -> tuple[list[int], list[int]]:
     """Ids of prompt + response (data prep's where the row has them) and labels that hold a reward-token id at
     each placeholder, -100 elsewhere."""
@@ -49,29 +55,11 @@ def encode_prm_row(tokenizer, row: dict, placeholder_id: int, reward_ids: tuple[
     return ids, labels
 
 
-def step_logits(logits: torch.Tensor, labels: torch.Tensor, reward_ids: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, 2) logits of (good, bad) at the labelled placeholder positions, and the target index (0 good, 1 bad)."""
-    mask = labels != IGNORE_INDEX
-    selected = logits[mask][:, list(reward_ids)].float()
-    target = (labels[mask] == reward_ids[1]).long()
-    return selected, target
-
-
-def prm_loss(logits: torch.Tensor, labels: torch.Tensor, reward_ids: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy restricted to the reward tokens at placeholders; also the per-step correctness."""
-    selected, target = step_logits(logits, labels, reward_ids)
-    return F.cross_entropy(selected, target), (selected.detach().argmax(-1) == target).float()
-
-
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     cfg, p = ctx.config, ctx.config.prm
-    set_seed(cfg.seed)
-    deepspeed_engine.init_distributed()
-    tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
+    tokenizer = begin_training(ctx, inputs["sft_model"])
     model, signature = lora.load_for_training(inputs["sft_model"], cfg.model, p.lora, "prm.lora")
-    moe.check(model.config, p.aux_loss_coef, "prm.aux_loss_coef")
-    if p.packing:
-        packing.check_loaded(model, "prm.packing")
+    check_trainable(model, p, "prm", packed=p.packing)
     placeholder_id = single_token_id(tokenizer, p.placeholder_token, "prm.placeholder_token")
     good, bad = p.reward_tokens
     reward_ids = (single_token_id(tokenizer, good, "prm.reward_tokens"), single_token_id(tokenizer, bad, "prm.reward_tokens"))
@@ -86,13 +74,13 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     train_rows, eval_rows = encode("train"), encode("eval")
     pad_id = tokenizer.pad_token_id
 
-    def loss_fn(engine, batch):
-        aux = [] if p.aux_loss_coef else None
+    def loss_fn(engine: Engine, batch):
+        aux: list | None = [] if p.aux_loss_coef else None
         loss, correct = prm_loss(packing.logits(engine, batch, p.packing, aux), batch["labels"], reward_ids)
         logs = {"step_accuracy": float(correct.mean())}
         return moe.add_aux_loss(loss, aux, p.aux_loss_coef, logs), logs, int(batch["attention_mask"].sum())
 
-    def evaluate(engine) -> dict[str, float]:
+    def evaluate(engine: Engine) -> dict[str, float]:
         sums = torch.zeros(3, dtype=torch.float64)  # loss*n, correct, n
         for chunk, weight in eval_batches(eval_rows, ctx.rank, ctx.world_size, p.micro_batch_size):
             batch = {k: v.to(engine.device) for k, v in pad_batch(chunk, pad_id).items()}

@@ -14,8 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from configs.errors import first_line
-from stages.rewards.errors import RewardError
+from configs.errors import RewardError, first_line
 
 MAX_EXTRA_LOGS = 32  # extra_logs keys a source may give (a reward file's or a reward server's)
 LOG_KEY = re.compile(r"[A-Za-z0-9_./-]{1,64}")  # a key as it becomes part of an MLflow metric name

@@ -6,18 +6,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from configs.errors import RewardError
 from configs.reward_sources import REWARD_SOURCES
 from configs.schema import RewardConfig
-from stages.reward_file import resolve_func_path
 from stages.rewards.base import RewardSource
-from stages.rewards.errors import RewardError
+from stages.rewards.func_file import resolve_func_path
 
 # Each builder imports its scorer's module: a process that scores with a rule function (an RL reward
 # worker) then never imports transformers or requests.
 
 
 def reward_models(cfg: RewardConfig, own: Path | str | None, offload: bool) -> RewardSource:
-    from stages.rewards.reward_model import RewardModelScorer
+    from stages.rewards.rm_scorer import RewardModelScorer
 
     paths: list[str | Path] = [*cfg.rm_paths] or ([own] if own is not None else [])
     if not paths:
@@ -26,7 +26,7 @@ def reward_models(cfg: RewardConfig, own: Path | str | None, offload: bool) -> R
 
 
 def process_reward_model(cfg: RewardConfig, own: Path | str | None, offload: bool) -> RewardSource:
-    from stages.rewards.process_reward import ProcessRewardScorer
+    from stages.rewards.prm_scorer import ProcessRewardScorer
 
     path = cfg.prm_path or own
     if path is None:
@@ -35,7 +35,7 @@ def process_reward_model(cfg: RewardConfig, own: Path | str | None, offload: boo
 
 
 def reward_function(cfg: RewardConfig, own: Path | str | None, offload: bool) -> RewardSource:
-    from stages.rewards.function import FunctionScorer
+    from stages.rewards.func_scorer import FunctionScorer
 
     return FunctionScorer(resolve_func_path(cfg.func_path))
 

@@ -57,16 +57,18 @@ def parse(path: Path, where: str) -> ast.Module:
 def bindings(tree: ast.Module) -> list[ast.AST]:
     """Every statement or name that may bind `reward_func` (nested scopes included: a false find only
     defers the check to load time, a miss would reject a good file)."""
-    found: list[ast.AST] = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == NAME:
-            found.append(node)
-        elif isinstance(node, ast.Name) and node.id == NAME and isinstance(node.ctx, ast.Store):
-            found.append(node)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)) and any(
-                alias.name == "*" or (alias.asname or alias.name.split(".")[0]) == NAME for alias in node.names):
-            found.append(node)
-    return found
+    return [node for node in ast.walk(tree) if binds(node)]
+
+
+def binds(node: ast.AST) -> bool:
+    """`node` defines, assigns or imports `reward_func` (a star import may)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name == NAME
+    if isinstance(node, ast.Name):
+        return node.id == NAME and isinstance(node.ctx, ast.Store)
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return any(alias.name == "*" or (alias.asname or alias.name.split(".")[0]) == NAME for alias in node.names)
+    return False
 
 
 def signature_problem(args: ast.arguments) -> str | None:

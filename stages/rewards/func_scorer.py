@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 
-from configs.errors import first_line
-from stages import openrlhf_compat, worker_imports
+from configs.errors import RewardError, first_line
+from stages import openrlhf_compat
+from stages.common import worker_imports
 from stages.rewards.base import RewardBatch, as_rewards, check_batch, mean_logs
-from stages.rewards.errors import RewardError
 
 
 def load_module(path: Path) -> ModuleType:

@@ -13,13 +13,13 @@ from typing import Literal
 
 import torch
 
+from configs.errors import RewardError
 from configs.schema import ModelConfig
 from stages.common.checkpoint import default_device, load_causal_lm, load_tokenizer
 from stages.common.checkpoint_paths import resolve, validate
 from stages.common.offload import FrozenModel
-from stages.common.tokenization import pad_batch
+from stages.data.tokenization import pad_batch
 from stages.rewards.base import RewardBatch, check_batch
-from stages.rewards.errors import RewardError
 
 Aggregate = Literal["min", "mean", "last"]
 

@@ -22,10 +22,9 @@ import requests
 import torch
 import urllib3
 
-from configs.errors import first_line
+from configs.errors import RewardError, first_line
 from configs.redaction import redacted
 from stages.rewards.base import RewardBatch, as_rewards, check_batch, concat, mean_logs
-from stages.rewards.errors import RewardError
 from stages.rewards.serving import TOKEN_ENV
 
 MAX_REPLY_BYTES = 16 * 2**20  # rewards for one request's queries are a few KB of JSON

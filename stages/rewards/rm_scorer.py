@@ -21,14 +21,13 @@ from transformers import AutoConfig, AutoModel, PreTrainedModel, PreTrainedToken
 from transformers.utils import cached_file
 from transformers.utils import logging as hf_logging
 
-from configs.errors import CheckpointError, first_line
+from configs.errors import CheckpointError, RewardError, first_line
 from stages.common.checkpoint import default_device, load_tokenizer
 from stages.common.checkpoint_paths import resolve, validate
 from stages.common.offload import FrozenModel
 from stages.common.precision import torch_dtype
-from stages.common.tokenization import last_token_index, pad_batch
+from stages.data.tokenization import last_token_index, pad_batch
 from stages.rewards.base import RewardBatch, check_batch
-from stages.rewards.errors import RewardError
 
 SAFE_WEIGHTS, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"
 
@@ -197,7 +196,7 @@ def _load_head(source: str, prefix: str) -> torch.nn.Linear:
         if file is None:
             raise RewardError(f"{source}: no {name} (reward models are read from safetensors weights)")
         with safe_open(file, framework="pt") as f:
-            tensors.update({k: f.get_tensor(k) for k in keys if k in f.keys()})
+            tensors.update({k: f.get_tensor(k) for k in keys if k in f.keys()})  # noqa: SIM118 - no `in` on a safetensors handle
     if keys[0] not in tensors:
         raise RewardError(f"{source}: not a reward model (no {keys[0]} in its weights; "
                           "expected a checkpoint written by the rm stage)")

@@ -23,7 +23,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
 from configs.errors import ConfigError
-from stages.rewards.reward_model import RewardModelScorer
+from stages.rewards.rm_scorer import RewardModelScorer
 from stages.rewards.serving import TOKEN_ENV, Limits
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from configs.estimators import ESTIMATORS
-from stages.common.tokenization import last_token_index
+from stages.data.tokenization import last_token_index
 from stages.rl.losses import masked_mean
 
 

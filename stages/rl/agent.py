@@ -25,11 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from configs.errors import first_line
-from stages.agent_file import CLASS, EXECUTOR, resolve
+from configs.errors import RewardError, first_line
 from stages.openrlhf_compat.agent import InstanceEnvironment
-from stages.rewards.errors import RewardError
-from stages.rewards.function import load_module
+from stages.rewards.func_scorer import load_module
+from stages.rl.agent_file import CLASS, EXECUTOR, resolve
 
 __all__ = ["Episodes", "resolve", "turn_result"]
 

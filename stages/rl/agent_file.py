@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 from configs.errors import RewardError
-from stages.reward_file import parse, resolve_func_path
+from stages.rewards.func_file import parse, resolve_func_path
 
 CLASS = "Environment"
 EXECUTOR = "AgentExecutor"  # OpenRLHF's agent file: a MultiTurnAgentExecutor over its AgentInstanceBase class

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from configs.schema import PipelineConfig
-from stages.contract import NodeInputs
+from stages.dag.contract import NodeInputs
 from stages.rl.layout import Role
 
 if TYPE_CHECKING:

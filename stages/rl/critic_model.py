@@ -24,10 +24,10 @@ from configs.errors import CheckpointError
 from configs.schema import CriticConfig, PipelineConfig
 from stages.common import checkpoint, lora, vocabulary
 from stages.common.checkpoint_paths import resolve
-from stages.contract import NodeInputs
+from stages.dag.contract import NodeInputs
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 HEAD_NAMES = ("score", "classifier")  # the token classifiers' heads: score in the families trained here
 
@@ -93,8 +93,8 @@ def start_from_reward_head(model: torch.nn.Module, source: str, field: str, norm
     """The critic's head set to the RM's, normalization folded in (`RewardHead.scoring`) where the rewards RL reads
     are normalized: `normalize` is reward.normalize (as OpenRLHF's critic follows --reward.normalize_enable), None
     as the checkpoint's own normalize_reward says."""
-    from stages.rewards.errors import RewardError
-    from stages.rewards.reward_model import read_reward_head
+    from configs.errors import RewardError
+    from stages.rewards.rm_scorer import read_reward_head
 
     try:
         scoring = read_reward_head(source, normalize).scoring()
@@ -110,7 +110,7 @@ def start_from_reward_head(model: torch.nn.Module, source: str, field: str, norm
             head.bias.copy_(scoring.bias.to(head.bias.dtype))
 
 
-def save(model: torch.nn.Module, tokenizer, out: Path, state: dict[str, torch.Tensor], lora_scaling: float | None) -> Path:
+def save(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out: Path, state: dict[str, torch.Tensor], lora_scaling: float | None) -> Path:
     """The critic as an HF checkpoint from its full state dict (`lora_scaling`: alpha / rank of the adapters
     merged in, None without LoRA), with the RM fields that let the pipeline's RM loader score with it."""
     unwrap = getattr(model, "get_base_model", None)  # peft's wrapper, under LoRA

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -17,6 +17,12 @@ from stages.rewards.base import RewardBatch
 from stages.rl.experience import Sample
 from stages.rl.generation import Sampling, generate
 from stages.rl.reward_worker import RewardWorker
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from configs.schema import PipelineConfig
+
 
 
 class Playing(Sampling, Protocol):
@@ -29,7 +35,7 @@ class Playing(Sampling, Protocol):
 class Hosts:
     """The reward workers holding a batch of episodes, an equal contiguous share each."""
 
-    def __init__(self, actors: Playing, count: int, cfg):
+    def __init__(self, actors: Playing, count: int, cfg: PipelineConfig):
         self.actors, self.cfg = actors, cfg
         k = math.ceil(count / len(actors.reward))
         self.shares = [(w, i * k, min((i + 1) * k, count)) for i, w in enumerate(actors.reward) if i * k < count]
@@ -62,7 +68,7 @@ class Hosts:
         return out
 
 
-def run_episodes(actors: Playing, tokenizer, texts: list[str], labels: list[str | None], cfg, seed: int,
+def run_episodes(actors: Playing, tokenizer: PreTrainedTokenizerBase, texts: list[str], labels: list[str | None], cfg: PipelineConfig, seed: int,
                  temperature: float | None, max_new_tokens: int, top_p: float = 1.0) -> tuple[list[Sample], RewardBatch]:
     """One episode per prompt text. The returned rewards are each episode's return (the sum of its turns'
     rewards: what group estimators compare), `step_rewards` its turns' rewards (placed on each answer's

@@ -10,8 +10,13 @@ episode are not).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 
 @dataclass
@@ -56,12 +61,12 @@ def place_on_actions(values: list[list[float]], positions: list[list[int]], samp
     return out
 
 
-def step_end_tokens(tokenizer, response_ids: list[int], separator: str) -> list[int]:
+def step_end_tokens(tokenizer: PreTrainedTokenizerBase, response_ids: list[int], separator: str) -> list[int]:
     """Index (in the response) of the last token of each non-blank, `separator`-delimited step:
     where a process reward for that step is placed."""
     ids = [t for t in response_ids if t not in tokenizer.all_special_ids]
-    ends_at = [len(tokenizer.decode(ids[: i + 1])) for i in range(len(ids))]  # text length after token i
-    text = tokenizer.decode(ids)
+    ends_at = [len(cast(str, tokenizer.decode(ids[: i + 1]))) for i in range(len(ids))]  # text length after token i
+    text = cast(str, tokenizer.decode(ids))  # one sequence: a str (transformers types batches too)
     step_ends, start = [], 0
     for piece in text.split(separator):
         if piece.strip():

@@ -16,7 +16,7 @@ import torch
 
 from configs.errors import ConfigError
 from configs.schema import PipelineConfig
-from stages.contract import NodeInputs
+from stages.dag.contract import NodeInputs
 from stages.rl import workers
 from stages.rl.backend import Ref, RolloutEngine
 from stages.rl.layout import Role, group_sizes

@@ -11,7 +11,7 @@ import os
 
 from configs.schema import PipelineConfig
 from stages.common import dist_env
-from stages.contract import NodeInputs
+from stages.dag.contract import NodeInputs
 from stages.rewards.base import RewardSource
 from stages.rl import agent
 

@@ -28,19 +28,20 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import numpy as np
 import torch
-from transformers import set_seed
+from transformers import PreTrainedTokenizerBase, set_seed
 
 from configs.errors import DataError, RewardError, first_line
 from configs.reward_sources import REWARD_SOURCES, own_models
 from configs.schema import PipelineConfig, RewardConfig
-from stages import prepared_data
 from stages.common import checkpoint
 from stages.common.answers import is_correct
 from stages.common.progress import Progress
 from stages.common.trainer import SampleStream
-from stages.contract import StageContext, StageResult, node_inputs
-from stages.eval_metrics import by_prompt, held_out_metrics
-from stages.prepared_data import field_ids
+from stages.dag.contract import StageContext, StageResult, node_inputs
+from stages.data import prepared as prepared_data
+from stages.data.prepared import field_ids
+from stages.data.tokenization import decoded
+from stages.eval.metrics import by_prompt, held_out_metrics
 from stages.rewards.base import RewardBatch, concat
 from stages.rl import reward_worker, weight_sync, workers
 from stages.rl.advantages import compute_advantages, groups_in_range, overlong_penalty, stop_properly_penalty, varied_groups
@@ -92,7 +93,7 @@ def check_prompt_lengths(lengths: np.ndarray, max_len: int, where: str) -> None:
         raise DataError(f"{where} row {i}: prompt is {lengths[i]} tokens, over rl.rollout.prompt_max_len={max_len}")
 
 
-def encode_prompts(tokenizer, rows: list[dict], max_len: int, where: str) -> list[Prompt]:
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, rows: list[dict], max_len: int, where: str) -> list[Prompt]:
     """Prompts of rows held in memory (data prep's ids where the rows have them)."""
     out = [Prompt(row["prompt"], field_ids(tokenizer, row, "prompt"), row.get("label")) for row in rows]
     check_prompt_lengths(np.array([len(p.ids) for p in out], dtype=np.int64), max_len, where)
@@ -195,8 +196,8 @@ def eval_batches(asked: list[Prompt], batch_size: int, seed: int) -> list[tuple[
     return [(asked[i : i + batch_size], seed + i) for i in range(0, len(asked), batch_size)]
 
 
-def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str, float]:
-    """On the held-out prompts, the eval stage's metrics (stages.eval_metrics): greedy and sampled reward
+def evaluate(actors: Actors, tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], cfg: PipelineConfig) -> dict[str, float]:
+    """On the held-out prompts, the eval stage's metrics (stages.eval.metrics): greedy and sampled reward
     (`eval.samples_per_prompt` responses at `eval.sample_temperature`), pass@k, length, and the regex
     accuracies where `eval.answer_pattern` is set."""
     e, k = cfg.eval, cfg.eval.samples_per_prompt
@@ -205,7 +206,7 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
         asked = [p for p in prompts for _ in range(k)]
         samples = [s for batch, seed in eval_batches(asked, e.batch_size, cfg.seed)
                    for s in generate(actors, [p.ids for p in batch], seed, temperature, e.max_new_tokens)]
-        responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+        responses = [decoded(tokenizer, s.response_ids, skip_special_tokens=True) for s in samples]
         rewards = score(actors.backend, actors.reward, [p.text for p in asked], responses, [p.label for p in asked], cfg.reward).rewards.tolist()
         return samples, responses, asked, rewards
 
@@ -222,7 +223,7 @@ def evaluate(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str,
                             correct(responses, asked), None if drawn_correct is None else by_prompt(drawn_correct, n))
 
 
-def evaluate_episodes(actors: Actors, tokenizer, prompts: list[Prompt], cfg) -> dict[str, float]:
+def evaluate_episodes(actors: Actors, tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], cfg: PipelineConfig) -> dict[str, float]:
     """The held-out metrics of multi-turn episodes: an episode's reward is its return; greedy and
     `eval.samples_per_prompt` sampled episodes per prompt; `turns`: the greedy episodes' mean."""
     e, k, n = cfg.eval, cfg.eval.samples_per_prompt, len(prompts)
@@ -433,26 +434,26 @@ def pick(prompts: Sequence[Prompt], stream: SampleStream, cursor: int, want: int
     return [prompts[stream.micro_batch(p)[0]] for p in range(cursor, cursor + want)]
 
 
-def round_seed(cfg, step: int, rounds: int) -> int:
+def round_seed(cfg: PipelineConfig, step: int, rounds: int) -> int:
     return cfg.seed * 100_003 + step * 101 + rounds
 
 
-def launch_round(actors: Actors, picked: list[Prompt], cfg, step: int, rounds: int) -> list:
+def launch_round(actors: Actors, picked: list[Prompt], cfg: PipelineConfig, step: int, rounds: int) -> list:
     """Generation of one rollout round (n samples per picked prompt), seeded by step and round."""
     rl = cfg.rl
     return launch_generation(actors, [p.ids for p in picked for _ in range(rl.rollout.n_samples_per_prompt)],
                              round_seed(cfg, step, rounds), rl.rollout.temperature, rl.rollout.generate_max_len, rl.rollout.top_p)
 
 
-def draw(actors: Actors, prompts: Sequence[Prompt], stream: SampleStream, start: int, cfg, step: int, updates: int) -> Drawn:
+def draw(actors: Actors, prompts: Sequence[Prompt], stream: SampleStream, start: int, cfg: PipelineConfig, step: int, updates: int) -> Drawn:
     """Step `step`'s first rollout round from stream position `start`, launched now (async training, after
     `updates` policy updates); `rollout` collects it."""
     picked = pick(prompts, stream, start, cfg.rl.rollout.batch_size)
     return Drawn(step, start, updates, launch_round(actors, picked, cfg, step, 0))
 
 
-def rollout(actors: Actors, tokenizer, prompts: Sequence[Prompt], stream: SampleStream, cursor: int, cfg, step: int,
-            timer: Timer, drawn: Drawn | None = None):
+def rollout(actors: Actors, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt], stream: SampleStream, cursor: int,
+            cfg: PipelineConfig, step: int, timer: Timer, drawn: Drawn | None = None):
     """`rl.rollout.batch_size` prompts x n samples, scored; with dynamic filtering, groups whose scores are
     all equal are replaced by fresh prompts (up to MAX_FILL_ROUNDS extra rollouts, then topped up with
     filtered groups, whose group advantages are zero anyway), picked from `cursor` on. `drawn`: the first
@@ -477,7 +478,7 @@ def rollout(actors: Actors, tokenizer, prompts: Sequence[Prompt], stream: Sample
                 pending = drawn.pending if rounds == 0 and drawn is not None else launch_round(actors, picked, cfg, step, rounds)
                 samples = collect_generation(actors, pending)
             with timer("reward"):
-                responses = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+                responses = [decoded(tokenizer, s.response_ids, skip_special_tokens=True) for s in samples]
                 scored = score(actors.backend, actors.reward, [p.text for p in flat], responses, [p.label for p in flat], cfg.reward)
         groups = [(samples[i * n : (i + 1) * n], picked[i], _slice(scored, i * n, (i + 1) * n)) for i in range(want)]
         if rl.algorithm.dynamic_filtering:
@@ -520,7 +521,7 @@ def score(backend: Backend, scorers: Sequence[reward_worker.RewardWorker], promp
                           f"{limit:g} s (a batch of {k} queries); fix the function or raise reward.timeout_s") from None
 
 
-def make_experience(actors: Actors, tokenizer, samples: list[Sample], scored, cfg, kl_coef: float):
+def make_experience(actors: Actors, tokenizer: PreTrainedTokenizerBase, samples: list[Sample], scored, cfg: PipelineConfig, kl_coef: float):
     """Old/reference log-probs, values, KL, shaped rewards and advantages for one rollout batch."""
     rl, n = cfg.rl, cfg.rl.rollout.n_samples_per_prompt
     batch = sequence_batch(samples, tokenizer.pad_token_id)

@@ -19,7 +19,7 @@ from stages.common import checkpoint, deepspeed_engine, dist_env, lora, moe, pac
 from stages.common.generation import sampling_config
 from stages.common.offload import FrozenModel
 from stages.common.trainer import build_engine
-from stages.contract import NodeInputs
+from stages.dag.contract import NodeInputs
 from stages.rl import critic_model, weight_sync
 from stages.rl.ema import PolicyAverage
 from stages.rl.experience import Sample, micro_batches, prompt_lengths, trim
@@ -37,7 +37,9 @@ from stages.rl.losses import (
 )
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from stages.common.deepspeed_engine import Engine
 
 
 class Worker:
@@ -91,7 +93,7 @@ def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def train_steps(engine, micros: list[dict[str, torch.Tensor]], accum: int, world: int, loss_fn,
+def train_steps(engine: Engine, micros: list[dict[str, torch.Tensor]], accum: int, world: int, loss_fn,
                 on_step: Callable[[], None] | None = None) -> dict[str, list[float]]:
     """Optimizer steps of `accum` micro-batches each (DeepSpeed steps the optimizer on the last one);
     `loss_fn(micro, units)` gets the step's `step_units`, `on_step` is called after each optimizer step.
@@ -435,7 +437,7 @@ class HFRolloutEngine(Worker):
 
 
 @torch.no_grad()
-def sample(model, tok, rl, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
+def sample(model, tok: PreTrainedTokenizerBase, rl, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
            top_p: float = 1.0) -> list[Sample]:
     """Samples at `temperature` (None: greedy) with HF `generate`, with each sampled token's log-prob;
     `rl.rollout.generate_batch_size` prompts per `generate` call (all of them when it is empty: one large call

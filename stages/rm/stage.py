@@ -12,37 +12,33 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from transformers import AutoModelForSequenceClassification, PreTrainedModel, set_seed
+from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
 from configs.errors import CheckpointError
 from stages.common import checkpoint, checkpoint_paths, deepspeed_engine, lora, moe, packing
-from stages.common.trainer import eval_batches, fit
-from stages.contract import StageContext, StageResult
-from stages.prepared_data import MappedRows, field_ids, ids_column, load
+from stages.common.trainer import begin_training, check_trainable, eval_batches, fit
+from stages.dag.contract import StageContext, StageResult
+from stages.data.prepared import MappedRows, field_ids, ids_column, load
+from stages.rm.losses import pairwise_loss
+
+if TYPE_CHECKING:
+    from stages.common.deepspeed_engine import Engine
+
 
 PairRow = tuple[list[int], list[int], float]  # chosen ids, rejected ids, margin
 
 
-def pairwise_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None = None) -> torch.Tensor:
-    """Bradley-Terry: mean of -log sigmoid(r_chosen - r_rejected - margin)."""
-    diff = chosen - rejected
-    if margin is not None:
-        diff = diff - margin
-    return -F.logsigmoid(diff).mean()
-
-
-def encode_pair(tokenizer, row: dict) -> PairRow:
+def encode_pair(tokenizer: PreTrainedTokenizerBase, row: dict) -> PairRow:
     """Prompt and response tokenized separately, as the policy produces them (data prep's ids where the row has them)."""
     prompt, chosen, rejected = (field_ids(tokenizer, row, f) for f in ("prompt", "chosen", "rejected"))
     return prompt + chosen, prompt + rejected, float(row.get("margin") or 0.0)
 
 
-PAIR_COLUMNS = tuple(ids_column(f) for f in ("prompt", "chosen", "rejected")) + ("margin",)
+PAIR_COLUMNS = (*tuple(ids_column(f) for f in ("prompt", "chosen", "rejected")), "margin")
 
 
 def pair_batch(rows: list[PairRow], pad_id: int) -> dict[str, torch.Tensor]:
@@ -95,11 +91,11 @@ class LastTokenReward(torch.nn.Module):
         return head(hidden[torch.arange(len(last), device=hidden.device), last]).squeeze(-1).float()
 
 
-def rewards_of(engine, batch: dict, aux: list | None = None) -> torch.Tensor:
+def rewards_of(engine: Engine, batch: dict, aux: list | None = None) -> torch.Tensor:
     return engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], aux=aux)
 
 
-def bt_loss(engine, batch: dict, aux_loss_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float], int]:
+def bt_loss(engine: Engine, batch: dict, aux_loss_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float], int]:
     aux: list[torch.Tensor] | None = [] if aux_loss_coef else None
     rewards = rewards_of(engine, batch, aux)
     chosen, rejected = rewards.chunk(2)
@@ -110,7 +106,7 @@ def bt_loss(engine, batch: dict, aux_loss_coef: float = 0.0) -> tuple[torch.Tens
     return moe.add_aux_loss(loss, aux, aux_loss_coef, logs), logs, int(batch["attention_mask"].sum())
 
 
-def eval_pairs(engine, rows: Sequence[PairRow], batch_size: int, pad_id: int, rank: int, world: int) -> tuple[dict[str, float], torch.Tensor]:
+def eval_pairs(engine: Engine, rows: Sequence[PairRow], batch_size: int, pad_id: int, rank: int, world: int) -> tuple[dict[str, float], torch.Tensor]:
     """Pairwise accuracy, mean reward margin and loss over the eval pairs; also every reward seen (for the stats)."""
     sums = torch.zeros(4, dtype=torch.float64)  # correct, margin, loss*n, n
     seen: list[torch.Tensor] = []
@@ -155,7 +151,8 @@ def load_reward_backbone(path: Path, model_cfg, **kwargs):
         raise CheckpointError(f"{source}: cannot load as a reward model ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
 
 
-def save_reward_model(model, tokenizer, out: Path, state: dict | None, prefix: str, normalize: bool, mean: float, std: float) -> None:
+def save_reward_model(model, tokenizer: PreTrainedTokenizerBase, out: Path, state: dict | None, prefix: str, normalize: bool,
+                      mean: float, std: float) -> None:
     """HF checkpoint whose head weights live under `<prefix>.*` and whose config carries the reward stats."""
     if state is not None and prefix != "score":
         state = {(prefix + k.removeprefix("score") if k.startswith("score.") else k): v for k, v in state.items()}
@@ -168,14 +165,10 @@ def save_reward_model(model, tokenizer, out: Path, state: dict | None, prefix: s
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     cfg, r = ctx.config, ctx.config.rm
-    set_seed(cfg.seed)
-    deepspeed_engine.init_distributed()
-    tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
+    tokenizer = begin_training(ctx, inputs["sft_model"])
     model = load_reward_backbone(inputs["sft_model"], cfg.model, **lora.load_kwargs(r.lora, "rm.lora"))
     model.config.pad_token_id = tokenizer.pad_token_id  # where the HF head finds the last token
-    moe.check(model.config, r.aux_loss_coef, "rm.aux_loss_coef")
-    if r.packing:
-        packing.check_loaded(model, "rm.packing")
+    check_trainable(model, r, "rm", packed=r.packing)
     model, signature = lora.prepare(model, r.lora, "SEQ_CLS")  # with LoRA: adapters plus a trainable score head
 
     train_rows, eval_rows = (MappedRows(load(inputs["pref_data"], split), PAIR_COLUMNS, functools.partial(encode_pair, tokenizer),

@@ -20,19 +20,23 @@ import dataclasses
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from transformers import set_seed
 
 from configs.errors import DataError
 from stages.common import checkpoint, deepspeed_engine, generation, moe
-from stages.common.tokenization import IGNORE_INDEX
-from stages.common.trainer import SampleStream, total_steps
-from stages.contract import StageContext, StageResult
-from stages.prepared_data import row_view, token_rows
+from stages.common.trainer import SampleStream, begin_training, total_steps
+from stages.dag.contract import StageContext, StageResult
+from stages.data.prepared import row_view, token_rows
+from stages.data.tokenization import IGNORE_INDEX
 from stages.rewards.factory import build_scorer
-from stages.sft import eval_loss, fit_lm
+from stages.sft.stage import eval_loss, fit_lm
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 Row = tuple[list[int], list[int]]  # token ids, labels (the prompt's masked)
 
@@ -49,7 +53,8 @@ def training_row(prompt_ids: list[int], response_ids: list[int]) -> Row:
     return prompt_ids + response_ids, [IGNORE_INDEX] * len(prompt_ids) + response_ids
 
 
-def sample_round(ctx: StageContext, r: int, policy: Path, tokenizer, prompt_rows: Sequence[dict], scorer) -> tuple[list[Row], dict]:
+def sample_round(ctx: StageContext, r: int, policy: Path, tokenizer: PreTrainedTokenizerBase, prompt_rows: Sequence[dict],
+                 scorer) -> tuple[list[Row], dict]:
     """Round r's kept rows (every rank gets all of them) and its stats; each rank samples an equal share."""
     s = ctx.config.rs
     stream = SampleStream(len(prompt_rows), s.prompts_per_round, 0, 1, ctx.config.seed)
@@ -94,9 +99,7 @@ def round_steps(ctx: StageContext, n_rows: int) -> int:
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     cfg, s = ctx.config, ctx.config.rs
-    set_seed(cfg.seed)
-    deepspeed_engine.init_distributed()
-    tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
+    tokenizer = begin_training(ctx, inputs["sft_model"])
     pad_id = tokenizer.pad_token_id
     prompt_rows = row_view(inputs["prompts"], "train")
     eval_rows = token_rows(inputs["sft_data"], "eval")

@@ -13,19 +13,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from transformers import set_seed
 
-from stages.common import checkpoint, deepspeed_engine, lora, moe, packing
-from stages.common.tokenization import IGNORE_INDEX, pack_batch, pad_batch
-from stages.common.trainer import eval_batches, fit
-from stages.contract import StageContext, StageResult
-from stages.prepared_data import token_rows
+from stages.common import deepspeed_engine, lora, moe
+from stages.common.trainer import begin_training, check_trainable, eval_batches, fit
+from stages.dag.contract import StageContext, StageResult
+from stages.data.prepared import token_rows
+from stages.data.tokenization import IGNORE_INDEX, pack_batch, pad_batch
+
+if TYPE_CHECKING:
+    from stages.common.deepspeed_engine import Engine
 
 
-def lm_loss(engine, batch: dict, aux_loss_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float], int]:
+
+def lm_loss(engine: Engine, batch: dict, aux_loss_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float], int]:
     """Mean token cross-entropy over the response tokens (HF shifts the labels). No KV cache: with one,
     transformers would not derive the per-sample mask of a packed row from its position ids.
     With `aux_loss_coef` (an MoE model) the router's load-balancing loss is added, times the
@@ -43,7 +47,7 @@ def lm_loss(engine, batch: dict, aux_loss_coef: float = 0.0) -> tuple[torch.Tens
     return moe.add_aux_loss(loss, aux, aux_loss_coef, logs), logs, tokens
 
 
-def eval_loss(engine, rows: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int, rank: int, world: int) -> float:
+def eval_loss(engine: Engine, rows: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int, rank: int, world: int) -> float:
     """Token-weighted mean loss over the eval rows, sharded across ranks."""
     total = torch.zeros(2, dtype=torch.float64)
     for chunk, weight in eval_batches(rows, rank, world, batch_size):
@@ -69,13 +73,9 @@ def fit_lm(ctx: StageContext, model, train, train_rows: Sequence, eval_rows: Seq
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     cfg, s = ctx.config, ctx.config.sft
-    set_seed(cfg.seed)
-    deepspeed_engine.init_distributed()
-    tokenizer = checkpoint.load_tokenizer(inputs["base_model"])
+    tokenizer = begin_training(ctx, inputs["base_model"])
     model, signature = lora.load_for_training(inputs["base_model"], cfg.model, s.lora, "sft.lora")
-    moe.check(model.config, s.aux_loss_coef, "sft.aux_loss_coef")
-    if s.packing:
-        packing.check_loaded(model, "sft.packing")
+    check_trainable(model, s, "sft", packed=s.packing)
 
     train_rows, eval_rows = (token_rows(inputs["sft_data"], split) for split in ("train", "eval"))
     pad_id = tokenizer.pad_token_id

@@ -20,6 +20,7 @@ download. Checks, each failing with the view and what is missing:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -100,16 +101,12 @@ def visit(page, url: str, shot: Path, ready: str) -> None:
     """Open a view and wait until it shows `ready` (the UI draws after its REST calls return; it polls,
     so the network never idles), then a moment for its charts before the screenshot."""
     page.goto(url)
-    try:
+    with contextlib.suppress(Exception):  # noqa: BLE001 - the check that follows names what is missing
         page.get_by_text(ready).first.wait_for(timeout=READY_MS)
-    except Exception:  # noqa: BLE001 - the check that follows names what is missing
-        pass
     page.wait_for_timeout(SETTLE_MS)
     for label in ("Close", "Got it"):  # the assistant panel and first-visit hints, not part of the views
-        try:
+        with contextlib.suppress(Exception):  # noqa: BLE001 - not shown
             page.get_by_role("button", name=label).first.click(timeout=300)
-        except Exception:  # noqa: BLE001 - not shown
-            pass
     page.screenshot(path=str(shot))
     print(f"  {shot.name}: {page.url}", flush=True)
 

@@ -20,7 +20,7 @@ import pytest
 
 from stages.common.dist_env import free_port
 
-CLI = [sys.executable, "-m", "flows.cli"]
+CLI = [sys.executable, "-m", "flows.cli.main"]
 
 
 SHARED_PREFECT = "RLHF_TEST_PREFECT_API_URL"  # set by the `prefect_server` fixture
@@ -51,8 +51,8 @@ IDLE_SERVICES_OFF = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name
 def prefect_server(tmp_path_factory):
     """A real Prefect server (`prefect server start`) that the flow tests' CLI runs report to, started
     once: a run that has to start its own temporary server pays several seconds for it."""
-    from flows.serve import prefect_server as start_server
-    from flows.serve import stop
+    from flows.cli.serve import prefect_server as start_server
+    from flows.cli.serve import stop
 
     saved = os.environ.pop("PREFECT_API_URL", None)
     before = {key: os.environ.get(key) for key in IDLE_SERVICES_OFF}
@@ -95,7 +95,7 @@ def main_in_process(*args: str) -> subprocess.CompletedProcess:
     import datasets
     from transformers.utils import logging as hf_logging
 
-    from flows.cli import main
+    from flows.cli.main import main
 
     # the CLI turns HF's progress bars off before transformers and datasets are imported; here they may be
     hf_logging.disable_progress_bar()

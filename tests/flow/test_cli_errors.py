@@ -14,7 +14,7 @@ import pytest
 import configs
 from configs.schema import TinyModelConfig
 from stages.common import checkpoint
-from stages.tiny_model import build_model
+from stages.data_prep.tiny_model import build_model
 from tests.flow.conftest import CLI, cli_env, run_cli
 from tests.tiny_checkpoint import save_tiny_checkpoint
 
@@ -206,7 +206,7 @@ def test_unknown_stage_in_stage_retries(cli, workdir):
 
 
 @pytest.mark.parametrize(
-    "body, fragments",
+    ("body", "fragments"),
     [
         (None, ["reward.func_path=missing.py: no such file"]),
         ("def reward_func(queries, prompts, labels)\n    return [0.0] * len(queries)\n",
@@ -244,7 +244,7 @@ def test_a_failure_inside_the_flow_is_one_line_and_a_fresh_folder_keeps_no_store
     assert not (workdir / ".rlhf").exists()
 
 
-@pytest.mark.parametrize("uri, fragments", [
+@pytest.mark.parametrize(("uri", "fragments"), [
     ("http://127.0.0.1:9", ["tracking.uri=http://127.0.0.1:9", "no MLflow server answers", "rlhf cluster up"]),
     ("postgresql+psycopg2://rlhf:secret@127.0.0.1:9/mlflow",
      ["tracking.uri=postgresql+psycopg2://rlhf:***@127.0.0.1:9/mlflow", "cannot reach the database at 127.0.0.1:9"]),
@@ -260,6 +260,16 @@ def test_a_tracking_server_or_database_that_does_not_answer_is_one_line_at_once(
 # --- `rlhf check`: the checks `rlhf run` makes before its first stage, and nothing else ---------------------
 
 OK_LINE = "ok: {} passes every check `rlhf run` makes before its first stage\n"
+# what the tiny preset runs (stages/dag/plan.py), read from its config: rs, kd and csft are off, no stage trains
+# an adapter
+TINY_PLAN = ("stages:\n  data_prep   runs\n  sft         runs\n  rm          runs\n  prm         runs\n  rl          runs\n"
+             "  dpo         runs\n  rs          off: rs.enabled is false\n  kd          off: kd.enabled is false\n"
+             "  csft        off: csft.enabled is false\n  lora_merge  off: no stage trains a LoRA adapter\n"
+             "  eval        runs\n")
+REUSED, LEFT_OUT = "reused: --only reads its outputs from an earlier run", "unrequested: --only leaves it out"
+ONLY_RM_PLAN = ("stages:\n" + "".join(f"  {name.ljust(12)}{line}\n" for name, line in (
+    ("data_prep", REUSED), ("sft", REUSED), ("rm", "runs"), *((name, LEFT_OUT) for name in
+    ("prm", "rl", "dpo", "rs", "kd", "csft", "lora_merge", "eval")))))
 MISSING_REWARD = "error: reward.func_path=missing.py: no such file (looked from {} and from {})"
 TOO_FEW_CPUS = "error: infra.num_workers=4 x infra.cpus_per_worker=2 needs 8 CPUs; the local Ray cluster has 2 (infra.num_cpus)"
 
@@ -283,7 +293,7 @@ def test_check_passes_the_tiny_preset_at_once_and_leaves_nothing_running_or_writ
     proc = subprocess.Popen([*CLI, "check"], cwd=workdir, env=cli_env(workdir), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     out, err = proc.communicate(timeout=120)
-    assert (proc.returncode, out, err) == (0, OK_LINE.format("tiny"), "")
+    assert (proc.returncode, out, err) == (0, OK_LINE.format("tiny") + TINY_PLAN, "")
     assert time.monotonic() - started < 20
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # no process is left in its group
@@ -294,7 +304,7 @@ def test_check_passes_the_tiny_preset_at_once_and_leaves_nothing_running_or_writ
 
 def test_check_names_the_config_and_overrides_it_passed(cli, workdir):
     result = cli("check", "--config", "tiny", "seed=7", "--only", "rm")
-    assert (result.returncode, result.stdout, result.stderr) == (0, OK_LINE.format("tiny seed=7"), "")
+    assert (result.returncode, result.stdout, result.stderr) == (0, OK_LINE.format("tiny seed=7") + ONLY_RM_PLAN, "")
 
 
 def test_check_with_a_missing_reward_file_is_one_line_naming_the_key(cli, workdir):

@@ -21,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from artifacts import registry, store
-from flows import cluster, processes
-from flows.ray_cluster import token_env
-from flows.serve import answers
-from stages import dag
+from artifacts import model_registry as registry
+from artifacts import run_tags
+from flows.cli import cluster
+from flows.cli.serve import answers
+from flows.services import processes
+from flows.services.ray_cluster import token_env
+from stages.dag import declaration as dag
 from tests.browser import mlflow_ui
 from tests.flow.conftest import CLI, cli_env
 
@@ -43,7 +45,7 @@ QUICK = [
 
 RAY_NODES = """
 import json, sys
-from flows.ray_cluster import use_local_token
+from flows.services.ray_cluster import use_local_token
 use_local_token()
 import ray
 ray.init(address=sys.argv[1], log_to_driver=False)
@@ -137,7 +139,7 @@ def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[st
     first, *_ = runs = sft_runs()
     assert f"[sft] resuming from the checkpoints of MLflow run {first.info.run_id}" in text
     assert re.search(r"\[sft\] resumed from step (\d+)/60", text)
-    assert [r.data.tags.get(store.TAG_STATUS) for r in runs] == ["failed", store.COMPLETE]
+    assert [r.data.tags.get(run_tags.TAG_STATUS) for r in runs] == ["failed", run_tags.COMPLETE]
     assert runs[1].info.run_id == second.info.run_id
     new = client.search_model_versions(f"name = '{registry.registered_name('sft_model')}'")
     assert len(new) == versions + 1 and max(new, key=lambda v: int(v.version)).run_id == second.info.run_id
@@ -208,8 +210,8 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         assert "[rl] cached: reusing" in worker_log and "[eval] cached: reusing" in worker_log, worker_log[-5000:]
         assert stage_worker_logs(root, "ray-worker") and not stage_worker_logs(root, "ray-head")
         experiment = client.get_experiment_by_name("rlhf-pipeline")
-        runs = client.search_runs([experiment.experiment_id], f"tags.`{store.TAG_STATUS}` = '{store.COMPLETE}'")
-        assert {r.data.tags[store.TAG_STAGE] for r in runs} == {"data_prep", "sft", "rm", "prm", "rl", "dpo", "eval"}
+        runs = client.search_runs([experiment.experiment_id], f"tags.`{run_tags.TAG_STATUS}` = '{run_tags.COMPLETE}'")
+        assert {r.data.tags[run_tags.TAG_STAGE] for r in runs} == {"data_prep", "sft", "rm", "prm", "rl", "dpo", "eval"}
         assert all(r.info.artifact_uri.startswith("mlflow-artifacts:/") for r in runs)
         # no stage file on the driver's disk: the flow run downloaded the datasets (for their digests), nothing else
         state = tmp_path / ".rlhf"
@@ -219,7 +221,7 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         node = root / "ray-worker" / "files"
         assert {"base_model", "sft_model"} <= {p.name for p in node.glob("downloads/*/*")}
         assert not [p for p in node.glob("work/*") if p.is_dir()] and not any(node.glob("output/*"))
-        rl = next(r for r in runs if r.data.tags[store.TAG_STAGE] == "rl")
+        rl = next(r for r in runs if r.data.tags[run_tags.TAG_STAGE] == "rl")
         assert {"train/reward", "eval/accuracy"} <= set(rl.data.metrics)
         assert client.get_model_version(registry.registered_name("rl_model"), "1").source.startswith("mlflow-artifacts:/")
 

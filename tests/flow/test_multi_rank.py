@@ -7,7 +7,7 @@ SFT adapter."""
 import pytest
 from transformers import AutoModelForCausalLM
 
-from artifacts import store
+from artifacts import run_tags, store
 from tests.flow.conftest import mlflow_client
 
 pytestmark = pytest.mark.slow
@@ -40,18 +40,18 @@ def test_two_ranks_with_zero3(workdir, monkeypatch, prefect_server, cli):
     client = mlflow_client(workdir)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # for the artifact download below
     exp = client.get_experiment_by_name("rlhf-pipeline")
-    runs = client.search_runs([exp.experiment_id], f"tags.`{store.TAG_STATUS}` = '{store.COMPLETE}'")
-    assert {r.data.tags[store.TAG_STAGE] for r in runs} == {"data_prep", "sft", "rm", "prm", "rl", "dpo", "lora_merge", "eval"}
-    (sft,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "sft"]
+    runs = client.search_runs([exp.experiment_id], f"tags.`{run_tags.TAG_STATUS}` = '{run_tags.COMPLETE}'")
+    assert {r.data.tags[run_tags.TAG_STAGE] for r in runs} == {"data_prep", "sft", "rm", "prm", "rl", "dpo", "lora_merge", "eval"}
+    (sft,) = [r for r in runs if r.data.tags[run_tags.TAG_STAGE] == "sft"]
     assert sft.data.params["infra.num_workers"] == "2" and sft.data.params["infra.zero_stage"] == "3"
-    (rl,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "rl"]
+    (rl,) = [r for r in runs if r.data.tags[run_tags.TAG_STAGE] == "rl"]
     assert "critic/value_loss" in rl.data.metrics
     history = client.get_metric_history(rl.info.run_id, "rollout/reward_std")
     assert history and all(m.value > 0 for m in history)  # the pipeline's RM scores differ between samples
-    (dpo,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "dpo"]
+    (dpo,) = [r for r in runs if r.data.tags[run_tags.TAG_STAGE] == "dpo"]
     assert {"train/kl", "eval/reward_accuracy", "round/pairs"} <= set(dpo.data.metrics)
-    assert dpo.data.tags[store.TAG_INPUT_PREFIX + "reward_model"].startswith("runs:/")
-    (merge,) = [r for r in runs if r.data.tags[store.TAG_STAGE] == "lora_merge"]
+    assert dpo.data.tags[run_tags.TAG_INPUT_PREFIX + "reward_model"].startswith("runs:/")
+    (merge,) = [r for r in runs if r.data.tags[run_tags.TAG_STAGE] == "lora_merge"]
     assert merge.data.metrics["merge/models"] == 1 and merge.data.metrics["merge/max_logit_diff"] < 1e-4
     adapter = store.download(store.ArtifactRef("sft_model", sft.info.run_id), workdir / "dl")
     assert (adapter / "adapter_config.json").is_file() and not (adapter / "model.safetensors").exists()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.from_openrlhf import converted
+from flows.cli.from_openrlhf import converted
 from tests.flow.conftest import mlflow_client
 from tests.model_families import save_family_checkpoint
 

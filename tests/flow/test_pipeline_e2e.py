@@ -17,6 +17,7 @@ the identical rerun are module fixtures, so each test also passes alone):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -36,7 +37,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFi
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import configs
-from artifacts import store
+from artifacts import run_tags, store
 from tests.flow.conftest import CLI, as_a_cli_process, cli_env, main_in_process, mlflow_client, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first test pays the module's whole first run
@@ -76,10 +77,8 @@ def cluster_processes(cli_pid: int) -> dict[psutil.Process, tuple[str, int]]:
     """Every process a CLI run started (its Ray cluster's daemons and workers): process -> (title, group)."""
     found = {}
     for p in psutil.Process(cli_pid).children(recursive=True):
-        try:
+        with contextlib.suppress(psutil.Error, ProcessLookupError):  # a short-lived helper that is gone already
             found[p] = (" ".join(p.cmdline())[:60], os.getpgid(p.pid))
-        except (psutil.Error, ProcessLookupError):  # a short-lived helper that is gone already
-            pass
     return found
 
 
@@ -125,13 +124,13 @@ def first_run(ws) -> dict:
     except AssertionError as left:
         seen["left_alive"] = str(left)
     sft_runs = stage_runs(ws, "sft")
-    seen["killed_sft_runs"] = [r.data.tags.get(store.TAG_STATUS) for r in sft_runs]
+    seen["killed_sft_runs"] = [r.data.tags.get(run_tags.TAG_STATUS) for r in sft_runs]
     seen["killed_sft_versions"] = mlflow_client(ws).search_model_versions("name = 'rlhf-sft'")
     with as_a_cli_process(ws):  # in this process: what the rerun checks is not a process's start
         seen["rerun"] = main_in_process("run")  # the rest of SFT and every other stage of the preset
     seen["statuses"] = stage_statuses(ws)
     seen["cold_parent"] = newest_pipeline_run(ws).info.run_id
-    seen["complete"] = {stage: [r.info.run_id for r in stage_runs(ws, stage) if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+    seen["complete"] = {stage: [r.info.run_id for r in stage_runs(ws, stage) if r.data.tags.get(run_tags.TAG_STATUS) == run_tags.COMPLETE]
                         for stage in ("sft", "rm", "prm", "rl", "dpo", "eval")}
     seen["sft_runs_before_cached"] = len(stage_runs(ws, "sft"))
     with as_a_cli_process(ws):
@@ -172,7 +171,7 @@ def test_killed_during_sft_then_resumed(first_run):
     assert first_run["cluster_groups"] == {first_run["cli_pid"]}
     assert first_run["left_alive"] == []  # killed with the group, not left to notice their raylet died
     # nothing of the killed SFT is published: no complete run, no registered version
-    assert first_run["killed_sft_runs"] and store.COMPLETE not in first_run["killed_sft_runs"]
+    assert first_run["killed_sft_runs"] and run_tags.COMPLETE not in first_run["killed_sft_runs"]
     assert first_run["killed_sft_versions"] == []
     result = first_run["rerun"]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -232,8 +231,8 @@ def test_ppo_with_the_pipelines_prm_raises_the_reward_with_bounded_kl(ws, first_
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "prm": "cached", "rl": "ran"}
     client = mlflow_client(ws)
     (run,) = [r for r in stage_runs(ws, "rl") if r.data.params.get("reward.source") == "prm"
-              and r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
-    assert made(ws, first_run, "prm").info.run_id in run.data.tags[store.TAG_INPUT_PREFIX + "prm"]
+              and r.data.tags.get(run_tags.TAG_STATUS) == run_tags.COMPLETE]
+    assert made(ws, first_run, "prm").info.run_id in run.data.tags[run_tags.TAG_INPUT_PREFIX + "prm"]
     reward = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "train/reward"), key=lambda m: m.step)]
     kl = [m.value for m in client.get_metric_history(run.info.run_id, "train/kl")]
     first, last = sum(reward[:3]) / 3, sum(reward[-3:]) / 3
@@ -253,7 +252,7 @@ def test_iterative_dpo_samples_better_answers_round_by_round(ws, first_run, in_p
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "dpo": "ran"}
     assert "[dpo] round 3/3: 128 prompts x 4 samples" in result.stdout
     (online,) = [r for r in stage_runs(ws, "dpo") if r.data.params["dpo.iterative.rounds"] == "3"
-                 and r.data.tags.get(store.TAG_STATUS) == store.COMPLETE]
+                 and r.data.tags.get(run_tags.TAG_STATUS) == run_tags.COMPLETE]
     rounds = sorted(mlflow_client(ws).get_metric_history(online.info.run_id, "round/reward_mean"), key=lambda m: m.step)
     print("iterative DPO, the policy's own samples' reward by round: " + ", ".join(f"{m.value:.3f}" for m in rounds))
     assert [m.step for m in rounds] == [0, 25, 50]
@@ -267,9 +266,9 @@ def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, first_run
     exp = client.get_experiment_by_name("rlhf-pipeline")
     parents = client.search_runs([exp.experiment_id], "tags.`rlhf.kind` = 'pipeline'")
     sft_run = made(ws, first_run, "sft")
-    assert sft_run.data.tags[store.TAG_PARENT] in {p.info.run_id for p in parents}
+    assert sft_run.data.tags[run_tags.TAG_PARENT] in {p.info.run_id for p in parents}
     assert float(sft_run.data.params["sft.lr"]) == 2e-3
-    assert sft_run.data.tags[store.TAG_INPUT_PREFIX + "base_model"].startswith("runs:/")
+    assert sft_run.data.tags[run_tags.TAG_INPUT_PREFIX + "base_model"].startswith("runs:/")
     curve = client.get_metric_history(sft_run.info.run_id, "train/loss")
     assert len(curve) >= 10 and curve[-1].value < curve[0].value
     assert [a.path for a in client.list_artifacts(sft_run.info.run_id)] == ["sft_model"]
@@ -277,7 +276,7 @@ def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, first_run
     # rest is orchestration) and is logged as a metric
     rl_run = made(ws, first_run, "rl")
     for run in (sft_run, rl_run):
-        start, end = map(float, run.data.tags[store.TAG_COMPUTE_SPAN].split())
+        start, end = map(float, run.data.tags[run_tags.TAG_COMPUTE_SPAN].split())
         assert run.info.start_time / 1000 < start < end < run.info.end_time / 1000
         assert run.data.metrics[store.METRIC_COMPUTE_S] == pytest.approx(end - start, abs=1e-3)
 
@@ -290,7 +289,7 @@ def test_mlflow_holds_runs_params_curves_and_a_loadable_checkpoint(ws, first_run
     first = client.get_run(first_run["cold_parent"])
     assert_the_ui_views(client, exp.experiment_id, first, sft_run, eval_run, version)
     summary = client.download_artifacts(first.info.run_id, "summary.md", str(tmp_path))
-    assert re.search(r"^\| sft \| ran \| .* \| data_prep \|$", open(summary).read(), re.M)  # lineage: sft read data_prep's outputs
+    assert re.search(r"^\| sft \| ran \| .* \| data_prep \|$", Path(summary).read_text(), re.M)  # lineage: sft read data_prep's outputs
     path = mlflow.artifacts.download_artifacts(artifact_uri="models:/rlhf-sft/latest", dst_path=str(tmp_path))
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
@@ -312,13 +311,13 @@ def assert_the_ui_views(client, experiment_id, parent, sft_run, eval_run, versio
     # a stage run: named by stage and settings, the datasets it read as inputs, its checkpoint a logged model
     assert sft_run.info.run_name == "sft · tiny"
     assert f"(#/experiments/{experiment_id}/runs/{parent.info.run_id})" in sft_run.data.tags["mlflow.note.content"]
-    read = {(i.dataset.name, [t.value for t in i.tags if t.key == "mlflow.data.context"][0]): i.dataset for i in sft_run.inputs.dataset_inputs}
+    read = {(i.dataset.name, next(t.value for t in i.tags if t.key == "mlflow.data.context")): i.dataset for i in sft_run.inputs.dataset_inputs}
     assert set(read) == {("sft_data", "train"), ("sft_data", "eval")} and json.loads(read["sft_data", "train"].profile) == {"num_rows": 4000}
     assert any(k.startswith("system/") for k in sft_run.data.metrics)
     (model,) = client.search_logged_models([experiment_id], filter_string=f"source_run_id = '{sft_run.info.run_id}'")
     assert model.name == "sft_model" and {m.key for m in model.metrics} >= {"eval/loss", "eval/accuracy", "eval/sampled_accuracy"}
     # the registered version: where it came from
-    assert version.tags["rlhf.pipeline_run"] == parent.info.run_id and version.tags["rlhf.fingerprint"] == sft_run.data.tags[store.TAG_FINGERPRINT]
+    assert version.tags["rlhf.pipeline_run"] == parent.info.run_id and version.tags["rlhf.fingerprint"] == sft_run.data.tags[run_tags.TAG_FINGERPRINT]
     assert version.tags["rlhf.data.sft_data/train"] == read["sft_data", "train"].digest
     assert version.tags["rlhf.parent.base_model"].startswith("runs:/") and "SFT policy" in version.description
     # eval: a child run per model with the same keys, so the models chart side by side
@@ -371,7 +370,7 @@ def test_force_reruns_the_stage_and_its_consumers_follow(ws, first_run, in_proce
     for model in ("base", "sft", "rl"):
         assert f"[eval] {model}: scores of MLflow run {first_eval.info.run_id} reused" in result.stdout
     assert "[eval] dpo: scores of" not in result.stdout
-    (second_eval,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE
+    (second_eval,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(run_tags.TAG_STATUS) == run_tags.COMPLETE
                       and r.info.run_id not in evals_before]
     assert second_eval.data.tags["rlhf.eval.reused.sft"] == first_eval.info.run_id
     for key in ("sft/accuracy", "sft/sampled_accuracy", "rl/sampled_accuracy"):
@@ -403,7 +402,7 @@ def test_a_pinned_input_runs_one_stage_on_the_cluster_named_in_the_config(ws, fi
     DPO checkpoint in the RL slot, on the `ray start` cluster; the rl stage does not run at all, and the
     eval run records that lineage."""
     port, head = ray_head
-    dpo = max((r for r in stage_runs(ws, "dpo") if r.data.tags.get(store.TAG_STATUS) == store.COMPLETE
+    dpo = max((r for r in stage_runs(ws, "dpo") if r.data.tags.get(run_tags.TAG_STATUS) == run_tags.COMPLETE
                and r.data.params["dpo.iterative.rounds"] == "0"), key=lambda r: r.info.start_time)
     pin = f"runs:/{dpo.info.run_id}/dpo_model"
     # a quarter of the held-out prompts, one sample each: the same two checkpoints score the same either way
@@ -414,7 +413,7 @@ def test_a_pinned_input_runs_one_stage_on_the_cluster_named_in_the_config(ws, fi
     assert "Started a local Ray instance" not in result.stdout + result.stderr
     assert head.poll() is None  # the pipeline disconnects; it does not stop a cluster it did not start
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "dpo": "cached", "eval": "ran"}
-    (pinned,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(store.TAG_INPUT_PREFIX + "rl_model") == pin]
+    (pinned,) = [r for r in stage_runs(ws, "eval") if r.data.tags.get(run_tags.TAG_INPUT_PREFIX + "rl_model") == pin]
     m = pinned.data.metrics
     assert m["rl/accuracy"] == m["dpo/accuracy"] and m["rl/sampled_accuracy"] == m["dpo/sampled_accuracy"]
     unknown = in_process("run", "--only", "eval", f"inputs.rl_model=runs:/{dpo.info.run_id}/nothing")
@@ -449,7 +448,7 @@ class Served:
 def served(ws, tmp_path_factory):
     """`rlhf serve` started once for the tests of the served deployments: a Prefect server and the MLflow UI
     of its own, rlhf-pipeline/full and /stage served; stopping it stops both servers."""
-    from flows.serve import answers
+    from flows.cli.serve import answers
     from stages.common.dist_env import free_port
 
     prefect_port, mlflow_port = free_port(), free_port()
@@ -516,7 +515,7 @@ def test_served_deployments_run_the_pipeline_and_one_stage(ws, first_run, served
     assert one.returncode == 0 and "Completed" in one.stdout, one.stdout[-3000:] + served.log.read_text()[-3000:]
     assert stage_statuses(ws) == {"data_prep": "cached", "sft": "cached", "rm": "ran"}
     (rm,) = [r for r in stage_runs(ws, "rm") if r.data.params.get("rm.max_steps") == "15"]
-    assert rm.data.tags.get(store.TAG_STATUS) == store.COMPLETE
+    assert rm.data.tags.get(run_tags.TAG_STATUS) == run_tags.COMPLETE
 
 
 # --- faults ----------------------------------------------------------------------------------
@@ -541,7 +540,7 @@ def test_a_stage_that_raises_fails_the_flow_with_its_error_and_registers_nothing
     assert statuses == dict.fromkeys(("data_prep", "sft", "rm", "prm", "dpo"), "cached")  # eval, lora_merge: never started
     assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-rl'")) == versions
     (failed,) = [r for r in stage_runs(ws, "rl") if str(boom) in r.data.params.get("reward.func_path", "")]
-    assert failed.data.tags[store.TAG_STATUS] == "failed" and failed.info.status == "FAILED"
+    assert failed.data.tags[run_tags.TAG_STATUS] == "failed" and failed.info.status == "FAILED"
 
 
 def test_two_pipeline_runs_at_once_on_one_store(ws, first_run):
@@ -554,10 +553,10 @@ def test_two_pipeline_runs_at_once_on_one_store(ws, first_run):
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert sorted("[rm] cached" in out for out in outs) == [False, True]
     (run,) = [r for r in stage_runs(ws, "rm") if r.data.params.get("rm.max_steps") == "25"]
-    assert run.data.tags[store.TAG_STATUS] == store.COMPLETE
-    (version,) = mlflow_client(ws).search_model_versions(f"name = 'rlhf-reward' and run_id = '{run.info.run_id}'")
+    assert run.data.tags[run_tags.TAG_STATUS] == run_tags.COMPLETE
+    (_version,) = mlflow_client(ws).search_model_versions(f"name = 'rlhf-reward' and run_id = '{run.info.run_id}'")
     path = Path(mlflow_client(ws).download_artifacts(run.info.run_id, "reward_model", str(ws / "check")))
-    from stages.rewards.reward_model import load_reward_model
+    from stages.rewards.rm_scorer import load_reward_model
 
     load_reward_model(path)
 
@@ -607,7 +606,7 @@ def test_a_stop_during_rl_ends_it_within_seconds_registers_nothing_and_keeps_its
     assert "Traceback" not in output and "[rl] interrupted" in output
     assert took < 30, f"{took:.1f} s from the signal to exit"
     (run,) = [r for r in stage_runs(ws, "rl") if r.data.params.get("rl.max_steps") == str(steps)]
-    assert run.info.status == "KILLED" and run.data.tags[store.TAG_STATUS] == "interrupted"
+    assert run.info.status == "KILLED" and run.data.tags[run_tags.TAG_STATUS] == "interrupted"
     assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-rl'")) == versions
     assert (saved[0] / "checkpoints" / "policy" / "latest").exists()
     assert_gone(cluster, within_s=10)

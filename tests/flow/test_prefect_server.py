@@ -1,4 +1,4 @@
-"""Prefect's temporary server as `rlhf run` starts it (flows/prefect_server.py): a signal to the run's process
+"""Prefect's temporary server as `rlhf run` starts it (flows/services/prefect_server.py): a signal to the run's process
 group does not reach it, and it does not outlive the run. prefect.yaml registers the two deployments on a
 work pool."""
 
@@ -24,8 +24,8 @@ PREFECT = str(Path(sys.executable).parent / "prefect")
 # a stand-in for the CLI: starts the server, then ignores SIGTERM as `rlhf run` stops in order for it
 STARTER = """
 import signal, time
-from flows import prefect_db
-from flows.prefect_server import SessionServer
+from flows.services import prefect_db
+from flows.services.prefect_server import SessionServer
 prefect_db.seeded()  # as `rlhf run` starts it: its database a copy of an empty migrated one, when there is one
 server = SessionServer()
 server.start()

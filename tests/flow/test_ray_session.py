@@ -1,4 +1,4 @@
-"""The flow's own local Ray cluster (`flows.ray_cluster.RaySession`, as `rlhf run` starts it)."""
+"""The flow's own local Ray cluster (`flows.services.ray_cluster.RaySession`, as `rlhf run` starts it)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import ray
 
 from configs import load_config
 from configs.schema import InfraConfig
-from flows.ray_cluster import RaySession, drop_early, session_for, start_early
+from flows.services.ray_cluster import RaySession, drop_early, session_for, start_early
 from runtime.worker_pool import run_stage, stage_shape
-from stages import dag
-from stages.contract import StageContext, StageResult
+from stages.dag import declaration as dag
+from stages.dag.contract import StageContext, StageResult
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from artifacts import store
+from artifacts import run_tags
 from tests.flow.conftest import CLI, cli_env, mlflow_client
 from tests.full_disk import sqlite_cannot_grow, tmpfs_mounts
 
@@ -130,8 +130,8 @@ def test_runs_a_killed_pipeline_left_open_are_shown_failed(cli, workdir, prefect
     result = cli("runs")
     assert result.returncode == 0, result.stderr
     runs = mlflow_client(workdir).search_runs(mlflow_client(workdir).search_experiments()[0].experiment_id)
-    assert {r.data.tags.get(store.TAG_STAGE, "pipeline"): r.info.status for r in runs} == {"pipeline": "FAILED", "data_prep": "FAILED"}
+    assert {r.data.tags.get(run_tags.TAG_STAGE, "pipeline"): r.info.status for r in runs} == {"pipeline": "FAILED", "data_prep": "FAILED"}
     why = f"the process that ran it ended without closing it (pid {proc.pid} on {socket.gethostname()})"
     assert {r.data.tags["rlhf.error"] for r in runs} == {why}
-    (pipeline,) = [r for r in runs if store.TAG_STAGE not in r.data.tags]
+    (pipeline,) = [r for r in runs if run_tags.TAG_STAGE not in r.data.tags]
     assert pipeline.info.run_id in result.stdout and "FAILED" in result.stdout and "RUNNING" not in result.stdout

@@ -8,9 +8,9 @@ import pytest
 
 from configs import load_config
 from runtime import resources
-from stages import data_prep
 from stages.common import dist_env
-from stages.contract import StageContext
+from stages.dag.contract import StageContext
+from stages.data_prep import stage as data_prep
 
 # Small enough that each stage runs in seconds; the flow tests run the real preset.
 FAST = [

@@ -9,7 +9,7 @@ import torch
 
 from configs import load_config
 from runtime import rl_driver
-from stages.contract import StageResult
+from stages.dag.contract import StageResult
 from tests.stage.conftest import FAST, make_ctx
 
 RL_FAST = [

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from benchmarks.__main__ import main  # noqa: E402
+from benchmarks.__main__ import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # minutes: whole benchmark runs of both systems
 

@@ -7,13 +7,13 @@ import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
 from configs import load_config
-from stages import conditional_sft as csft
-from stages import evaluate
 from stages.common import checkpoint, conditioning
 from stages.common.generation import generate
-from stages.prepared_data import read_split
+from stages.csft import stage as csft
+from stages.data.prepared import read_split
+from stages.eval import stage as evaluate
 from stages.rewards.base import RewardBatch
-from stages.rewards.reward_model import RewardModelScorer
+from stages.rewards.rm_scorer import RewardModelScorer
 from tests.stage.conftest import FAST, make_ctx
 from tests.stage.test_sft_stage import Recorder
 

@@ -6,8 +6,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from configs import DataError, load_config
-from stages import data_prep, prepared_data
-from stages.tiny_model import STEP
+from stages.data import prepared as prepared_data
+from stages.data_prep import stage as data_prep
+from stages.data_prep.tiny_model import STEP
 from tests.stage.conftest import FAST, make_ctx
 
 
@@ -113,5 +114,5 @@ def test_an_eval_dataset_of_its_own_holds_out_every_row_of_its_split(tmp_path):
     held.write_text(held.read_text().replace('"answer": "4"', '"answer": null'))  # row 2: the file's line 3
     with pytest.raises(DataError, match=rf"^{held} line 3: .*data.eval_prompts.label_key"):
         data_prep.run(make_ctx("data_prep", cfg, tmp_path / "again"), {})
-    with pytest.raises(Exception, match="data.eval_prompts is a file dataset: set data.source: files"):
+    with pytest.raises(Exception, match=r"data.eval_prompts is a file dataset: set data.source: files"):
         load_config(None, [f"data.eval_prompts.paths=[{held}]"])

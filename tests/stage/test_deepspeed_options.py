@@ -47,7 +47,7 @@ def test_every_zero_stage_trains_as_stage_0(zero_stage):
     assert partitioned == pytest.approx(plain, abs=1e-5)
 
 
-@pytest.mark.parametrize("zero_stage, offload_optimizer, offload_params",
+@pytest.mark.parametrize(("zero_stage", "offload_optimizer", "offload_params"),
                          [(2, True, False), (3, True, False), (3, True, True)])
 @pytest.mark.slow
 def test_offloaded_engines_train_as_the_plain_one(zero_stage, offload_optimizer, offload_params):

@@ -66,7 +66,7 @@ def test_objective_at_the_reference(prepared, overrides, expected, shared_prompt
     """With policy == reference the precomputed reference log-probs must equal the training forward's,
     so each objective's loss is its value at margin 0 (and KTO's KL reference point is 0)."""
     from stages.common import checkpoint
-    from stages.prepared_data import read_split
+    from stages.data.prepared import read_split
 
     d = load_config(None, ["dpo.nll_loss_coef=0", *overrides]).dpo  # the NLL term is not 0 at the reference
     tok = checkpoint.load_tokenizer(prepared["base_model"])
@@ -92,7 +92,7 @@ def test_a_shared_prompt_row_scores_and_trains_as_two_padded_rows(prepared, atte
     """The rows of one prompt as one row (prompt once, each response masked from the others) give each
     response the log-prob, token count and gradient of its own padded row."""
     from stages.common import checkpoint
-    from stages.prepared_data import read_split
+    from stages.data.prepared import read_split
 
     tok = checkpoint.load_tokenizer(prepared["base_model"])
     model = AutoModelForCausalLM.from_pretrained(prepared["base_model"], attn_implementation=attention)
@@ -152,7 +152,7 @@ def test_loss_options_are_checked_against_the_loss():
 def test_reference_logps_match_an_independent_hf_forward(prepared):
     """The precompute's summed response log-probs equal a plain HF forward's, sequence by sequence."""
     from stages.common import checkpoint
-    from stages.prepared_data import read_split
+    from stages.data.prepared import read_split
 
     tok = checkpoint.load_tokenizer(prepared["base_model"])
     model = AutoModelForCausalLM.from_pretrained(prepared["base_model"]).eval()

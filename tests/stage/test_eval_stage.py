@@ -5,8 +5,9 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
 
 from configs import ConfigError, load_config
-from stages import eval_results, evaluate
-from stages.rewards.reward_model import RewardModelScorer
+from stages.eval import results as eval_results
+from stages.eval import stage as evaluate
+from stages.rewards.rm_scorer import RewardModelScorer
 from tests.stage.conftest import FAST, make_ctx
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
@@ -36,7 +37,7 @@ def test_eval_reports_every_model_it_is_given(prepared, tmp_path):
     assert 0 < results["base"]["response_length"] <= cfg.eval.max_new_tokens
     assert results["base"]["perplexity"] > 1.0
     assert (report / "results.md").read_text().startswith("| model | **reward** | sampled reward | pass@k | accuracy |")
-    samples = [json.loads(line) for line in open(report / "samples_sft.jsonl")]
+    samples = [json.loads(line) for line in (report / "samples_sft.jsonl").read_text().splitlines()]
     assert len(samples) == cfg.eval.max_samples
     assert {s["reward"] for s in samples} == {0.0} and not any(s["correct"] for s in samples)
     assert logged["sft/reward"] == result.metrics["score"] == results["sft"]["reward"]
@@ -53,7 +54,7 @@ def test_eval_scores_a_free_form_task_with_its_reward_function(prepared, tmp_pat
     logged = {}
     result = evaluate.run(make_ctx("eval", cfg, tmp_path, lambda m, s: logged.update(m)), inputs)
     report = result.outputs["eval_report"]
-    samples = [json.loads(line) for line in open(report / "samples_sft.jsonl")]
+    samples = [json.loads(line) for line in (report / "samples_sft.jsonl").read_text().splitlines()]
     assert len(samples) == 8 and all(s["reward"] == len(s["response"]) for s in samples)
     assert "answer" not in samples[0] and "correct" not in samples[0]
     assert logged["sft/reward"] == pytest.approx(sum(s["reward"] for s in samples) / 8)
@@ -82,7 +83,7 @@ def test_eval_scores_with_the_pipelines_own_reward_model(prepared, tmp_path):
     inputs = {"sft_model": prepared["base_model"], "eval_data": prepared["eval_data"], "reward_model": rm}
     result = evaluate.run(make_ctx("eval", cfg, tmp_path), inputs)
     assert {key.partition("/")[0] for key in result.metrics if "/" in key} == {"sft"}
-    samples = [json.loads(line) for line in open(result.outputs["eval_report"] / "samples_sft.jsonl")]
+    samples = [json.loads(line) for line in (result.outputs["eval_report"] / "samples_sft.jsonl").read_text().splitlines()]
     expected = RewardModelScorer([rm]).score([s["prompt"] for s in samples], [s["response"] for s in samples],
                                              [s["label"] for s in samples]).rewards
     assert [s["reward"] for s in samples] == pytest.approx(expected.tolist(), abs=1e-6)

@@ -8,8 +8,8 @@ from transformers import AutoConfig
 
 from configs import load_config
 from configs.errors import CheckpointError
-from stages import tiny_model
 from stages.common import checkpoint
+from stages.data_prep import tiny_model
 from stages.kd import stage as kd
 from tests.stage.conftest import FAST, make_ctx
 from tests.stage.test_sft_stage import Recorder

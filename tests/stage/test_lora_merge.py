@@ -11,10 +11,13 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from configs import CheckpointError, load_config
-from stages import lora_merge, prm, reward_model, sft
 from stages.common import checkpoint_paths, lora
 from stages.dpo import stage as dpo
-from stages.rewards.reward_model import load_reward_model
+from stages.lora_merge import stage as lora_merge
+from stages.prm import stage as prm
+from stages.rewards.rm_scorer import load_reward_model
+from stages.rm import stage as reward_model
+from stages.sft import stage as sft
 from tests.stage.conftest import FAST, make_ctx
 
 LORA = ["lora.rank=4", "lora.alpha=8", "max_steps=4", "eval_every=2", "save_every=2", "lr=5e-3"]
@@ -98,7 +101,7 @@ def test_merging_onto_another_base_is_refused(adapters, prepared, tmp_path):
     with torch.no_grad():
         other.model.embed_tokens.weight.add_(0.01)  # same architecture, different weights
     other.save_pretrained(tmp_path / "other")
-    with pytest.raises(CheckpointError, match="was trained on another base than .*other"):
+    with pytest.raises(CheckpointError, match=r"was trained on another base than .*other"):
         lora_merge.merge(adapters["sft"], tmp_path / "out", base=str(tmp_path / "other"))
     assert not (tmp_path / "out").exists()
 

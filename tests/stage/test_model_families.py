@@ -15,12 +15,18 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from configs import DataError, load_config
-from stages import data_prep, evaluate, lora_merge, prepared_data, prm, reward_model, sft
 from stages.common import checkpoint, generation, shared_prompt
-from stages.common.tokenization import encode_segments
+from stages.data import prepared as prepared_data
+from stages.data.tokenization import encode_segments
+from stages.data_prep import stage as data_prep
 from stages.dpo import stage as dpo
+from stages.eval import stage as evaluate
+from stages.lora_merge import stage as lora_merge
+from stages.prm import stage as prm
 from stages.rl import stage as rl_stage
 from stages.rl.workers import sample
+from stages.rm import stage as reward_model
+from stages.sft import stage as sft
 from tests.model_families import FAMILIES, save_family_checkpoint
 from tests.stage.conftest import make_ctx
 
@@ -124,7 +130,7 @@ def test_data_preview_shows_the_family_template_and_marks_the_trained_tokens(fam
 
     from rich.console import Console
 
-    from flows.data_preview import preview
+    from flows.cli.data_preview import preview
 
     out = io.StringIO()
     preview(family.cfg, 1, Console(file=out, width=400, no_color=True))

@@ -8,8 +8,9 @@ import pytest
 from transformers import ViTConfig, ViTModel
 
 from configs import CheckpointError, DataError, load_config
-from stages import data_prep, prepared_data
 from stages.common import checkpoint
+from stages.data import prepared as prepared_data
+from stages.data_prep import stage as data_prep
 from tests.model_families import save_family_checkpoint
 from tests.stage.conftest import make_ctx
 

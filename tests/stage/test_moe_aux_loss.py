@@ -8,10 +8,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from configs import ConfigError, load_config
-from stages import preflight, reward_model, sft
-from stages.common.tokenization import pad_batch
+from stages.dag import preflight
+from stages.data.tokenization import pad_batch
 from stages.dpo import stage as dpo
 from stages.rl.workers import token_log_probs
+from stages.rm import stage as reward_model
+from stages.sft import stage as sft
 from tests.model_families import save_family_checkpoint
 from tests.stage.conftest import make_ctx
 from tests.tiny_checkpoint import save_tiny_checkpoint
@@ -107,5 +109,5 @@ def test_a_router_loss_on_a_dense_model_is_one_line_from_preflight_and_the_stage
 
 
 def test_the_critic_takes_no_router_loss():
-    with pytest.raises(ConfigError, match="critic.aux_loss_coef: the value loss takes no router loss"):
+    with pytest.raises(ConfigError, match=r"critic.aux_loss_coef: the value loss takes no router loss"):
         load_config(None, ["rl.critic.aux_loss_coef=0.01"])

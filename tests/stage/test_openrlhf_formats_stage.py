@@ -12,11 +12,15 @@ from pathlib import Path
 import pytest
 
 from configs import load_config
-from stages import data_prep, evaluate, prm, sft, synthetic_task
 from stages.common import checkpoint
+from stages.data.prepared import read_split
+from stages.data_prep import stage as data_prep
+from stages.data_prep import synthetic_task
 from stages.dpo import stage as dpo
-from stages.prepared_data import read_split
+from stages.eval import stage as evaluate
+from stages.prm import stage as prm
 from stages.rewards.factory import build_scorer
+from stages.sft import stage as sft
 from tests.model_families import FAMILIES, save_family_checkpoint
 from tests.stage.conftest import make_ctx
 

@@ -23,16 +23,15 @@ from transformers import (
     LlamaForSequenceClassification,
 )
 
-from configs.errors import CheckpointError
+from configs.errors import CheckpointError, RewardError
 from configs.schema import RewardConfig, TinyModelConfig
 from stages.common import checkpoint
 from stages.common.dist_env import free_port
-from stages.rewards.errors import RewardError
+from stages.data_prep.tiny_model import STEP, build_model, train_tokenizer
 from stages.rewards.factory import build_scorer
-from stages.rewards.process_reward import ProcessRewardScorer, aggregate
+from stages.rewards.prm_scorer import ProcessRewardScorer, aggregate
 from stages.rewards.remote import RemoteScorer
-from stages.rewards.reward_model import RewardModelScorer
-from stages.tiny_model import STEP, build_model, train_tokenizer
+from stages.rewards.rm_scorer import RewardModelScorer
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = [f"Compute {a}+{b}-{c}\n{a}+{b}={a + b}\n{a + b}-{c}={a + b - c}\nAnswer: {a + b - c}"
@@ -181,7 +180,7 @@ def test_rm_uses_own_checkpoint_when_none_configured(rms):
 def test_not_a_reward_model(prm, tmp_path):
     with pytest.raises(RewardError, match=r"not a reward model \(no score.weight"):
         RewardModelScorer([prm])
-    with pytest.raises(CheckpointError, match="no config.json"):
+    with pytest.raises(CheckpointError, match=r"no config.json"):
         RewardModelScorer([tmp_path])
 
 
@@ -252,7 +251,7 @@ def test_not_a_prm_config(tok, tmp_path):
     plain = build_model(TinyModelConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                         num_attention_heads=2, num_key_value_heads=2), tok, seed=0)
     path = checkpoint.save(plain, tok, tmp_path / "lm")
-    with pytest.raises(RewardError, match="not a process reward model .*lacks prm_placeholder_token"):
+    with pytest.raises(RewardError, match=r"not a process reward model .*lacks prm_placeholder_token"):
         ProcessRewardScorer(path)
 
 
@@ -262,7 +261,7 @@ def serve_rm(rms):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "serve-rm", "--model", str(rms["a"]), "--port", str(port), "--batch-size", "4",
+        [sys.executable, "-m", "flows.cli.main", "serve-rm", "--model", str(rms["a"]), "--port", str(port), "--batch-size", "4",
          "--max-queries", "6000"],  # the concurrency test's large request
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
@@ -422,7 +421,7 @@ def test_serve_rm_health_names_no_path(guarded, rms):
 def test_serve_rm_scores_a_query_over_the_model_length_at_its_end(guarded, tok):
     """The tiny RM reads 2,048 positions (LlamaConfig's default); digits are one token each here. A query of
     3,000 digits before the real one scores as the 2,048 tokens that end it."""
-    base, scorer = guarded
+    base, _scorer = guarded
     tail = QUERY + tok.eos_token
     tail_len = len(tok(tail, add_special_tokens=False)["input_ids"])
     assert len(tok("1" * 10, add_special_tokens=False)["input_ids"]) == 10

@@ -8,10 +8,11 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from configs import load_config
-from stages import prm, reward_model
-from stages.prepared_data import read_split
-from stages.rewards.process_reward import ProcessRewardScorer
-from stages.rewards.reward_model import RewardModelScorer
+from stages.data.prepared import read_split
+from stages.prm import stage as prm
+from stages.rewards.prm_scorer import ProcessRewardScorer
+from stages.rewards.rm_scorer import RewardModelScorer
+from stages.rm import stage as reward_model
 from tests.stage.conftest import FAST, make_ctx
 
 SHORT = [*FAST, "rm.max_steps=10", "rm.eval_every=5", "rm.save_every=5", "prm.max_steps=10", "prm.eval_every=5", "prm.save_every=5"]
@@ -119,8 +120,8 @@ def test_rm_with_lora_trains_and_saves_only_an_adapter_that_peft_loads(prepared,
 def test_a_placeholder_the_tokenizer_lacks_is_added_by_data_prep_and_the_prm_trains_on_it(tmp_path):
     """A real checkpoint's tokenizer splits `<|step|>`-style placeholders: data prep adds it as one
     special token and resizes the embeddings, so the PRM stage runs on `model.name_or_path`."""
-    from stages import data_prep
     from stages.common import checkpoint
+    from stages.data_prep import stage as data_prep
     from tests.tiny_checkpoint import save_tiny_checkpoint
 
     local = save_tiny_checkpoint(["Compute 1+2\n1+2=3\nAnswer: 3"] * 4, tmp_path / "model")

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from stages import prm
-from stages import reward_model as rm_stage
+from stages.prm import stage as prm
 from stages.rl import stage as rl_stage
+from stages.rm import stage as rm_stage
 from tests.stage import rl_runs
 from tests.stage.rl_runs import ONE_UPDATE, RERUN_GAP, gap, quick_reward_model, tag_weights, tags
 
@@ -41,7 +41,7 @@ def test_ppo_with_a_critic_from_the_reward_model_keeps_it_as_a_value_network(pre
     """OpenRLHF's PPO with a reward model: the critic starts from the RM (rl.critic.init_from=reward_model; its first
     values are the RM's: tests/stage/test_rl_critic.py) and is kept (rl.critic.save_value_network) as critic_model,
     trained away from the RM's head, a checkpoint the RM loader reads."""
-    from stages.rewards.reward_model import load_reward_model
+    from stages.rewards.rm_scorer import load_reward_model
 
     rm_dir = quick_reward_model("rm", rm_stage, "pref_data", "reward_model", prepared, tmp_path)
     result, logged = run_rl(prepared, tmp_path / "rl", ["rl.algorithm.advantage_estimator=gae", "reward.source=rm",

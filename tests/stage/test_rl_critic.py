@@ -14,14 +14,14 @@ import torch
 from transformers import AutoModelForTokenClassification
 
 from configs import load_config
-from stages import reward_model as rm_stage
 from stages.common.checkpoint import load_tokenizer
-from stages.common.tokenization import last_token_index
-from stages.contract import NodeInputs
-from stages.prepared_data import read_split
-from stages.rewards.reward_model import load_reward_model
+from stages.dag.contract import NodeInputs
+from stages.data.prepared import read_split
+from stages.data.tokenization import last_token_index
+from stages.rewards.rm_scorer import load_reward_model
 from stages.rl.experience import Sample, sequence_batch
 from stages.rl.workers import CriticWorker
+from stages.rm import stage as rm_stage
 from tests.stage.conftest import FAST, make_ctx
 
 CRITIC = [*FAST, "rl.algorithm.advantage_estimator=gae", "rl.rollout.batch_size=2", "rl.rollout.n_samples_per_prompt=2",

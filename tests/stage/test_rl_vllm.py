@@ -9,10 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from configs import load_config
-from flows import vllm_env
+from flows.cli import vllm_env
 from runtime import rollout_engines
 from runtime.vllm_engine import VLLMRolloutEngine, runtime_env
-from stages.contract import NodeInputs
+from stages.dag.contract import NodeInputs
 from tests.stage.rl_runs import run_rl
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow,
@@ -53,7 +53,7 @@ def hf_log_probs(model, sample) -> list[float]:
 
 def prompt_ids(prepared, n: int) -> list[list[int]]:
     from stages.common import checkpoint
-    from stages.prepared_data import read_split
+    from stages.data.prepared import read_split
 
     tok = checkpoint.load_tokenizer(prepared["base_model"])
     return [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in read_split(prepared["eval_data"], "eval")[:n]]

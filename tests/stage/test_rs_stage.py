@@ -8,8 +8,8 @@ from transformers import AutoModelForCausalLM
 
 from configs import load_config
 from configs.errors import DataError
-from stages import rejection_sampling as rs
-from stages.common.tokenization import IGNORE_INDEX
+from stages.data.tokenization import IGNORE_INDEX
+from stages.rs import stage as rs
 from tests.stage.conftest import FAST, LENGTH_REWARD, make_ctx
 from tests.stage.test_sft_stage import Recorder
 

@@ -2,8 +2,8 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from stages import sft
-from stages.contract import run_timed
+from stages.dag.contract import run_timed
+from stages.sft import stage as sft
 from tests.stage.conftest import make_ctx
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
@@ -58,8 +58,8 @@ def test_checkpoint_loads_with_plain_transformers_and_generates(trained):
 def test_prompt_tokens_carry_no_loss(fast_config, prepared):
     """Loss only on the response: labels are -100 over each row's prompt segment."""
     from stages.common.checkpoint import load_tokenizer
-    from stages.common.tokenization import encode_segments
-    from stages.prepared_data import read_split
+    from stages.data.prepared import read_split
+    from stages.data.tokenization import encode_segments
 
     tok = load_tokenizer(prepared["base_model"])
     row = read_split(prepared["sft_data"], "train")[0]

@@ -20,7 +20,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from configs.schema import InfraConfig, TrainingConfig
 from runtime.worker_pool import WorkerPool, run_stage
 from stages.common import deepspeed_engine
-from stages.contract import StageContext, StageResult
+from stages.dag.contract import StageContext, StageResult
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 

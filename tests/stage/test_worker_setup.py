@@ -8,7 +8,7 @@ from configs import load_config
 from runtime import resources
 from runtime.resources import actor_class
 from runtime.rl_actors import RayActors
-from stages.contract import NodeInputs
+from stages.dag.contract import NodeInputs
 from stages.rl import stage as rl_stage
 from stages.rl.reward_worker import RewardWorker
 

@@ -6,7 +6,7 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import RunStatus
 
-from artifacts import store
+from artifacts import run_tags, store
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +29,7 @@ def client(tmp_path, monkeypatch, empty_store):
 
 def stage_run(client, tmp_path, fingerprint="fp1", finish=True, publish=True, register=False, artifact="sft_model"):
     """A run of a stage that outputs `artifact` (a one-file checkpoint), published and finished as asked."""
-    run = client.create_run(client.exp, tags={store.TAG_STAGE: "sft", store.TAG_FINGERPRINT: fingerprint})
+    run = client.create_run(client.exp, tags={run_tags.TAG_STAGE: "sft", run_tags.TAG_FINGERPRINT: fingerprint})
     out = tmp_path / f"out-{run.info.run_id}" / artifact
     out.mkdir(parents=True)
     (out / "config.json").write_text("{}")

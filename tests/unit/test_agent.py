@@ -12,13 +12,13 @@ import torch
 
 from configs import ConfigError, load_config
 from configs.errors import RewardError
-from stages import agent_file
-from stages.contract import NodeInputs
+from stages.dag.contract import NodeInputs
+from stages.data_prep.tiny_model import train_tokenizer
+from stages.rl import agent_file
 from stages.rl.episodes import Hosts, run_episodes
 from stages.rl.experience import Sample, place_on_actions, sequence_batch
 from stages.rl.in_process import InProcess
 from stages.rl.reward_worker import RewardWorker
-from stages.tiny_model import train_tokenizer
 
 PROMPT = "<|user|>\nCompute 7+14-9\n<|assistant|>\n"
 EXAMPLE = "agents/chained_arithmetic.py"
@@ -26,7 +26,7 @@ EXAMPLE = "agents/chained_arithmetic.py"
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from stages.synthetic_task import ANSWER_PREFIX  # the tiny task's vocabulary: digits, operators, markers
+    from stages.data_prep.synthetic_task import ANSWER_PREFIX  # the tiny task's vocabulary: digits, operators, markers
 
     return train_tokenizer([PROMPT, f"7+14=21\n21-9=12\n{ANSWER_PREFIX}12", "Compute 0123456789+-="], vocab_size=200)
 
@@ -62,10 +62,10 @@ def test_two_turns_mask_the_environments_tokens_and_reward_the_answers_ends(toke
     (sample,), scored = run_episodes(Actors(cfg, engine), tokenizer, [PROMPT], ["12"], cfg, seed=0,
                                      temperature=1.0, max_new_tokens=20)
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    first = encode("7+14=21\nAnswer: 21") + [tokenizer.eos_token_id]
+    first = [*encode("7+14=21\nAnswer: 21"), tokenizer.eos_token_id]
     # the environment's turn, with the chat markers: the whole problem, and the answer begun with the policy's first step
     between = encode("\n<|user|>\nCompute 7+14-9\n<|assistant|>\n7+14=21\n")
-    second = encode("21-9=12\nAnswer: 12") + [tokenizer.eos_token_id]
+    second = [*encode("21-9=12\nAnswer: 12"), tokenizer.eos_token_id]
     assert sample.prompt_ids == encode("<|user|>\nCompute 7+14\n<|assistant|>\n")  # the held-back operand is not shown
     assert sample.response_ids == first + between + second
     assert engine.contexts[1] == [sample.prompt_ids + first + between]  # turn 2 answers the whole conversation
@@ -171,7 +171,7 @@ def test_an_agent_file_is_checked_before_anything_runs(tmp_path, source, message
     path.write_text(source)
     with pytest.raises(RewardError, match=f"^rl.agent.path={re.escape(str(path))}: {re.escape(message)}"):
         agent_file.check(path)
-    with pytest.raises(RewardError, match="^rl.agent.path=missing.py: no such file$"):
+    with pytest.raises(RewardError, match=r"^rl.agent.path=missing.py: no such file$"):
         agent_file.resolve("missing.py")
     agent_file.check(agent_file.resolve(EXAMPLE))
 

@@ -36,7 +36,7 @@ def test_dataset_files_are_written_once_and_reused(tmp_path):
 
 
 def test_process_roles_from_command_lines():
-    assert scale.role(["python", "-m", "flows.cli", "run"], True) == "driver"
+    assert scale.role(["python", "-m", "flows.cli.main", "run"], True) == "driver"
     assert scale.role(["ray::StageWorker.run"], False) == "stage worker"
     assert scale.role(["ray::IDLE"], False) == "ray idle worker"
     assert scale.role(["/x/ray/core/src/ray/raylet/raylet", "--node_ip_address=1"], False) == "raylet"

@@ -25,3 +25,16 @@ def test_a_marker_is_filled_from_its_file_and_only_its_block_changes(tmp_path, m
         tables.refreshed("<!-- table: r.json#other -->\n<!-- /table -->", "p.md")
     with pytest.raises(SystemExit, match=r"^p.md: the table of gone.json: FileNotFoundError"):
         tables.refreshed("<!-- table: gone.json -->\n<!-- /table -->", "p.md")
+
+
+def test_the_suite_table_lists_runs_newest_first_in_minutes():
+    from benchmarks.suite import report
+
+    result = {"about": "Runs", "runs": [
+        {"when": "2026-11-28 15:00", "machine": "m", "how": "ci", "commit": "abc1234", "passed": 10, "total_s": 2391,
+         "pytest_s": 2263, "notes": "n"},
+        {"when": "2026-12-07 03:00", "machine": "m", "how": "tree", "passed": 12, "pytest_s": 1322}]}
+    assert report(result).splitlines()[2:] == [
+        "| when | machine | how | commit | tests | in all | pytest | notes |", "|---|---|---|---|---|---|---|---|",
+        "| 2026-12-07 03:00 | m | `pytest -q` in the tree |  | 12 |  | 22m02s |  |",
+        "| 2026-11-28 15:00 | m | clean clone, `.ci/run` | abc1234 | 10 | 39m51s | 37m43s | n |"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from flows.cli import parse_args
+from flows.cli.main import parse_args
 
 
 def test_overrides_before_between_and_after_options_are_all_taken_in_order():

@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from configs import load_config
-from flows.cli import new_store
-from flows.ray_cluster import named_address
+from flows.cli.main import new_store
+from flows.services.ray_cluster import named_address
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_a_cluster_is_named_by_ray_address_first_then_by_the_config(cfg, monkeyp
 
 
 def planned_preloads(cfg, scheduled: set[str]) -> dict[str, set[str]]:
-    from flows.ray_cluster import RaySession
+    from flows.services.ray_cluster import RaySession
 
     session = RaySession(cfg.infra)
     session.preload_drivers(cfg, scheduled)
@@ -54,7 +54,7 @@ def planned_preloads(cfg, scheduled: set[str]) -> dict[str, set[str]]:
 
 
 def test_the_rl_module_is_imported_once_a_stage_it_consumes_runs(cfg):
-    from stages import dag
+    from stages.dag import declaration as dag
 
     every = {s.name for s in dag.STAGES}
     # the tiny preset's RL reads data prep's prompts and the SFT policy (its reward is a rule): rm running
@@ -67,7 +67,7 @@ def test_the_rl_module_is_imported_once_a_stage_it_consumes_runs(cfg):
 
 
 def test_a_preload_starts_with_the_first_stage_that_runs_and_only_once(cfg, monkeypatch):
-    from flows import ray_cluster
+    from flows.services import ray_cluster
 
     started = []
     monkeypatch.setattr(ray_cluster, "import_all", started.append)

@@ -1,6 +1,7 @@
 """`rlhf cluster`: the command lines it starts the services with, its state file, what it prints, and how
 it finds and stops the processes it started (real processes, no services)."""
 
+import itertools
 import os
 import shutil
 import signal
@@ -13,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from configs import PipelineError
-from flows import cluster, processes
-from flows.cluster import Cluster
-from flows.processes import Proc, Row
+from flows.cli import cluster
+from flows.cli.cluster import Cluster
+from flows.services import processes
+from flows.services.processes import Proc, Row
 
 PORTS = {"postgres": 5001, "mlflow": 5002, "ray": 5003, "prefect": 5004}
 
@@ -23,7 +25,7 @@ PORTS = {"postgres": 5001, "mlflow": 5002, "ray": 5003, "prefect": 5004}
 def test_the_mlflow_server_stores_runs_in_postgres_and_serves_the_artifacts(tmp_path):
     command = cluster.mlflow_command(PORTS, tmp_path / "artifacts")
     assert command[:4] == [sys.executable, "-m", "mlflow", "server"]
-    given = dict(zip(command[4::1], command[5::1]))
+    given = dict(itertools.pairwise(command))
     assert given["--backend-store-uri"] == "postgresql+psycopg2://rlhf@127.0.0.1:5001/mlflow"
     assert given["--artifacts-destination"] == str(tmp_path / "artifacts")
     assert "--serve-artifacts" in command and given["--host"] == "127.0.0.1" and given["--port"] == "5002"

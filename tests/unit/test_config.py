@@ -286,7 +286,7 @@ def test_eval_metric_defaults_to_reward_for_a_free_form_task(tmp_path):
     assert load_config("tiny", ["eval.metric=sampled_accuracy"]).eval.metric == "sampled_accuracy"
 
 
-@pytest.mark.parametrize("metric, why", [("perplexity", "lower is better"), ("response_length", "longer is not better")])
+@pytest.mark.parametrize(("metric", "why"), [("perplexity", "lower is better"), ("response_length", "longer is not better")])
 def test_eval_metric_refuses_what_ranks_no_model(metric, why):
     with pytest.raises(ConfigError) as exc:
         load_config("tiny", [f"eval.metric={metric}"])
@@ -363,7 +363,8 @@ def test_files_source_without_prompts_fails():
 def test_without_sft_rows_no_stage_that_trains_on_them_runs(tmp_path):
     """data.sft may be left out where inputs.sft_model is pinned; a stage that would train on SFT rows is then a
     one-line error before the run, and eval runs without them (no perplexity)."""
-    from stages import dag, preflight
+    from stages.dag import declaration as dag
+    from stages.dag import preflight
 
     rows = tmp_path / "p.jsonl"
     rows.write_text("".join(f'{{"input": "{a}+1", "label": "{a + 1}"}}\n' for a in range(10)))
@@ -383,7 +384,7 @@ def test_without_sft_rows_no_stage_that_trains_on_them_runs(tmp_path):
 
 
 def test_files_source_with_sft_but_no_prompts_fails():
-    with pytest.raises(ConfigError, match="needs at least data.prompts"):
+    with pytest.raises(ConfigError, match=r"needs at least data.prompts"):
         load_config("tiny", ["data.source=files", "data.sft.paths=[a.jsonl]"])
 
 
@@ -396,7 +397,7 @@ def test_schema_forbids_unknown_keys_and_validates_assignment():
 
 
 def test_qlora_without_adapters_is_refused():
-    with pytest.raises(ConfigError, match="sft.lora.*load_in_4bit.*rank > 0"):
+    with pytest.raises(ConfigError, match=r"sft.lora.*load_in_4bit.*rank > 0"):
         load_config(None, ["sft.lora.load_in_4bit=true"])
     assert load_config(None, ["rm.lora.rank=8", "rm.lora.load_in_4bit=true"]).rm.lora.load_in_4bit
 
@@ -442,7 +443,7 @@ def test_without_a_base_the_defaults_are_for_pretrained_models(tmp_path):
 
 def test_the_sections_with_a_router_loss_are_read_from_the_schema():
     from configs.schema import sections_with
-    from stages.preflight import AUX_LOSS_SECTIONS
+    from stages.dag.preflight import AUX_LOSS_SECTIONS
 
     # every training stage and the RL policy and critic (the critic's is refused when set)
     assert set(AUX_LOSS_SECTIONS) == {"sft", "rm", "prm", "dpo", "rs", "kd", "csft", "rl.actor", "rl.critic"}

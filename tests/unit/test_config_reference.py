@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import json
 import re
-import typing
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from configs.reference import COMMAND, reference
-from configs.schema import PipelineConfig
+from configs.schema import PipelineConfig, section_type
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config-reference.md"
 
 
 def test_the_docs_page_is_what_the_schema_generates():
     assert DOC.read_text() == reference(), f"docs/config-reference.md is stale: run `{COMMAND}`"
-
-
-def section_type(annotation) -> type[BaseModel] | None:
-    for arg in (annotation, *typing.get_args(annotation)):
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg
-    return None
 
 
 def leaves(cls: type[BaseModel], value, prefix: str = "") -> dict[str, object]:
@@ -45,9 +37,8 @@ def documented(text: str) -> dict[str, str]:
     for line in text.splitlines():
         if line.startswith("## "):
             paths = re.findall(r"`([^`]+)`", line) or [""]
-        elif m := re.match(r"\| `(\w+)` \| ((?:[^|\\]|\\.)+) \| ((?:[^|\\]|\\.)*) \|", line):
-            if m[2].strip() != "section":
-                rows |= {f"{p}.{m[1]}".lstrip("."): m[3].strip().replace("\\|", "|") for p in paths}
+        elif (m := re.match(r"\| `(\w+)` \| ((?:[^|\\]|\\.)+) \| ((?:[^|\\]|\\.)*) \|", line)) and m[2].strip() != "section":
+            rows |= {f"{p}.{m[1]}".lstrip("."): m[3].strip().replace("\\|", "|") for p in paths}
     return rows
 
 

@@ -3,7 +3,7 @@
 import time
 
 from configs.schema import PipelineConfig
-from stages.contract import StageContext, StageResult, run_timed
+from stages.dag.contract import StageContext, StageResult, run_timed
 
 
 def test_run_timed_stamps_the_span_of_the_stage_function(tmp_path):

@@ -7,9 +7,9 @@ import torch
 
 from configs import ConfigError, load_config
 from configs.schema import PipelineConfig
-from stages import dag
-from stages.preflight import check_critic_start
-from stages.rewards.reward_model import RewardHead
+from stages.dag import declaration as dag
+from stages.dag.preflight import check_critic_start
+from stages.rewards.rm_scorer import RewardHead
 
 GAE = "rl.algorithm.advantage_estimator=gae"
 FILES = {"source": "files", "sft": {"paths": ["x.jsonl"]}, "prompts": {"paths": ["y.jsonl"]}}
@@ -29,7 +29,7 @@ def test_init_path_goes_with_init_from_path_and_saving_refuses_a_4bit_base():
     with pytest.raises(ConfigError, match="rl.critic.init_path names the critic's starting checkpoint exactly when "
                                           r"rl.critic.init_from: path \(set both, or neither\)"):
         load_config(None, [GAE, "rl.critic.init_from=path"])
-    with pytest.raises(ConfigError, match="exactly when rl.critic.init_from: path"):
+    with pytest.raises(ConfigError, match=r"exactly when rl.critic.init_from: path"):
         load_config(None, [GAE, "rl.critic.init_path=/rm"])
     assert load_config(None, [GAE, "rl.critic.init_from=path", "rl.critic.init_path=/rm"]).rl.critic.init_path == "/rm"
     with pytest.raises(ConfigError, match=r"rl.critic.save_value_network saves the critic with its adapters merged, which a "

@@ -1,4 +1,4 @@
-"""stages/dag.py: the declared DAG is well formed and its helpers compute the right closures."""
+"""stages/dag/declaration.py: the declared DAG is well formed and its helpers compute the right closures."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import stages
 from artifacts import code_graph
 from artifacts.fingerprint import code_version, config_subset
 from configs.schema import PipelineConfig
-from stages import dag
-from stages.dag import BY_NAME, STAGES, check_order, producer, upstream
+from stages.dag import declaration as dag
+from stages.dag.declaration import BY_NAME, STAGES, check_order, producer, upstream
 
 
 def test_stage_names_and_order():
@@ -157,7 +157,7 @@ def test_a_stage_code_is_the_project_modules_its_entrypoint_imports(spec):
 
 
 def test_eval_code_covers_what_it_reads_data_and_names_results_with():
-    assert {"stages.evaluate", "stages.prepared_data", "stages.eval_results"} <= set(code_graph.module_closure("stages.evaluate"))
+    assert {"stages.eval.stage", "stages.data.prepared", "stages.eval.results"} <= set(code_graph.module_closure("stages.eval.stage"))
 
 
 @pytest.fixture
@@ -179,17 +179,17 @@ def test_code_versions_are_the_same_in_another_checkout(checkout):
 
 EDITS = {
     "stages.dpo.losses": {"dpo"},
-    "stages.eval_results": {"eval"},
-    "stages.eval_metrics": {"rl", "eval"},  # RL's periodic evals share eval's metrics
-    "stages.reward_model": {"rm", "lora_merge"},  # lora_merge saves merged reward models with it
+    "stages.eval.results": {"eval"},
+    "stages.eval.metrics": {"rl", "eval"},  # RL's periodic evals share eval's metrics
+    "stages.rm.stage": {"rm", "lora_merge"},  # lora_merge saves merged reward models with it
     "stages.rewards.remote": {"rl", "dpo", "rs", "csft", "eval"},  # the reward sources iterative DPO, rs and eval score with too
-    "stages.prepared_data": set(BY_NAME),  # every stage reads its data with it (data prep writes it)
-    "stages.data_prep": {"data_prep"},  # the stages read what it wrote, not its code
+    "stages.data.prepared": set(BY_NAME),  # every stage reads its data with it (data prep writes it)
+    "stages.data_prep.stage": {"data_prep"},  # the stages read what it wrote, not its code
     "stages.common.generation": {"rl", "dpo", "rs", "eval"},
-    "stages.sft": {"sft", "rs", "csft"},  # rs and csft train with SFT's loss
+    "stages.sft.stage": {"sft", "rs", "csft"},  # rs and csft train with SFT's loss
     "stages.common.conditioning": {"csft", "eval"},  # eval prompts a csft policy as it was trained
     "stages.kd.losses": {"kd"},
-    "stages.preflight": set(),  # the flow's checks: no stage imports them
+    "stages.dag.preflight": set(),  # the flow's checks: no stage imports them
     "flows.summary": set(),
 }
 

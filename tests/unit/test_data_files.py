@@ -16,10 +16,14 @@ import pytest
 
 from configs.errors import DataError
 from configs.schema import DatasetConfig, PipelineConfig, TinyModelConfig
-from stages import data_files, data_prep, preflight, prepared_data, tiny_model
 from stages.common import checkpoint, checkpoint_paths
-from stages.common.tokenization import IGNORE_INDEX, encode_segments
-from stages.contract import StageContext
+from stages.dag import preflight
+from stages.dag.contract import StageContext
+from stages.data import files as data_files
+from stages.data import prepared as prepared_data
+from stages.data.tokenization import IGNORE_INDEX, encode_segments
+from stages.data_prep import stage as data_prep
+from stages.data_prep import tiny_model
 from tests.prepared_rows import file_rows
 
 EOS = tiny_model.EOS
@@ -123,7 +127,7 @@ def test_json_folder_without_json_files_is_a_data_error(tmp_path):
     (tmp_path / "x.txt").write_text("hi")
     with pytest.raises(DataError, match=r"json@.*: no \.json/\.jsonl files in"):
         data_files.load_source(f"json@{tmp_path}", "train")
-    with pytest.raises(DataError, match="no .json/.jsonl files"):
+    with pytest.raises(DataError, match=r"no .json/.jsonl files"):
         data_files.load_source(f"json@{tmp_path / 'missing'}", "train")
 
 
@@ -152,7 +156,7 @@ def test_renamed_keys_are_read(tmp_path):
     assert len(ev) == 0
 
 
-@pytest.mark.parametrize("name,text", [("e.jsonl", ""), ("blank.jsonl", "  \n\n"), ("e.csv", ""), ("e.parquet", "")])
+@pytest.mark.parametrize(("name", "text"), [("e.jsonl", ""), ("blank.jsonl", "  \n\n"), ("e.csv", ""), ("e.parquet", "")])
 def test_empty_file_is_a_data_error_naming_the_paths_key(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(text)
@@ -161,7 +165,7 @@ def test_empty_file_is_a_data_error_naming_the_paths_key(tmp_path, name, text):
     assert str(err.value) == f"{path}: file is empty; add rows or remove it from data.sft.paths"
 
 
-@pytest.mark.parametrize("name,text", [("a.json", "[]"), ("h.csv", "input,output\n")])
+@pytest.mark.parametrize(("name", "text"), [("a.json", "[]"), ("h.csv", "input,output\n")])
 def test_a_file_without_rows_is_a_data_error(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(text)
@@ -302,7 +306,7 @@ def write_lines(path: Path, *lines: str) -> Path:
 
 
 @pytest.mark.parametrize(
-    "section,kw,lines,message",
+    ("section", "kw", "lines", "message"),
     [
         ("sft", {}, ['{"input": "q", "output": "a"}', '{"input": 42, "output": "a"}'],
          "line 2: 'input' (data.sft.input_key) must be a string or a list of {role, content} messages, not the number 42"),
@@ -373,7 +377,7 @@ def test_parquet_text_that_is_not_utf8_names_the_row(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name,text,message",
+    ("name", "text", "message"),
     [
         ("d.jsonl", '{"input": "q", "output": "a"}\n\n{"input": "r" "output": "a"}\n',
          "line 3: not valid JSON (Expecting ',' delimiter at column 15); fix or remove that line"),
@@ -823,7 +827,7 @@ def test_a_bad_multiturn_row_is_named(tok, model_dir, tmp_path):
         file_rows(cfg, tok)
 
 
-@pytest.mark.parametrize("n, ratio, min_rows, expected", [
+@pytest.mark.parametrize(("n", "ratio", "min_rows", "expected"), [
     (200, 0.05, 100, 40),    # the ratio alone: 10; at least 100, but at most a fifth of the source
     (5000, 0.05, 100, 250),  # the ratio wins on a large source
     (1000, 0.02, 100, 100),  # the minimum wins

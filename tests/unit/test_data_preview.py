@@ -7,8 +7,8 @@ import json
 from rich.console import Console
 
 from configs import load_config
-from flows.cli import main
-from flows.data_preview import length_line, percentile, preview, render, tokens_with_loss
+from flows.cli.data_preview import length_line, percentile, preview, render, tokens_with_loss
+from flows.cli.main import main
 
 SMALL = ["data.synthetic.num_train=40", "data.synthetic.num_eval=8", "data.synthetic.num_prompts=8"]
 
@@ -48,7 +48,7 @@ def test_every_dataset_of_the_preset_is_shown_with_its_loss_tokens():
 
 def test_the_marked_tokens_are_the_ones_sft_trains_on():
     cfg = load_config(None, SMALL)
-    from stages.data_prep import build_datasets, tokenizer_for
+    from stages.data_prep.stage import build_datasets, tokenizer_for
 
     tokenizer = tokenizer_for(cfg)
     row = build_datasets(cfg, tokenizer)["sft_data"]["train"][0]  # the rendered row, with the ids SFT trains on

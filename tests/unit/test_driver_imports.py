@@ -16,8 +16,9 @@ pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/tes
 DRIVER = f"""
 import sys
 from configs import load_config
-from flows import cli, pipeline
-from stages import preflight
+from flows import pipeline
+from flows.cli import main as cli
+from stages.dag import preflight
 
 preflight.check(load_config(None, []))
 print(" ".join(sorted(set({HEAVY!r}) & set(sys.modules))))

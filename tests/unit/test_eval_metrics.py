@@ -1,4 +1,4 @@
-"""stages/eval_metrics.py: the held-out metrics the eval stage and RL's periodic evals report."""
+"""stages/eval/metrics.py: the held-out metrics the eval stage and RL's periodic evals report."""
 
 from math import comb
 from typing import get_args
@@ -6,7 +6,7 @@ from typing import get_args
 import pytest
 
 from configs.schema import EvalMetric
-from stages.eval_metrics import by_prompt, held_out_metrics
+from stages.eval.metrics import by_prompt, held_out_metrics
 
 # 4 prompts, k = 2 samples each
 REWARDS = [1.0, 0.0, 1.0, 0.0]

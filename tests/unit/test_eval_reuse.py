@@ -8,7 +8,7 @@ import json
 import pytest
 from mlflow import MlflowClient
 
-from artifacts import store
+from artifacts import run_tags, store
 from flows import eval_reuse
 
 pytestmark = pytest.mark.slow  # a SQLite MLflow store: `pytest -m "not slow"` leaves it out
@@ -20,10 +20,10 @@ def tracking(tmp_path):
     return client, client.create_experiment("e", artifact_location=(tmp_path / "artifacts").as_uri())
 
 
-def eval_run(client, experiment, tmp_path, key: str, models: dict[str, str], status: str = store.COMPLETE) -> str:
+def eval_run(client, experiment, tmp_path, key: str, models: dict[str, str], status: str = run_tags.COMPLETE) -> str:
     """An eval run with scoring key `key` that scored `models` (name -> checkpoint identity)."""
-    run = client.create_run(experiment, tags={eval_reuse.SCORING_TAG: key, store.TAG_STATUS: status,
-                                              **{f"{store.TAG_INPUT_PREFIX}{m}_model": ident for m, ident in models.items()}}).info.run_id
+    run = client.create_run(experiment, tags={eval_reuse.SCORING_TAG: key, run_tags.TAG_STATUS: status,
+                                              **{f"{run_tags.TAG_INPUT_PREFIX}{m}_model": ident for m, ident in models.items()}}).info.run_id
     report = tmp_path / run / "eval_report"
     report.mkdir(parents=True)
     for model in models:

@@ -269,7 +269,7 @@ def test_a_new_import_brings_its_module_into_the_code_version(fake_package):
 
 
 def test_the_code_version_is_the_same_from_another_checkout(fake_package, tmp_path):
-    name, root = fake_package
+    name, _root = fake_package
     write_tree(tmp_path / "b", name)
     here = code_version(f"{name}.entry", (name,))
     assert code_version(f"{name}.entry", (name,), search=[tmp_path / "b"]) == here
@@ -278,7 +278,7 @@ def test_the_code_version_is_the_same_from_another_checkout(fake_package, tmp_pa
 
 
 def test_code_version_exact_value(fake_package):
-    name, root = fake_package
+    name, _root = fake_package
     source = b"S = 1\n"
     expected = hashlib.sha256(f"{name}:0:".encode() + f"{name}.shared:{len(source)}:".encode() + source)
     assert code_version(f"{name}.shared", (name,)) == expected.hexdigest()[:16]

@@ -4,7 +4,7 @@ import json
 import random
 
 from benchmarks import freeform
-from stages.rewards.function import FunctionScorer
+from stages.rewards.func_scorer import FunctionScorer
 
 
 def test_the_reward_is_one_for_the_sorted_words_only(tmp_path):

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-import flows.from_openrlhf
+import flows.cli.from_openrlhf
 from configs import load_config
 from configs.errors import ConfigError
-from configs.openrlhf_page import COMMAND, page
+from configs.from_openrlhf.page import COMMAND, page
 from configs.schema import PipelineConfig
-from flows.cli import main
-from flows.from_openrlhf import converted, run
+from flows.cli.from_openrlhf import converted, run
+from flows.cli.main import main
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,7 +26,7 @@ TRAINER_SCRIPTS = sorted(p.name for p in SCRIPTS.glob("*.sh") if p.name not in C
 
 def convert(name: str, *sets: str) -> tuple[PipelineConfig, str]:
     text, _ = converted((SCRIPTS / name).read_text(), name, sets)
-    return flows.from_openrlhf.load(text, name), text  # as `rlhf run --config` loads it
+    return flows.cli.from_openrlhf.load(text, name), text  # as `rlhf run --config` loads it
 
 
 def not_mapped(text: str) -> list[str]:
@@ -300,12 +300,12 @@ def test_a_script_that_calls_another_module_says_so():
 def test_frozen_model_offload_reward_normalization_and_liger_kernels():
     flat, _ = converted("python -m openrlhf.cli.train_ppo_ray --pretrain m --prompt_data p --reward_pretrain r "
                         "--ref_reward_offload --normalize_reward --use_liger_kernel\n", "s.sh")
-    cfg = flows.from_openrlhf.load(flat, "s.sh")
+    cfg = flows.cli.from_openrlhf.load(flat, "s.sh")
     assert cfg.rl.placement.ref_offload and cfg.rl.placement.reward_offload  # the flat flag: both frozen models
     assert cfg.reward.normalize is True and cfg.model.use_liger_kernel
     nested, _ = converted("python -m openrlhf.cli.train_ppo_ray --actor.model_name_or_path m --data.prompt_dataset p "
                           "--reward.model_name_or_path r --reward.offload\n", "s.sh")
-    cfg = flows.from_openrlhf.load(nested, "s.sh")
+    cfg = flows.cli.from_openrlhf.load(nested, "s.sh")
     assert cfg.rl.placement.reward_offload and not cfg.rl.placement.ref_offload  # the nested flags: one each
     assert cfg.reward.normalize is None  # no --reward.normalize_enable: as the checkpoint says (false in OpenRLHF's)
     # a reward function has no statistics: OpenRLHF ignores the flag, and so does the conversion, saying why
@@ -350,7 +350,7 @@ def test_a_ppo_eval_dataset_is_read_with_the_prompts_keys_and_a_trainers_is_list
     script = ("python3 -m openrlhf.cli.train_ppo_ray --pretrain m --prompt_data p --input_key q --label_key a "
               "--apply_chat_template --eval_dataset e --eval_split test --remote_rm_url http://x/get_reward\n")
     text, _ = converted(script, "ppo.sh", ())
-    cfg = flows.from_openrlhf.load(text, "ppo.sh")
+    cfg = flows.cli.from_openrlhf.load(text, "ppo.sh")
     held = cfg.data.eval_prompts
     assert held is not None and (held.paths, held.split, held.input_key, held.label_key, held.apply_chat_template) == (
         ["e"], "test", "q", "a", True)

@@ -12,7 +12,7 @@ import pytest
 
 from configs import load_config
 from stages.common.answers import is_correct
-from stages.rewards.function import FunctionScorer
+from stages.rewards.func_scorer import FunctionScorer
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -3,7 +3,7 @@ Ray work to forward that work's last lines; the time the flow spent publishing s
 
 from __future__ import annotations
 
-from flows.ray_cluster import LOG_FLUSH_S, log_flush_left
+from flows.services.ray_cluster import LOG_FLUSH_S, log_flush_left
 
 
 def test_the_wait_is_what_is_left_of_the_flush_after_the_last_work():

@@ -24,7 +24,7 @@ def test_rl_step_metrics_put_the_headline_curves_under_train_and_drop_what_the_c
                      "critic/value_loss": 0.2, "reward/answered": 0.9, "time/training": 1.5}
 
 
-@pytest.mark.parametrize("override, kept", [("rl.algorithm.kl_target=0.05", "rollout/kl_coef"),
+@pytest.mark.parametrize(("override", "kept"), [("rl.algorithm.kl_target=0.05", "rollout/kl_coef"),
                                             ("rl.algorithm.dynamic_filtering=true", "rollout/filtered_groups"),
                                             ("rl.rollout.engine=hf", "time/weight_sync"),
                                             ("rl.actor.warmup_ratio=0.1", "actor/lr")])
@@ -35,7 +35,7 @@ def test_rl_step_metrics_keep_a_series_the_config_lets_vary(override, kept):
 
 
 def test_every_stage_key_metric_follows_the_scheme():
-    from stages.dag import STAGES
+    from stages.dag.declaration import STAGES
 
     assert {s.name: s.key_metric.partition("/")[0] for s in STAGES} == {
         "data_prep": "rows", "sft": "eval", "rm": "eval", "prm": "eval", "rl": "eval", "dpo": "eval", "rs": "eval", "kd": "eval", "csft": "eval",
@@ -57,7 +57,7 @@ def test_a_pipeline_run_carries_each_stages_results_not_its_training_series():
         "lora_merge/merge/max_logit_diff": 1e-6, "lora_merge/merge/models": 1.0}
 
 
-@pytest.mark.parametrize("statuses, phrase", [
+@pytest.mark.parametrize(("statuses", "phrase"), [
     ({"data_prep": "ran", "sft": "ran", "eval": "ran"}, "3 ran"),
     ({"data_prep": "cached", "sft": "cached"}, "all cached"),
     ({"data_prep": "cached", "rm": "ran", "eval": "cached"}, "1 ran, 2 cached"),

@@ -7,7 +7,8 @@ import shutil
 import yaml
 from mlflow.entities import Metric, RunStatus
 
-from artifacts import datasets, registry, store
+from artifacts import datasets, run_tags, store
+from artifacts import model_registry as registry
 from artifacts.store import ArtifactRef
 from flows import run_views
 from tests.unit.conftest import stage_run
@@ -16,7 +17,7 @@ PAIR = {"prompt": "p", "chosen": "a", "rejected": "b", "margin": 0.5}
 
 
 def write_manifest(folder, entries):
-    """What data prep writes beside its splits (stages/prepared_data.py), by hand."""
+    """What data prep writes beside its splits (stages/data/prepared.py), by hand."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / datasets.MANIFEST).write_text(json.dumps(entries))
 
@@ -99,8 +100,8 @@ def test_a_reused_stage_shows_under_the_pipeline_run_that_reused_it(client, tmp_
     child = run_views.record_reuse(client, client.exp, parent, "sft", client.get_run(made))
     run = client.get_run(child)
     assert run.info.run_name == "sft · cached" and run.info.status == RunStatus.to_string(RunStatus.FINISHED)
-    assert run.data.tags[store.TAG_PARENT] == parent and run.data.tags[run_views.TAG_REUSED] == made
-    assert store.TAG_STAGE not in run.data.tags  # nobody's cache entry
+    assert run.data.tags[run_tags.TAG_PARENT] == parent and run.data.tags[run_views.TAG_REUSED] == made
+    assert run_tags.TAG_STAGE not in run.data.tags  # nobody's cache entry
     assert run.data.metrics == {"eval/loss": 0.5}
     assert f"(#/experiments/{client.exp}/runs/{made})" in run.data.tags["mlflow.note.content"]
 
@@ -126,7 +127,7 @@ def test_data_prep_reads_the_files_or_hub_datasets_its_config_names_or_the_synth
 
 
 def test_rlhf_compare_reads_key_metrics_under_the_scheme_and_in_runs_made_before_it(client):
-    from flows.report import comparison
+    from flows.cli.runs import comparison
 
     old, new = (client.create_run(client.exp).info.run_id for _ in range(2))
     client.log_batch(old, metrics=[Metric("eval_loss", 0.25, 0, 0)])

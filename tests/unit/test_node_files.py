@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from artifacts import node_files, registry, store
+from artifacts import model_registry as registry
+from artifacts import node_files, run_tags, store
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 
@@ -38,7 +39,7 @@ def tracking(tmp_path, monkeypatch):
 
 
 def stage_run(client, experiment, fingerprint="fp1") -> str:
-    return client.create_run(experiment, tags={store.TAG_STAGE: "sft", store.TAG_FINGERPRINT: fingerprint}).info.run_id
+    return client.create_run(experiment, tags={run_tags.TAG_STAGE: "sft", run_tags.TAG_FINGERPRINT: fingerprint}).info.run_id
 
 
 def save_checkpoint(work: Path, folder: str, step: int) -> Path:
@@ -91,7 +92,7 @@ def test_a_rerun_on_another_node_resumes_from_the_newest_uploaded_checkpoint(tra
     assert (third.work_dir() / "rounds" / "round3.pt").read_text() == "pairs of round 3"
 
     # a complete run's checkpoints are never resumed from
-    client.set_tag(first.run_id, store.TAG_STATUS, store.COMPLETE)
+    client.set_tag(first.run_id, run_tags.TAG_STATUS, run_tags.COMPLETE)
     assert node_files.resumable_run(client, experiment, "sft", "fp1", rerun_id) is None
 
 
@@ -135,7 +136,7 @@ def test_a_driver_stages_actor_on_another_node_reads_its_own_copy_of_the_inputs(
     names from that node's download of the producing run, not by the loop's path."""
     import pickle
 
-    from stages.contract import NodeInputs
+    from stages.dag.contract import NodeInputs
 
     uri, client, experiment = tracking
     producer = stage_run(client, experiment)

@@ -15,7 +15,7 @@ import torch
 from configs import load_config
 from configs.errors import RewardError
 from stages.openrlhf_compat.answers import extract_boxed_answer, grade_answer
-from stages.rewards.function import FunctionScorer
+from stages.rewards.func_scorer import FunctionScorer
 from stages.rl.agent import Episodes
 from stages.rl.episodes import run_episodes
 from tests.unit.test_agent import PROMPT, Actors, ScriptedEngine, tokenizer  # noqa: F401 - the module fixture

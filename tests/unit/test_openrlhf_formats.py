@@ -17,9 +17,12 @@ import pytest
 from configs import load_config
 from configs.errors import ConfigError, DataError
 from configs.schema import PipelineConfig, TinyModelConfig
-from stages import chat_template, dag, data_prep, prm_rows, tiny_model
 from stages.common import checkpoint, checkpoint_paths
-from stages.contract import StageContext
+from stages.dag import declaration as dag
+from stages.dag.contract import StageContext
+from stages.data import chat_template, prm_rows
+from stages.data_prep import stage as data_prep
+from stages.data_prep import tiny_model
 from stages.dpo import stage as dpo
 from tests.prepared_rows import file_rows
 
@@ -143,10 +146,10 @@ def test_with_data_prm_data_prep_makes_prm_data_and_the_prm_stage_runs(model_dir
     assert "prm_data" in dag.BY_NAME["data_prep"].outputs and dag.BY_NAME["prm"].wanted_inputs(cfg) == ("sft_model", "prm_data")
     assert "data.prm.paths" in dag.BY_NAME["data_prep"].local_sources
     assert data_prep.has_prm_rows(cfg) and not data_prep.has_prm_rows(files_config(model_dir, tmp_path))
-    from flows.from_openrlhf import stage_plan
+    from stages.dag.plan import plan
 
-    assert stage_plan(cfg)["prm"] == "runs"
-    assert stage_plan(files_config(model_dir, tmp_path))["prm"] == "off: no PRM data (data.prm)"
+    assert plan(cfg)["prm"].line() == "runs"
+    assert plan(files_config(model_dir, tmp_path))["prm"].line() == "off: no PRM data (data.prm)"
 
 
 def test_prm_rows_are_one_text_each():
@@ -245,14 +248,14 @@ def test_pretrain_rows_are_plain_text_trained_on_every_token_and_cut_to_max_len(
     rows = sorted(both_splits(out, "sft_data"), key=lambda r: r["texts"][0])
     cut = rows[-1]["texts"][0]
     assert rows[:2] == [{"texts": ["hello world"], "train": [True]}, {"texts": ["question answer"], "train": [True]}]
-    assert rows[-1]["train"] == [True] and "x" * 100 != cut and ("x" * 100).startswith(cut)
+    assert rows[-1]["train"] == [True] and cut != "x" * 100 and ("x" * 100).startswith(cut)
     assert len(tok(cut, add_special_tokens=False)["input_ids"]) <= 32
 
 
 def test_pretrain_mode_reads_text_files_only(model_dir, tmp_path):
-    with pytest.raises(ConfigError, match="sft.pretrain_mode trains on plain-text rows read from files"):
+    with pytest.raises(ConfigError, match=r"sft.pretrain_mode trains on plain-text rows read from files"):
         load_config(None, ["sft.pretrain_mode=true"])
-    with pytest.raises(ValueError, match="csft.enabled with sft.pretrain_mode: conditional SFT puts a score in each prompt"):
+    with pytest.raises(ValueError, match=r"csft.enabled with sft.pretrain_mode: conditional SFT puts a score in each prompt"):
         files_config(model_dir, tmp_path, sft={"pretrain_mode": True}, csft={"enabled": True})
 
 

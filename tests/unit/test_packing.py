@@ -11,11 +11,13 @@ from transformers import LlamaForSequenceClassification, LlamaForTokenClassifica
 from configs import load_config
 from configs.errors import ConfigError
 from configs.schema import DPOConfig, RLConfig
-from stages import preflight, prm, reward_model
 from stages.common import packing
+from stages.dag import preflight
 from stages.dpo import stage as dpo
+from stages.prm import losses as prm
 from stages.rl.losses import value_loss
 from stages.rl.workers import actor_loss, critic_values, token_log_probs
+from stages.rm import stage as reward_model
 from tests.same_gradients import assert_same_loss_and_grads
 from tests.tiny_llama import tiny
 

@@ -7,8 +7,8 @@ import pytest
 from configs import load_config
 from configs.errors import ConfigError, PipelineError, RewardError
 from flows import pre_run
-from flows.cli import main
-from stages import preflight
+from flows.cli.main import main
+from stages.dag import preflight
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,7 +35,7 @@ def test_problems_are_every_failed_check_in_order_and_check_raises_the_first():
     assert str(found[0]).startswith("--only evall: unknown stage")
     assert str(found[1]).startswith("reward.func_path=missing.py: no such file")
     assert str(found[2]).startswith("infra.num_workers=4 x infra.cpus_per_worker=2 needs 8 CPUs")
-    with pytest.raises(ConfigError, match="^--only evall: unknown stage"):
+    with pytest.raises(ConfigError, match=r"^--only evall: unknown stage"):
         pre_run.check(cfg, [], ["evall"])
 
 
@@ -47,7 +47,7 @@ def test_check_makes_no_check_after_the_first_that_fails(monkeypatch):
         raise PipelineError("the first problem")
 
     monkeypatch.setattr(preflight, "CHECKS", (failing, lambda cfg, only: made.append("later")))
-    with pytest.raises(PipelineError, match="^the first problem$"):
+    with pytest.raises(PipelineError, match=r"^the first problem$"):
         pre_run.check(load_config(None, []))
     assert made == ["failing"]
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import yaml
 from prefect.flows import load_flow_from_entrypoint
 
+from flows.cli.serve import DEPLOYMENTS
 from flows.pipeline import FLOW_NAME
-from flows.serve import DEPLOYMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
 

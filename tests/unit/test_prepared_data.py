@@ -12,7 +12,9 @@ import pytest
 
 from configs.errors import DataError
 from configs.schema import PipelineConfig
-from stages import data_prep, prepared_data, tiny_model
+from stages.data import prepared as prepared_data
+from stages.data_prep import stage as data_prep
+from stages.data_prep import tiny_model
 from tests.prepared_rows import file_rows
 
 EOS = tiny_model.EOS

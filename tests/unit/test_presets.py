@@ -8,7 +8,7 @@ import pytest
 
 from configs import load_config
 from configs.loader import PRESET_DIR
-from stages.preflight import check_inputs
+from stages.dag.preflight import check_inputs
 from stages.rl.layout import bundles_needed, group_sizes, pools
 
 PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
@@ -28,7 +28,7 @@ def test_preset_loads_and_passes_preflight(name):
         assert cfg.model.name_or_path and cfg.infra.precision == "bf16" and cfg.infra.gpus_per_worker == 1
 
 
-@pytest.mark.parametrize("name, gpus", GPU_PRESETS.items())
+@pytest.mark.parametrize(("name", "gpus"), GPU_PRESETS.items())
 def test_rl_layout_needs_the_gpus_the_preset_says(name, gpus):
     cfg = load_config(name)
     assert bundles_needed(cfg, cfg.rl.algorithm.needs_critic)[1] == gpus
@@ -69,7 +69,7 @@ def test_the_files_template_runs_its_checks_once_its_files_exist(tmp_path, monke
     """What a user who copies configs/files-example.yaml has: the files it names, OpenRLHF-shaped."""
     import json
 
-    from stages.preflight import check
+    from stages.dag.preflight import check
     from tests.tiny_checkpoint import save_tiny_checkpoint
 
     model = save_tiny_checkpoint(["Name a colour.\nblue"] * 4, tmp_path / "model")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from configs.errors import RewardError
 from configs.redaction import logged, redacted
-from flows.serve import BACKEND_URI_ENV, mlflow_ui_command
+from flows.cli.serve import BACKEND_URI_ENV, mlflow_ui_command
 from stages.common.dist_env import free_port
-from stages.rewards.errors import RewardError
 from stages.rewards.remote import RemoteScorer
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,7 +12,7 @@ from configs.estimators import ESTIMATORS, Estimator
 from configs.registry import Registry
 from configs.reward_sources import REWARD_SOURCES, RewardSourceSpec
 from configs.schema import PipelineConfig
-from stages.dag import BY_NAME
+from stages.dag.declaration import BY_NAME
 
 REGISTRIES = {"rl.algorithm.advantage_estimator": ESTIMATORS, "reward.source": REWARD_SOURCES, "dpo.loss": DPO_OBJECTIVES}
 

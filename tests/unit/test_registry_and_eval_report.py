@@ -8,7 +8,8 @@ import pytest
 from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 
-from artifacts import registry, store
+from artifacts import model_registry as registry
+from artifacts import run_tags, store
 from artifacts.store import ArtifactRef
 from flows import eval_report
 from flows.stage_task import StageOutcome
@@ -43,7 +44,7 @@ def test_champion_goes_only_to_a_version_that_beats_the_others(client, tmp_path)
     assert registry.promote_champions(client, [("base_model", first, 1.0)], "accuracy", eval_run) == {}
 
 
-@pytest.mark.parametrize("scores, current, expected", [
+@pytest.mark.parametrize(("scores", "current", "expected"), [
     ({}, None, None),
     ({"1": 0.5}, None, None),
     ({"1": 0.5, "2": 0.7}, "1", "2"),
@@ -80,7 +81,7 @@ def test_eval_report_adds_a_child_run_per_model_with_the_same_keys_and_the_plot(
     assert {m: r.info.run_name for m, r in children.items()} == {"base": "eval · base", "sft": "eval · sft", "rl": "eval · rl"}
     assert children["rl"].data.metrics == {"eval/reward": 0.9, "eval/sampled_reward": 0.85}
     assert children["base"].data.metrics == {"eval/reward": 0.1}
-    assert all(store.TAG_STAGE not in r.data.tags for r in children.values())  # no cache entries
+    assert all(run_tags.TAG_STAGE not in r.data.tags for r in children.values())  # no cache entries
     table = client.download_artifacts(children["sft"].info.run_id, eval_report.SAMPLES_TABLE, str(tmp_path))
     assert json.loads(Path(table).read_text())["data"] == [["p1", "r1", 1.0]]
 

@@ -56,14 +56,16 @@ def test_an_actor_whose_constructor_raised_is_judged_by_that_error():
 
 
 def test_a_user_error_is_never_transient_whatever_led_to_it():
-    try:
+    def timed_out_reward() -> None:
         try:
             raise TimeoutError("ray.get timed out")
         except TimeoutError:
             raise RewardError("reward.func_path=r.py: reward_func did not return within reward.timeout_s=1 s") from None
-    except RewardError as exc:
-        assert isinstance(exc.__context__, TimeoutError)
-        assert not retries.transient(exc)
+
+    with pytest.raises(RewardError) as raised:
+        timed_out_reward()
+    assert isinstance(raised.value.__context__, TimeoutError)
+    assert not retries.transient(raised.value)
 
 
 def test_the_retry_condition_reads_the_failed_outcome():

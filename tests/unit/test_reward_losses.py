@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from configs import DataError
-from stages.prm import encode_prm_row, prm_loss, step_logits
-from stages.reward_model import pair_batch, pairwise_loss, reward_stats
-from stages.tiny_model import STEP, train_tokenizer
+from stages.data_prep.tiny_model import STEP, train_tokenizer
+from stages.prm.losses import prm_loss, step_logits
+from stages.prm.stage import encode_prm_row
+from stages.rm.losses import pairwise_loss
+from stages.rm.stage import pair_batch, reward_stats
 
 
 def test_pairwise_loss_is_mean_neg_log_sigmoid_of_the_difference():

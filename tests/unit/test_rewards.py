@@ -17,22 +17,22 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 
 import configs
+from configs.errors import RewardError
 from configs.schema import RewardConfig
-from stages import reward_file
 from stages.common.dist_env import free_port
-from stages.common.tokenization import last_token_index
+from stages.data.tokenization import last_token_index
+from stages.rewards import func_file as reward_file
 from stages.rewards.base import RewardBatch, RewardSource
-from stages.rewards.errors import RewardError
 from stages.rewards.factory import build_scorer, resolve_func_path
-from stages.rewards.function import FunctionScorer
-from stages.rewards.process_reward import (
+from stages.rewards.func_scorer import FunctionScorer
+from stages.rewards.prm_scorer import (
     aggregate,
     split_steps,
     step_probabilities,
     with_placeholders,
 )
 from stages.rewards.remote import RemoteScorer, backoff_delays
-from stages.rewards.reward_model import rm_query
+from stages.rewards.rm_scorer import rm_query
 
 PH = "<|step|>"
 
@@ -47,7 +47,7 @@ def one_line_error(exc_info) -> str:
 
 
 @pytest.mark.parametrize(
-    "response, steps",
+    ("response", "steps"),
     [
         ("1+2=3<|step|>\nAnswer: 3<|step|>\n", ["1+2=3", "Answer: 3"]),  # the training layout
         ("1+2=3<|step|>\nAnswer: 3", ["1+2=3", "Answer: 3"]),  # unterminated last step still counts
@@ -78,7 +78,7 @@ def test_aggregate():
     assert aggregate(scores, "mean") == pytest.approx(0.6)
     assert aggregate(scores, "last") == 0.7
     assert aggregate([], "min") == aggregate([], "mean") == aggregate([], "last") == 0.0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown aggregate 'max'"):
         aggregate(scores, "max")
 
 
@@ -176,7 +176,7 @@ def test_function_scorer_return_forms(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "body, expected",
+    ("body", "expected"),
     [
         ("x = 1\n", "defines no reward_func"),
         ("def reward_func(q, p, l)\n", "import failed (SyntaxError"),
@@ -212,7 +212,7 @@ def test_function_scorer_checks_the_signature_when_loaded(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "body, expected",
+    ("body", "expected"),
     [
         ("def reward_func(q, p, l)\n    return q\n", "line 1: SyntaxError: expected ':'; fix the file"),
         ("def reward_func(q, p, l):\nreturn q\n", "line 2: IndentationError: expected an indented block"),
@@ -413,7 +413,7 @@ def test_remote_retries_5xx_then_succeeds(server):
 
 
 @pytest.mark.parametrize(
-    "path, expected",
+    ("path", "expected"),
     [
         ("/short", "returned 1 rewards for 2 queries"),
         ("/words", "rewards are not numbers"),

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from configs.estimators import ESTIMATORS
-from stages.common.tokenization import last_token_index
+from stages.data.tokenization import last_token_index
 from stages.rl.advantages import (
     compute_advantages,
     cumulative_returns,
@@ -177,5 +177,5 @@ def test_stop_properly_penalty_by_hand(coef, expected):
     scores = torch.tensor([1.0, 1.0, -0.5, 0.0])
     truncated = torch.tensor([False, True, True, False])
     assert stop_properly_penalty(scores, truncated, coef).tolist() == pytest.approx(expected)
-    with pytest.raises(ValueError, match="must be in \\[0, 1\\] or negative, got 1.5"):
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\] or negative, got 1\.5"):
         stop_properly_penalty(scores, truncated, 1.5)

@@ -47,7 +47,7 @@ def test_batch_sizes_must_divide():
 
 
 def test_importance_weights_need_recomputed_old_log_probs():
-    with pytest.raises(ConfigError, match="rl.algorithm.rollout_is_cap .* needs rl.algorithm.recompute_old_log_probs: true"):
+    with pytest.raises(ConfigError, match=r"rl.algorithm.rollout_is_cap .* needs rl.algorithm.recompute_old_log_probs: true"):
         load_config(None, ["rl.algorithm.rollout_is_cap=2", "rl.algorithm.recompute_old_log_probs=false"])
     assert load_config(None, ["rl.algorithm.recompute_old_log_probs=false"]).rl.algorithm.recompute_old_log_probs is False
 
@@ -69,7 +69,7 @@ def test_a_key_of_the_flat_rl_layout_names_where_it_went(tmp_path):
 
 
 def test_unknown_rl_key_is_named():
-    with pytest.raises(ConfigError, match="rl.clip_eps"):
+    with pytest.raises(ConfigError, match=r"rl.clip_eps"):
         load_config(None, ["rl.clip_eps=0.1"])
 
 
@@ -111,7 +111,7 @@ def test_the_hybrid_engine_has_no_engine_or_reference_group_and_needs_whole_weig
 def test_reference_and_reward_groups_take_their_worker_counts_and_must_split_the_rollout():
     cfg = PipelineConfig.model_validate({"rl": {"placement": {"ref_num_workers": 2, "reward_num_workers": 3}}})
     assert group_sizes(cfg, needs_critic=False) == {"actor": 1, "engine": 1, "reward": 3, "ref": 2}
-    with pytest.raises(ValueError, match="multiple of rl.placement.ref_num_workers"):
+    with pytest.raises(ValueError, match=r"multiple of rl.placement.ref_num_workers"):
         PipelineConfig.model_validate({"rl": {"placement": {"ref_num_workers": 3}}})  # 32 prompts x 4 samples
 
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from stages.data_prep.tiny_model import train_tokenizer
 from stages.rl.experience import (
     Sample,
     micro_batches,
@@ -12,7 +13,6 @@ from stages.rl.experience import (
     step_end_tokens,
     trim,
 )
-from stages.tiny_model import train_tokenizer
 
 PAD = 0
 SAMPLES = [Sample([5, 6, 7], [8, 9], [-0.1, -0.2]), Sample([5, 6], [8, 9, 10, 11], [-0.3, -0.4, -0.5, -0.6])]

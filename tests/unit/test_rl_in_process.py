@@ -53,7 +53,7 @@ def test_one_process_samples_in_the_policy_or_beside_it_under_zero_3_and_refuses
     assert layout(load_config(None, ["rl.rollout.engine=auto"])).rl.rollout.engine == "hybrid"
     assert layout(load_config(None, ["rl.rollout.engine=auto", "infra.zero_stage=3"])).rl.rollout.engine == "hf"
     assert layout(load_config(None, ["rl.rollout.engine=hf"])).rl.rollout.engine == "hf"
-    with pytest.raises(ConfigError, match="rl.rollout.engine=vllm: vLLM runs in processes of its own"):
+    with pytest.raises(ConfigError, match=r"rl.rollout.engine=vllm: vLLM runs in processes of its own"):
         layout(load_config(None, ["rl.rollout.engine=vllm"]))
     with pytest.raises(ConfigError, match=r"rl.actor.num_workers=2: a one-process RL run has one rank per model; set it to 1"):
         layout(load_config(None, ["rl.rollout.engine=hf", "rl.actor.num_workers=2"]))

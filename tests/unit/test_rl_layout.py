@@ -5,7 +5,7 @@ import pytest
 
 from configs import ConfigError, PipelineError, load_config
 from configs.schema import PipelineConfig
-from stages.preflight import check_local_resources, with_rl_layout
+from stages.dag.preflight import check_local_resources, with_rl_layout
 from stages.rl.layout import Role, bundles_needed, check_fits, pools, resolve_layout
 
 
@@ -74,7 +74,7 @@ def test_the_preset_fixes_its_layout():
 
 
 def test_engine_auto_is_not_an_unknown_value():
-    with pytest.raises(ConfigError, match="rl.rollout.engine"):
+    with pytest.raises(ConfigError, match=r"rl.rollout.engine"):
         load_config(None, ["rl.rollout.engine=fast"])
 
 
@@ -93,7 +93,7 @@ def test_async_training_needs_engines_that_can_generate_while_the_policy_trains(
     small = resolve_layout(defaults(rl=asked | {"placement": {"colocate_actor_ref": True}}), cpus=2, gpus=0)
     assert (small.rl.rollout.engine, small.rl.placement.colocate_all) == ("hf", False)
     check_async(small)
-    with pytest.raises(PipelineError, match="rl.rollout.async_train keeps the engines on bundles of their own: set rl.placement.colocate_models"):
+    with pytest.raises(PipelineError, match=r"rl.rollout.async_train keeps the engines on bundles of their own: set rl.placement.colocate_models"):
         check_fits(small, 2, 0, "the local Ray cluster")
     two = resolve_layout(defaults(rl=asked | {"placement": {"colocate_models": True}}, infra={"cpus_per_worker": 1}), cpus=2, gpus=0)
     assert pools(two, [Role.ACTOR, Role.REF, Role.REWARD, Role.ENGINE]) == [[Role.ACTOR, Role.REF, Role.REWARD], [Role.ENGINE]]

@@ -1,6 +1,8 @@
 """Exact values of the RL losses on small hand-checked tensors."""
 
+import functools
 import math
+import operator
 
 import pytest
 import torch
@@ -35,7 +37,7 @@ def test_masked_mean_of_empty_mask_is_zero_not_nan():
 
 
 @pytest.mark.parametrize(
-    "mode, expected",
+    ("mode", "expected"),
     [("token_mean", 7 / 3), ("seq_mean_token_mean", (1.5 + 4.0) / 2), ("seq_mean_token_sum_norm", (3 / 4 + 4 / 4) / 2)],
 )
 def test_aggregation_modes(mode, expected):
@@ -48,7 +50,7 @@ def test_sum_norm_needs_max_len():
 
 
 @pytest.mark.parametrize(
-    "estimator, expected",
+    ("estimator", "expected"),
     [("k1", [1.0, -1.0]), ("k2", [0.5, 0.5]), ("k3", [math.exp(-1), math.e - 2])],
 )
 def test_kl_estimators(estimator, expected):
@@ -203,7 +205,7 @@ IS_MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
 def test_rollout_is_weights_by_hand(mode, expected):
     old = torch.zeros(2, 3, requires_grad=True)
     weights = rollout_is_weights(old, -IS_RATIOS.log(), IS_MASK, mode, low=0.5, high=2.0)
-    assert weights.flatten().tolist() == pytest.approx(sum(expected, []), rel=1e-6)
+    assert weights.flatten().tolist() == pytest.approx(functools.reduce(operator.iadd, expected, []), rel=1e-6)
     assert not weights.requires_grad  # a weight, not a path for the gradient
 
 
@@ -213,7 +215,7 @@ def test_rollout_is_weights_at_ratios_of_e_to_the_30(mode, expected):
     the row's geometric mean of 1 in range, so here a row of two e^30 tokens is used)."""
     log_ratio = torch.tensor([[30.0, -30.0]]) if mode == "tis" else torch.tensor([[30.0, 30.0]])
     weights = rollout_is_weights(log_ratio, torch.zeros(1, 2), torch.ones(1, 2), mode, low=0.5, high=5.0)
-    assert weights.flatten().tolist() == pytest.approx(sum(expected, [])) and torch.isfinite(weights).all()
+    assert weights.flatten().tolist() == pytest.approx(functools.reduce(operator.iadd, expected, [])) and torch.isfinite(weights).all()
 
 
 def test_gspo_ratio_is_the_geometric_mean_of_the_token_ratios():

@@ -77,4 +77,4 @@ def test_the_vllm_interpreter_is_pointed_at_the_pipelines_packages():
     assert env["py_executable"] == "/somewhere/python" and env["env_vars"]["OMP_NUM_THREADS"] == "2"
     root = Path(env["env_vars"]["PYTHONPATH"].split(os.pathsep)[0])
     assert (root / "stages" / "rl" / "experience.py").is_file() and (root / "runtime" / "worker_setup.py").is_file()
-    assert (root / "stages" / "worker_imports.py").is_file()
+    assert (root / "stages" / "common" / "worker_imports.py").is_file()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-from artifacts import store
+from artifacts import run_tags
 from flows.run_end import NoRunTracebacks, remove_if_unused
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ def state_folder(tmp_path: Path, empty_store: Path, stage_ran: bool) -> tuple[Pa
     exp = client.create_experiment("rlhf-pipeline", artifact_location=(state / "mlartifacts").as_uri())
     client.create_run(exp, tags={"rlhf.kind": "pipeline"})
     if stage_ran:
-        client.create_run(exp, tags={store.TAG_STAGE: "data_prep"})
+        client.create_run(exp, tags={run_tags.TAG_STAGE: "data_prep"})
     return state, uri
 
 

@@ -12,7 +12,7 @@ import psutil
 import pytest
 from mlflow.entities import RunStatus
 
-from artifacts import run_owner, store
+from artifacts import run_owner, run_tags
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 
@@ -43,7 +43,7 @@ def test_the_run_of_a_killed_process_is_closed_failed_with_why(client):
     assert client.get_run(run_id).info.status == "RUNNING"
     assert run_owner.close_orphans(client, client.exp) == [run_id]
     run = client.get_run(run_id)
-    assert run.info.status == "FAILED" and run.data.tags[store.TAG_STATUS] == "failed"
+    assert run.info.status == "FAILED" and run.data.tags[run_tags.TAG_STATUS] == "failed"
     assert run.data.tags["rlhf.error"] == f"the process that ran it ended without closing it (pid {pid} on {socket.gethostname()})"
     assert run_owner.close_orphans(client, client.exp) == []
 

@@ -4,7 +4,7 @@ it drops and the head it adds: transformers' load report is meant for surprises,
 import logging
 
 from configs.schema import ModelConfig
-from stages.reward_model import load_reward_backbone
+from stages.rm.stage import load_reward_backbone
 from tests.tiny_checkpoint import save_tiny_checkpoint
 
 

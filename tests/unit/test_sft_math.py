@@ -1,4 +1,4 @@
-"""stages/sft.py: step counting and the seeded, sharded, resumable sample stream."""
+"""stages/sft/stage.py: step counting and the seeded, sharded, resumable sample stream."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from stages.common.trainer import SampleStream, total_steps
 
 
 @pytest.mark.parametrize(
-    "n_rows, mbs, accum, world, epochs, expected",
+    ("n_rows", "mbs", "accum", "world", "epochs", "expected"),
     [
         (64, 32, 1, 1, 1, 2),  # exact division
         (100, 8, 2, 1, 1, 7),  # ceil(100 / 16) = ceil(6.25)
@@ -63,7 +63,7 @@ def test_micro_batches_follow_the_seeded_epoch_permutation():
     assert s.micro_batch(3) == perm1[2:6]
 
 
-@pytest.mark.parametrize("n_rows, mbs", [(12, 4), (10, 4), (7, 3), (5, 8)])
+@pytest.mark.parametrize(("n_rows", "mbs"), [(12, 4), (10, 4), (7, 3), (5, 8)])
 def test_each_row_exactly_once_per_epoch_single_rank(n_rows, mbs):
     s = SampleStream(n_rows, mbs, 0, 1, seed=1)
     n_epochs = 4

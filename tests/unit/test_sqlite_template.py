@@ -1,5 +1,5 @@
 """New SQLite databases copied from an empty migrated one (artifacts/sqlite_template.py): Prefect's
-server database (flows/prefect_db.py) on real SQLite files, where a database in WAL mode with a writer
+server database (flows/services/prefect_db.py) on real SQLite files, where a database in WAL mode with a writer
 open stands for the running server's, and MLflow's tracking store (`tracking.open_store`) itself."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 from artifacts import sqlite_template, tracking
 from configs import load_config
-from flows import prefect_db
+from flows.services import prefect_db
 
 
 def server_database(path, version: str = "a3b9c7d2e5f1") -> sqlite3.Connection:
@@ -147,7 +147,7 @@ def test_seeding_a_servers_database_leaves_prefect_unimported(tmp_path):
     """Prefect, once imported, keeps the settings of that moment: `rlhf serve` seeds its server's database
     before PREFECT_API_URL names that server, so the seeding must not import it (else the deployments
     go to a temporary server of their own)."""
-    code = ("import sys; from pathlib import Path; from flows import prefect_db; "
+    code = ("import sys; from pathlib import Path; from flows.services import prefect_db; "
             f"prefect_db.seeded(Path({str(tmp_path)!r})); print('prefect' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})

@@ -14,7 +14,7 @@ from flows.stage_task import (
     resolve_inputs,
     stage_fingerprint,
 )
-from stages import dag
+from stages.dag import declaration as dag
 
 DATA_PREP_OUTPUTS = ("base_model", "sft_data", "prompts", "eval_data")
 
@@ -68,7 +68,7 @@ def test_data_prep_fingerprint_follows_the_content_of_local_files(tmp_path):
 
 
 def test_a_pinned_input_replaces_the_upstream_output_and_its_producer_is_not_needed():
-    from stages.dag import check_pins, needed_by, pinned_away
+    from stages.dag.declaration import check_pins, needed_by, pinned_away
 
     cfg = PipelineConfig.model_validate({"inputs": {"sft_model": "runs:/abc/dpo_model"}})
     pinned = ArtifactRef("dpo_model", "abc")
@@ -77,5 +77,5 @@ def test_a_pinned_input_replaces_the_upstream_output_and_its_producer_is_not_nee
     assert got["sft_model"] == pinned
     assert needed_by({"rm"}, cfg) == {"data_prep"} and pinned_away(dag.BY_NAME["sft"], cfg)
     assert not pinned_away(dag.BY_NAME["data_prep"], cfg)
-    with pytest.raises(ConfigError, match="inputs.sft_modell: no stage produces 'sft_modell'"):
+    with pytest.raises(ConfigError, match=r"inputs.sft_modell: no stage produces 'sft_modell'"):
         check_pins(PipelineConfig.model_validate({"inputs": {"sft_modell": "runs:/abc/x"}}))

@@ -14,7 +14,9 @@ import torch
 
 from configs.errors import DataError
 from configs.schema import DPOConfig
-from stages import data_prep, prepared_data, tiny_model
+from stages.data import prepared as prepared_data
+from stages.data_prep import stage as data_prep
+from stages.data_prep import tiny_model
 from stages.dpo import pairs as stored
 from stages.dpo import stage as dpo
 from stages.rl import stage as rl_stage

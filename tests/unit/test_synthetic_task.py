@@ -1,4 +1,4 @@
-"""stages/synthetic_task.py: worked solutions, slips, step labels and the seeded dataset generator."""
+"""stages/data_prep/synthetic_task.py: worked solutions, slips, step labels and the seeded dataset generator."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import pytest
 
 from configs.schema import SyntheticTaskConfig
-from stages.synthetic_task import (
+from stages.data_prep.synthetic_task import (
     ANSWER_PREFIX,
     Problem,
     generate,
@@ -43,7 +43,7 @@ def hand_solution(problem: Problem) -> list[str]:
         new = acc + term if op == "+" else acc - term
         lines.append(f"{acc}{op}{term}={new}")
         acc = new
-    return lines + [f"Answer: {acc}"]
+    return [*lines, f"Answer: {acc}"]
 
 
 # --- hand-written problems -----------------------------------------------------------------
@@ -273,7 +273,7 @@ def test_no_running_value_of_a_correct_solution_is_negative(splits):
 
 
 def test_two_turn_rows_split_a_problem_as_the_chained_environment_plays_it(splits):
-    from stages.synthetic_task import two_turns
+    from stages.data_prep.synthetic_task import two_turns
 
     assert two_turns(P) == [
         {"role": "user", "content": "Compute 17+5"}, {"role": "assistant", "content": "17+5=22\nAnswer: 22"},

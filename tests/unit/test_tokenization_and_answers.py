@@ -1,4 +1,4 @@
-"""stages/common/tokenization.py (segment encoding, padding) and stages/common/answers.py."""
+"""stages/data/tokenization.py (segment encoding, padding) and stages/common/answers.py."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from stages.common.answers import extract_answer, is_correct
-from stages.common.tokenization import IGNORE_INDEX, encode_segments, pad_batch
-from stages.tiny_model import PAD, train_tokenizer
+from stages.data.tokenization import IGNORE_INDEX, encode_segments, pad_batch
+from stages.data_prep.tiny_model import PAD, train_tokenizer
 
 PATTERN = r"Answer:\s*(-?\d+)"
 
@@ -95,7 +95,7 @@ def test_encode_segments_empty(tok):
 
 
 def test_encode_segments_length_mismatch_raises(tok):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="shorter than argument 1"):  # zip(strict=True)'s
         encode_segments(tok, ["a", "b"], [True])
 
 
@@ -137,7 +137,7 @@ def test_pad_batch_of_encoded_rows(tok):
     batch = pad_batch([a, b], tok.pad_token_id)
     assert batch["input_ids"].shape == (2, 7)
     assert batch["input_ids"][1].tolist() == b[0] + [tok.pad_token_id] * 2
-    assert batch["labels"][1].tolist() == [-100, -100, -100] + ids_of(tok, ["\n", "9"]) + [-100, -100]
+    assert batch["labels"][1].tolist() == [-100, -100, -100, *ids_of(tok, ["\n", "9"]), -100, -100]
     assert batch["attention_mask"].sum().item() == 7 + 5
 
 
@@ -193,7 +193,7 @@ def test_attention_auto_is_sdpa_without_a_gpu_and_flash_attention_is_refused():
 def test_a_packed_row_scores_as_the_padded_batch():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from stages.common.tokenization import pack_batch
+    from stages.data.tokenization import pack_batch
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

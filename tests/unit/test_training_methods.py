@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from stages.kd.losses import forward_kl, kd_loss, reverse_kl, token_nll
-from stages.rejection_sampling import best_of_n
+from stages.rs.stage import best_of_n
 
 
-@pytest.mark.parametrize("rewards, threshold, expected", [
+@pytest.mark.parametrize(("rewards", "threshold", "expected"), [
     ([[0.0, 1.0, 1.0, 0.5], [2.0, 2.0, 2.0, 2.0], [-3.0, -1.0, -2.0, -1.5]], None, [1, 0, 1]),  # ties: the first
     ([[0.0, 1.0, 1.0, 0.5], [2.0, 2.0, 2.0, 2.0], [-3.0, -1.0, -2.0, -1.5]], 1.0, [1, 0, None]),  # at the threshold: kept
     ([[0.0, 1.0, 1.0, 0.5], [2.0, 2.0, 2.0, 2.0], [-3.0, -1.0, -2.0, -1.5]], 1.5, [None, 0, None]),
@@ -30,7 +30,7 @@ FORWARD = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)  # KL(t || s) = 0.1308120.
 REVERSE = 0.5 * math.log(0.5 / 0.75) + 0.5 * math.log(2.0)  # KL(s || t) = 0.1438410...
 
 
-@pytest.mark.parametrize("divergence, student, teacher, expected", [
+@pytest.mark.parametrize(("divergence", "student", "teacher", "expected"), [
     (forward_kl, [0.0, 0.0], [LN3, 0.0], FORWARD),
     (reverse_kl, [0.0, 0.0], [LN3, 0.0], REVERSE),
     (forward_kl, [5.0, 5.0], [LN3 - 7.0, -7.0], FORWARD),  # a shift of the logits changes no distribution
@@ -82,7 +82,7 @@ def checkpoint_files(folder, vocab: dict[str, int], width: int, added=("<|end|>"
     return folder
 
 
-@pytest.mark.parametrize("teacher_vocab, width, problem", [
+@pytest.mark.parametrize(("teacher_vocab", "width", "problem"), [
     ({"a": 0, "b": 1, "c": 2}, 5, None),
     ({"a": 0, "b": 1, "c": 2}, 8, "its logits cover 8 tokens, the student's 5"),
     ({"a": 0, "b": 1}, 5, "its vocabulary has 4 tokens, the student's 5"),
@@ -91,7 +91,7 @@ def checkpoint_files(folder, vocab: dict[str, int], width: int, added=("<|end|>"
 def test_a_teacher_with_another_tokenizer_stops_the_run_in_one_line(tmp_path, teacher_vocab, width, problem):
     from configs import load_config
     from configs.errors import CheckpointError
-    from stages.preflight import check_distillation
+    from stages.dag.preflight import check_distillation
 
     student = checkpoint_files(tmp_path / "student", {"a": 0, "b": 1, "c": 2}, 5)
     teacher = checkpoint_files(tmp_path / "teacher", teacher_vocab, width)
@@ -112,7 +112,7 @@ def test_the_step_placeholder_data_prep_adds_to_the_students_tokenizer_is_no_mis
     """A teacher this pipeline trained from the same hub model has `prm.placeholder_token` (data prep added it
     and grew the embeddings); the student's model does not have it yet."""
     from configs import load_config
-    from stages.preflight import check_distillation
+    from stages.dag.preflight import check_distillation
 
     student = checkpoint_files(tmp_path / "student", {"a": 0, "b": 1, "c": 2}, 4, added=("<|end|>",))
     teacher = checkpoint_files(tmp_path / "teacher", {"a": 0, "b": 1, "c": 2}, 5)
@@ -132,7 +132,7 @@ def test_a_prompt_carries_its_score_with_one_decimal_and_other_braces_stay():
 
 
 def test_scores_are_normalized_with_the_training_rows_mean_and_std():
-    from stages.conditional_sft import normalized
+    from stages.csft.stage import normalized
 
     train, other = normalized(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([4.0, 0.0]))  # mean 2, sample std 1
     assert train.tolist() == [-1.0, 0.0, 1.0] and other.tolist() == [2.0, -2.0]
@@ -143,7 +143,7 @@ def test_scores_are_normalized_with_the_training_rows_mean_and_std():
 def test_conditional_sft_without_a_reward_model_stops_the_run_in_one_line(tmp_path):
     from configs.errors import ConfigError
     from configs.schema import PipelineConfig
-    from stages.preflight import check_conditional_sft
+    from stages.dag.preflight import check_conditional_sft
 
     files = {"source": "files", "sft": {"paths": ["x.jsonl"]}, "prompts": {"paths": ["y.jsonl"]}}
     cfg = PipelineConfig.model_validate({"data": files, "csft": {"enabled": True}})

@@ -1,4 +1,4 @@
-"""The marks a stage worker starts with (stages/worker_imports.py): set, and lifted without touching anyone else's;
+"""The marks a stage worker starts with (stages/common/worker_imports.py): set, and lifted without touching anyone else's;
 and DeepSpeed imported without MLflow."""
 
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from stages import worker_imports
+from stages.common import worker_imports
 
 
 def test_the_marks_are_lifted_and_no_other(monkeypatch):
@@ -33,9 +33,8 @@ def test_a_module_kept_out_while_importing_is_importable_after(tmp_path, monkeyp
     (tmp_path / "optional_extra.py").write_text("VALUE = 7\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "optional_extra", raising=False)
-    with worker_imports.absent_while_importing("optional_extra"):
-        with pytest.raises(ImportError):
-            import optional_extra  # noqa: F401
+    with worker_imports.absent_while_importing("optional_extra"), pytest.raises(ImportError):
+        import optional_extra
     import optional_extra
 
     assert optional_extra.VALUE == 7

@@ -6,7 +6,7 @@ import pytest
 from configs import PipelineError, load_config
 from runtime.resources import bundle, cluster_name, node_capacity
 from runtime.worker_pool import stage_shape
-from stages.preflight import check_local_resources
+from stages.dag.preflight import check_local_resources
 
 
 def node(alive: bool = True, **resources: float) -> dict:
