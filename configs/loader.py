@@ -65,9 +65,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def read_preset(path: str | None, seen: tuple[Path, ...] = ()) -> tuple[dict, Path]:
+def read_preset(path: str | None, seen: tuple[Path, ...] = ()) -> tuple[dict, Path, tuple[Path, ...]]:
     """A preset's mapping with its `base:` (a preset name or a YAML path beside it) merged underneath:
-    the file states only what differs from its base. Each file's keys are checked, naming that file."""
+    the file states only what differs from its base. Each file's keys are checked, naming that file. Also
+    the file and its bases, resolved, the file first."""
     file = preset_path(path)
     if file.resolve() in seen:
         raise ConfigError(f"{file}: base: leads back to itself ({' -> '.join(str(p) for p in (*seen, file))})")
@@ -78,18 +79,20 @@ def read_preset(path: str | None, seen: tuple[Path, ...] = ()) -> tuple[dict, Pa
     if not isinstance(raw, dict):
         raise ConfigError(f"{file}: expected a mapping of sections at the top level")
     base = raw.pop("base", None)
+    chain: tuple[Path, ...] = (file.resolve(),)
     if base is not None:
         if not isinstance(base, str) or not base:
             raise ConfigError(f"{file}: base: expected a preset name (e.g. tiny) or a .yaml path")
         beside = file.parent / base
-        parent, _ = read_preset(str(beside) if beside.suffix in (".yaml", ".yml") and beside.is_file() else base,
-                                (*seen, file.resolve()))
+        parent, _, bases = read_preset(str(beside) if beside.suffix in (".yaml", ".yml") and beside.is_file() else base,
+                                       (*seen, file.resolve()))
+        chain += bases
         raw = without_task_answers(merged(parent, raw), source(parent), "answer_pattern" in (raw.get("eval") or {}))
     try:
         PipelineConfig.model_validate(raw)  # the file's own keys first, so an error names it, not an override
     except ValidationError as exc:
         raise ConfigError(_describe(exc, str(file))) from None
-    return raw, file
+    return raw, file, chain
 
 
 # the synthetic task's answer format: a config that brings its own files does not inherit it
@@ -122,7 +125,7 @@ def merged(base: dict, override: dict) -> dict:
 
 def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
     """Validate a preset (over its base) plus overrides; every error names the file or override and the key."""
-    raw, file = read_preset(path)
+    raw, file, chain = read_preset(path)
 
     origins: dict[str, str] = {}
     before = source(raw)
@@ -132,13 +135,24 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
         origins[key] = f"override {text!r}"
     raw = without_task_answers(raw, before, "eval.answer_pattern" in origins)
     try:
-        return PipelineConfig.model_validate(raw)
+        cfg = PipelineConfig.model_validate(raw)
     except ValidationError as exc:
         loc = ".".join(str(p) for p in exc.errors()[0]["loc"])
         # the newest override at, above or below the failing key (a section-level check fails at the section)
         related = [o for k, o in origins.items() if k == loc or k.startswith(loc + ".") or loc.startswith(k + ".")]
         origin = related[-1] if related else str(file)
         raise ConfigError(_describe(exc, origin)) from None
+    require_model(cfg, chain, origins.get("model.name_or_path", origins.get("model", str(file))))
+    return cfg
+
+
+def require_model(cfg: PipelineConfig, chain: tuple[Path, ...], origin: str) -> None:
+    """A config of data files names the model it trains: the tiny model is built only for a config based on the
+    tiny preset (`base: tiny`), whose data it was made for; anywhere else an empty `model.name_or_path` is a
+    model left out (a converted script whose model flag was not read, say), not a wish for the tiny one."""
+    if cfg.data.source == "files" and cfg.model.name_or_path is None and preset_path(DEFAULT_PRESET).resolve() not in chain:
+        raise ConfigError(f"{origin}: model.name_or_path: missing: a config of data files names the model to train "
+                          "(a hub id or a local HF checkpoint); only a config with base: tiny builds the tiny model")
 
 
 def _describe(exc: ValidationError, origin: str) -> str:

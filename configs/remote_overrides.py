@@ -24,7 +24,7 @@ PINS = "inputs."  # a hub id here downloads a model from anywhere; a run, a regi
 def refuse_code_overrides(config: str | None, overrides: list[str]) -> None:
     """ConfigError for the first override that sets a code key (`CODE_KEYS`, any `*.func_path`) or pins a hub id
     (`inputs.*`) to other than what the config file `config` (with its bases) says."""
-    raw, file = read_preset(config)
+    raw, file, _ = read_preset(config)
     for text in overrides:
         key, value = parse_override(text)
         for leaf, leaf_value in leaves(key, value):

@@ -48,7 +48,8 @@ class TinyModelConfig(TinyArchitecture):
 
 
 class ModelConfig(Section):
-    name_or_path: str | None = Field(None, description="hub id or local HF checkpoint; empty builds the tiny model")
+    name_or_path: str | None = Field(None, description="hub id or local HF checkpoint; empty: the tiny model, built for a "
+                                     "config based on the tiny preset (base: tiny); a config of data files must name one")
     tiny: TinyModelConfig = TinyModelConfig()
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto", description="auto: flash_attention_2 on a CUDA GPU with flash-attn installed, else PyTorch sdpa")

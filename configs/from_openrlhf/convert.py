@@ -10,6 +10,7 @@ pairs this project takes one of.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -101,9 +102,10 @@ def expand(key: str, trainer: Trainer) -> list[str]:
     return [key.replace("{stage}", trainer.stage)]
 
 
-def convert(call: TrainerCall, origin: str) -> Conversion:
+def convert(call: TrainerCall, origin: str, sets: Sequence[tuple[str, object, str]] = ()) -> Conversion:
     """The config keys of `call`, from the table, then the derived ones; a value OpenRLHF would refuse is a
-    ConfigError naming `origin`'s line."""
+    ConfigError naming `origin`'s line. `sets`: the user's `--set` (key, value, as written) on data keys,
+    applied before the datasets are derived from one another, so that a derived set follows them."""
     c = Conversion(call, TRAINERS[call.trainer], origin)
     used = {f.name for f in call.flags}
     factors: dict[str, dict[tuple[str, ...], tuple[int, FlagUse]]] = {}  # key -> a factor row's names -> its value
@@ -152,6 +154,10 @@ def convert(call: TrainerCall, origin: str) -> Conversion:
     if c.trainer.name == PPO:
         rollout_lengths(c)
         critic_start(c)
+    for key, value, text in sets:
+        if key.startswith("data.") and value is not None and not isinstance(value, dict):
+            earlier = c.settings[key].source if key in c.settings else ""
+            c.set(key, value, f"--set {text}" + (f" (was {earlier})" if earlier else ""), "set")
     datasets(c)
     c.set("infra.gpus_per_worker", 1, "OpenRLHF trains on GPUs: one per rank", "default")
     resolve_conflicts(c)

@@ -94,6 +94,13 @@ NO_VLM = "VLM (image) training is not supported"
 NO_SLEEP = "no counterpart yet: engines and models are not put to sleep between phases"
 EPS = "no counterpart yet: AdamW's eps is 1e-8, OpenRLHF's default"
 REENTRANT = "no counterpart yet: checkpointing is non-reentrant"
+
+
+def readme(spelled: str) -> str:
+    """The caveat of a spelling OpenRLHF's README uses where its trainer's own argument parser has another."""
+    return f"as OpenRLHF's README spells it; the trainer's own argument parser takes {spelled}"
+
+
 SCHEDULE = Choice({name: name for name in ("cosine_with_min_lr", "linear", "constant_with_warmup", "constant")})
 DTYPES = Choice({"bf16": "bf16", "fp16": "fp16"})
 ATTENTION = Choice({"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager",
@@ -113,6 +120,10 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--overlap_comm", "--ds.overlap_comm"), ALL, ("infra.overlap_comm",), Switch()),
         Flag(("--gradient_checkpointing", "--model.gradient_checkpointing_enable"), TRAINING, ("{model}.gradient_checkpointing",), Switch()),
         Flag(("--gradient_checkpointing", "--actor.gradient_checkpointing_enable"), (PPO,), ("{model}.gradient_checkpointing",), Switch()),
+        # OpenRLHF's README writes these trainers' flags as PPO's actor's: read as what they mean there
+        Flag(("--actor.model_name_or_path",), (SFT, RM, DPO), ("model.name_or_path",), why=readme("--model.model_name_or_path")),
+        Flag(("--actor.gradient_checkpointing_enable",), (SFT, RM, DPO), ("{model}.gradient_checkpointing",), Switch(),
+             why=readme("--model.gradient_checkpointing_enable")),
         Flag(("--gradient_checkpointing_use_reentrant", "--model.gradient_checkpointing_reentrant"), TRAINING, why=REENTRANT),
         Flag(("--gradient_checkpointing_use_reentrant", "--actor.gradient_checkpointing_reentrant"), (PPO,), why=REENTRANT),
         Flag(("--seed", "--train.seed"), ALL, ("seed",), Number(integer=True)),
@@ -233,6 +244,7 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
     )),
     ("Reward models, PRM, DPO and KTO", (
         Flag(("--value_head_prefix", "--ds.value_head_prefix"), (RM,), ("rm.value_head_prefix",)),
+        Flag(("--value_prefix_head",), (RM,), ("rm.value_head_prefix",), why=readme("--value_head_prefix")),
         Flag(("--value_head_prefix", "--ds.value_head_prefix"), (PPO,),
              why="a reward model's checkpoint names its own head (config.json value_head_prefix)"),
         Flag(("--loss", "--model.loss_type"), (RM,), (),

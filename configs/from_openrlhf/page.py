@@ -23,6 +23,11 @@ YAML for `rlhf run --config`. Beside each key is the flag it came from; a header
 and the `--only` that runs the script's stage alone; the flags it could not map are listed at the end,
 each with the reason. It takes the flat flags of OpenRLHF 0.5 to 0.10.1 (`--pretrain`,
 `--actor_learning_rate`) and the nested ones of 0.10.2 on (`--actor.model_name_or_path`, `--actor.adam.lr`).
+OpenRLHF's README writes the SFT and RM trainers' model and checkpointing as the actor's
+(`--actor.model_name_or_path`, `--actor.gradient_checkpointing_enable`) and the RM's head prefix as
+`--value_prefix_head`, where those trainers' own argument parsers take `--model.model_name_or_path`,
+`--model.gradient_checkpointing_enable` and `--value_head_prefix`: the README's spellings are read as what
+they mean, with a note beside the key.
 
 ```bash
 rlhf from-openrlhf train_ppo_ray.sh -o my.yaml                     # convert; the config is loaded before it is written
@@ -44,10 +49,14 @@ stay as written (a number or switch the shell fills in is listed as not mapped: 
   or folder (MLflow URIs only), the SFT pin is shown commented out and sft runs, and the reward model is
   named by `reward.rm_paths`. `rlhf run` runs the whole DAG on the config (RL and eval included); the
   header's `--only` runs the script's stage alone.
+- **Model.** A config of data files names its model: one whose script's model flag was not read (no
+  `model.name_or_path`) is refused with that key, in `rlhf from-openrlhf`, `rlhf check` and `rlhf run`
+  alike, never trained as the tiny preset's model (which only a config with `base: tiny` builds).
 - **Data.** The schema needs prompts whenever the data comes from files, and SFT rows unless
   `inputs.sft_model` is pinned (eval reads them for perplexity). Those the script does not name are
-  derived from the one it does, and marked so: a preference set's chosen responses as SFT rows (its
-  chosen conversations as prompts, their last turn the label), an SFT set's prompts with their responses
+  derived from the one it does (after `--set`: they follow the paths and keys you set), and marked so:
+  a preference set's chosen responses as SFT rows (its chosen conversations as prompts, their last turn
+  the label), an SFT set's prompts with their responses
   as labels, a prompt set's labels as responses. A PPO script without `--label_key` has its prompts
   stand in as labels and names no SFT rows (eval then reports no perplexity). A PRM script's rows (`data.prm`) and a KTO script's
   unpaired rows stand in for SFT rows and prompts the same way. `train_kto` reads unpaired rows whatever

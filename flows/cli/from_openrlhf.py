@@ -46,7 +46,8 @@ def read_script(script: str) -> tuple[str, str]:
 
 def converted(text: str, origin: str, sets: Sequence[str] = (), out_name: str = "my.yaml") -> tuple[str, Conversion]:
     """The config text for the script `text` (checked by loading it) and the conversion it renders."""
-    conversion = convert(read_call(text, origin), origin)
+    parsed = [(*parse_override(text), text) for text in sets]
+    conversion = convert(read_call(text, origin), origin, parsed)
     tree: dict[str, Any] = {}
     comments: dict[str, str] = dict(conversion.notes)
     for key, setting in conversion.settings.items():
@@ -67,6 +68,8 @@ def apply_set(tree: dict[str, Any], comments: dict[str, str], text: str) -> None
     key, value = parse_override(text)
     set_dotted(tree, key, value, PipelineConfig, f"--set {text!r}")
     earlier = comments.get(key, "")
+    if earlier.startswith(f"--set {text}"):  # applied already, before the datasets were derived from it
+        return
     for path in [p for p in comments if p.startswith(key + ".")]:
         del comments[path]
     comments[key] = f"--set {text}" + (f" (was {earlier})" if earlier else "")

@@ -448,3 +448,41 @@ def test_the_sections_with_a_router_loss_are_read_from_the_schema():
     # every training stage and the RL policy and critic (the critic's is refused when set)
     assert set(AUX_LOSS_SECTIONS) == {"sft", "rm", "prm", "dpo", "rs", "kd", "csft", "rl.actor", "rl.critic"}
     assert sections_with("no_such_key") == ()
+
+
+MISSING_MODEL = ("model.name_or_path: missing: a config of data files names the model to train (a hub id or a local HF "
+                 "checkpoint); only a config with base: tiny builds the tiny model")
+FILES = "data:\n  source: files\n  sft: {paths: [sft.jsonl]}\n  prompts: {paths: [prompts.jsonl]}\n"
+
+
+def test_a_config_of_files_without_a_model_is_refused_naming_the_key(tmp_path):
+    (tmp_path / "mine.yaml").write_text(FILES)
+    with pytest.raises(ConfigError) as refused:
+        load_config(str(tmp_path / "mine.yaml"))
+    assert str(refused.value) == f"{tmp_path / 'mine.yaml'}: {MISSING_MODEL}"
+    (tmp_path / "named.yaml").write_text(FILES + "model: {name_or_path: /models/m}\n")
+    assert load_config(str(tmp_path / "named.yaml")).model.name_or_path == "/models/m"
+
+
+def test_only_a_config_based_on_the_tiny_preset_builds_the_tiny_model_for_files(tmp_path):
+    (tmp_path / "on_tiny.yaml").write_text("base: tiny\n" + FILES)
+    assert load_config(str(tmp_path / "on_tiny.yaml")).model.name_or_path is None
+    (tmp_path / "middle.yaml").write_text("base: tiny\nseed: 3\n")
+    (tmp_path / "top.yaml").write_text("base: middle.yaml\n" + FILES)  # tiny two bases down
+    assert load_config(str(tmp_path / "top.yaml")).seed == 3
+
+
+def test_an_override_that_empties_the_model_is_named():
+    with pytest.raises(ConfigError, match=r"^override 'model.name_or_path=null': model.name_or_path: missing"):
+        load_config("files-example", ["model.name_or_path=null"])
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_run_and_check_refuse_a_files_config_without_a_model_in_one_line(command, tmp_path, monkeypatch, capsys):
+    from flows.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.yaml").write_text(FILES)
+    assert main([command, "--config", "mine.yaml"]) == 2
+    assert capsys.readouterr().err == f"error: mine.yaml: {MISSING_MODEL}\n"
+    assert not (tmp_path / ".rlhf").exists()  # refused before any state was made

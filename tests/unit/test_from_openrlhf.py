@@ -35,7 +35,7 @@ def not_mapped(text: str) -> list[str]:
 
 
 def test_the_examples_are_all_here():
-    assert len(TRAINER_SCRIPTS) == 22
+    assert len(TRAINER_SCRIPTS) == 26
     assert {"train_sft.sh", "train_rm.sh", "train_dpo_llama.sh", "train_ppo_with_reward_fn.sh", "train_ppo_ray_hybrid_engine.sh",
             "train_reinforce_baseline_hybrid_engine.sh", "train_dapo_ray_hybrid_engine.sh",
             "train_reinforce_baseline_ray_agent_async.sh", "train_sft_mixtral_lora.sh"} <= set(TRAINER_SCRIPTS)
@@ -253,6 +253,52 @@ def test_set_overrides_keys_of_the_result():
         convert("train_sft.sh", "sft.lrr=1")
     with pytest.raises(ConfigError, match=r"^train_sft.sh \(converted\): sft.lr: Input should be greater than 0"):
         convert("train_sft.sh", "sft.lr=-1")
+
+
+@pytest.mark.parametrize(("script", "model", "stage"), [
+    ("readme_v0.11.0_sft.sh", "meta-llama/Meta-Llama-3-8B", "sft"),
+    ("readme_v0.11.0_rm.sh", "OpenRLHF/Llama-3-8b-sft-mixture", "rm"),
+    ("readme_v0.11.0_ppo.sh", "OpenRLHF/Llama-3-8b-sft-mixture", "rl.actor"),
+])
+def test_the_readmes_commands_name_their_model(script, model, stage):
+    """OpenRLHF's current README writes every trainer's model and checkpointing as the actor's
+    (`--actor.model_name_or_path`, `--actor.gradient_checkpointing_enable`); train_sft and train_rm parse
+    `--model.*`. The converter reads the README's spelling as what it means, and says so beside the key."""
+    cfg, text = convert(script)
+    assert cfg.model.name_or_path == model
+    section = cfg.rl.actor if stage == "rl.actor" else getattr(cfg, stage)
+    assert section.gradient_checkpointing is True
+    assert not [line for line in not_mapped(text) if line.startswith("--actor.")]
+    if stage != "rl.actor":  # PPO's own parser spells them so
+        assert "the trainer's own argument parser takes --model.model_name_or_path" in text
+        assert "the trainer's own argument parser takes --model.gradient_checkpointing_enable" in text
+
+
+def test_the_readmes_head_prefix_spelling_is_the_rms_head_prefix():
+    script = "deepspeed --module openrlhf.cli.train_rm --pretrain m --dataset d --value_prefix_head score\n"
+    text, _ = converted(script, "rm.sh")
+    cfg = flows.cli.from_openrlhf.load(text, "rm.sh")
+    assert cfg.rm.value_head_prefix == "score"
+    assert "the trainer's own argument parser takes --value_head_prefix" in text
+
+
+def test_derived_datasets_follow_the_users_set():
+    """The README's reward-function command names a placeholder prompt set; `--set` names the user's file and
+    key, and the SFT rows derived from the prompts follow them (not the placeholder)."""
+    cfg, text = convert("readme_v0.11.0_reward_fn.sh", "data.prompts.paths=[my.jsonl]", "data.prompts.input_key=question")
+    assert cfg.data.prompts is not None and cfg.data.sft is not None
+    assert (cfg.data.prompts.paths, cfg.data.prompts.input_key) == (["my.jsonl"], "question")
+    assert (cfg.data.sft.paths, cfg.data.sft.input_key, cfg.data.sft.output_key) == (["my.jsonl"], "question", "answer")
+    assert "# --set data.prompts.paths=[my.jsonl] (was --data.prompt_dataset your_prompt_dataset)" in text
+
+
+def test_a_script_with_data_and_no_model_it_reads_is_one_error_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("s.sh").write_text("deepspeed --module openrlhf.cli.train_sft --dataset d --input_key q --output_key r\n")
+    assert main(["from-openrlhf", "s.sh"]) == 2
+    assert capsys.readouterr().err == (
+        "error: s.sh (converted): model.name_or_path: missing: a config of data files names the model to train (a hub "
+        "id or a local HF checkpoint); only a config with base: tiny builds the tiny model\n")
 
 
 def test_the_cli_writes_the_config_and_reads_stdin(tmp_path, capsys, monkeypatch):

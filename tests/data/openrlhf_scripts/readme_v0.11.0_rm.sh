@@ -1,0 +1,20 @@
+deepspeed --module openrlhf.cli.train_rm \
+   --ckpt.output_dir ./checkpoint/llama3-8b-rm \
+   --ckpt.save_steps -1 \
+   --logger.logging_steps 1 \
+   --eval.steps -1 \
+   --train.batch_size 256 \
+   --train.micro_batch_size 1 \
+   --actor.model_name_or_path OpenRLHF/Llama-3-8b-sft-mixture \
+   --ds.param_dtype bf16 \
+   --train.max_epochs 1 \
+   --data.max_len 8192 \
+   --ds.zero_stage 3 \
+   --adam.lr 9e-6 \
+   --data.dataset OpenRLHF/preference_dataset_mixture2_and_safe_pku \
+   --data.apply_chat_template \
+   --chosen_key chosen \
+   --rejected_key rejected \
+   --ds.packing_samples \
+   --actor.gradient_checkpointing_enable \
+   --logger.wandb.key {wandb_token}

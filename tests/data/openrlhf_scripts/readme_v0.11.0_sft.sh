@@ -1,0 +1,21 @@
+deepspeed --module openrlhf.cli.train_sft \
+   --data.max_len 4096 \
+   --data.dataset Open-Orca/OpenOrca \
+   --data.input_key question \
+   --data.output_key response \
+   --data.input_template $'User: {}\nAssistant: ' \
+   --train.batch_size 256 \
+   --train.micro_batch_size 2 \
+   --data.max_samples 500000 \
+   --actor.model_name_or_path meta-llama/Meta-Llama-3-8B \
+   --ckpt.output_dir ./checkpoint/llama3-8b-sft \
+   --ckpt.save_steps -1 \
+   --logger.logging_steps 1 \
+   --eval.steps -1 \
+   --ds.zero_stage 2 \
+   --train.max_epochs 1 \
+   --ds.packing_samples \
+   --ds.param_dtype bf16 \
+   --adam.lr 5e-6 \
+   --actor.gradient_checkpointing_enable \
+   --logger.wandb.key {wandb_token}
