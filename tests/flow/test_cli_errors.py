@@ -16,6 +16,7 @@ from configs.schema import TinyModelConfig
 from stages.common import checkpoint
 from stages.data_prep.tiny_model import build_model
 from tests.flow.conftest import CLI, cli_env, run_cli
+from tests.markers import cpu_only
 from tests.tiny_checkpoint import save_tiny_checkpoint
 
 
@@ -133,18 +134,21 @@ def test_more_training_workers_than_local_cpus(cli, workdir):
     assert_no_work_started(workdir)
 
 
+@cpu_only
 def test_qlora_without_a_gpu(cli, workdir):
     assert_one_line_error(cli("run", "dpo.lora.rank=8", "dpo.lora.load_in_4bit=true"),
                           "dpo.lora.load_in_4bit=true", "needs a CUDA GPU", "plain LoRA")
     assert_no_work_started(workdir)
 
 
+@cpu_only
 def test_flash_attention_without_a_gpu(cli, workdir):
     assert_one_line_error(cli("run", "model.attn_implementation=flash_attention_2"),
                           "flash_attention_2", "needs a CUDA GPU")
     assert_no_work_started(workdir)
 
 
+@cpu_only
 def test_liger_kernels_without_a_gpu(cli, workdir):
     assert_one_line_error(cli("run", "model.use_liger_kernel=true"),
                           "model.use_liger_kernel needs a CUDA GPU (Liger's kernels are Triton)", "model.use_liger_kernel=false")

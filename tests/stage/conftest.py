@@ -79,3 +79,16 @@ def length_reward(tmp_path_factory):
 def grpo_args(length_reward) -> list[str]:
     """A test module's GRPO run's settings (on top of tests/stage/rl_runs.py's RL_FAST): the tests that compare against it start from them."""
     return ["rl.algorithm.advantage_estimator=group_norm", f"reward.func_path={length_reward}"]
+
+
+class Recorder:
+    """A stage's metric sink that keeps what it is given; `fail_at`: a Ctrl-C at that step (a kill)."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.rows: list[tuple[int, dict]] = []
+        self.fail_at = fail_at
+
+    def __call__(self, metrics, step):
+        if step == self.fail_at:
+            raise KeyboardInterrupt(f"simulated kill at step {step}")
+        self.rows.append((step, dict(metrics)))

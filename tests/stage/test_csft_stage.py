@@ -14,8 +14,7 @@ from stages.data.prepared import read_split
 from stages.eval import stage as evaluate
 from stages.rewards.base import RewardBatch
 from stages.rewards.rm_scorer import RewardModelScorer
-from tests.stage.conftest import FAST, make_ctx
-from tests.stage.test_sft_stage import Recorder
+from tests.stage.conftest import FAST, Recorder, make_ctx
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 

@@ -9,18 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from configs.schema import InfraConfig, TrainingConfig
 from stages.common import deepspeed_engine
 from stages.common.dist_env import free_port
 from stages.rl.ema import PolicyAverage
-
-
-def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=4, vocab_size=100))
+from tests.tiny_llama import tiny_llama
 
 
 def train_three_steps(infra: InfraConfig, **zero_extra):

@@ -13,8 +13,7 @@ from transformers import AutoModelForCausalLM
 from configs import load_config
 from stages.common import shared_prompt
 from stages.dpo import stage as dpo
-from tests.stage.conftest import FAST, make_ctx
-from tests.stage.test_sft_stage import Recorder
+from tests.stage.conftest import FAST, Recorder, make_ctx
 
 SHORT = [*FAST, "dpo.micro_batch_size=8", "dpo.max_steps=8", "dpo.eval_every=4",
          "dpo.save_every=2", "dpo.lr=2e-3", "dpo.warmup_ratio=0", "dpo.min_lr_ratio=1.0"]

@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.markers import cpu_only
+
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 
 NO_SERVICES = "import sys; sys.modules.update(ray=None, mlflow=None, prefect=None); "
 
 
+@cpu_only
 def test_every_stage_runs_in_one_process_without_ray_and_its_checkpoints_load_and_generate(tmp_path):
     out = tmp_path / "gpu_stages.json"
     code = (NO_SERVICES + "from benchmarks import gpu_stages; sys.exit(gpu_stages.main(['--device', 'cpu', '--tiny', "

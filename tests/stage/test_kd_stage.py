@@ -11,8 +11,7 @@ from configs.errors import CheckpointError
 from stages.common import checkpoint
 from stages.data_prep import tiny_model
 from stages.kd import stage as kd
-from tests.stage.conftest import FAST, make_ctx
-from tests.stage.test_sft_stage import Recorder
+from tests.stage.conftest import FAST, Recorder, make_ctx
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 

@@ -7,7 +7,7 @@ import torch
 from configs.schema import InfraConfig, RLConfig, TrainingConfig
 from stages.common import deepspeed_engine
 from stages.rl.workers import actor_loss, token_log_probs, train_steps
-from tests.stage.test_deepspeed_options import tiny_llama
+from tests.tiny_llama import tiny_llama
 
 RL = RLConfig(algorithm={"use_kl_loss": True, "kl_estimator": "k3", "entropy_coef": 0.01})
 

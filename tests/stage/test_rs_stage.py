@@ -10,8 +10,7 @@ from configs import load_config
 from configs.errors import DataError
 from stages.data.tokenization import IGNORE_INDEX
 from stages.rs import stage as rs
-from tests.stage.conftest import FAST, LENGTH_REWARD, make_ctx
-from tests.stage.test_sft_stage import Recorder
+from tests.stage.conftest import FAST, LENGTH_REWARD, Recorder, make_ctx
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 

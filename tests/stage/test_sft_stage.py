@@ -4,20 +4,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stages.dag.contract import run_timed
 from stages.sft import stage as sft
-from tests.stage.conftest import make_ctx
+from tests.stage.conftest import Recorder, make_ctx
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
-
-
-class Recorder:
-    def __init__(self, fail_at: int | None = None):
-        self.rows: list[tuple[int, dict]] = []
-        self.fail_at = fail_at
-
-    def __call__(self, metrics, step):
-        if step == self.fail_at:
-            raise KeyboardInterrupt(f"simulated kill at step {step}")
-        self.rows.append((step, dict(metrics)))
 
 
 @pytest.fixture(scope="module")

@@ -38,3 +38,13 @@ def stage_run(client, tmp_path, fingerprint="fp1", finish=True, publish=True, re
     if finish:
         client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
     return run.info.run_id
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The tiny arithmetic task's tokenizer (digits, operators, chat markers), for the multi-turn agent tests."""
+    from stages.data_prep.synthetic_task import ANSWER_PREFIX  # the tiny task's vocabulary: digits, operators, markers
+    from stages.data_prep.tiny_model import train_tokenizer
+    from tests.unit.agent_helpers import PROMPT
+
+    return train_tokenizer([PROMPT, f"7+14=21\n21-9=12\n{ANSWER_PREFIX}12", "Compute 0123456789+-="], vocab_size=200)

@@ -13,43 +13,13 @@ import torch
 from configs import ConfigError, load_config
 from configs.errors import RewardError
 from stages.dag.contract import NodeInputs
-from stages.data_prep.tiny_model import train_tokenizer
 from stages.rl import agent_file
 from stages.rl.episodes import Hosts, run_episodes
-from stages.rl.experience import Sample, place_on_actions, sequence_batch
-from stages.rl.in_process import InProcess
+from stages.rl.experience import place_on_actions, sequence_batch
 from stages.rl.reward_worker import RewardWorker
+from tests.unit.agent_helpers import PROMPT, Actors, ScriptedEngine
 
-PROMPT = "<|user|>\nCompute 7+14-9\n<|assistant|>\n"
 EXAMPLE = "agents/chained_arithmetic.py"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from stages.data_prep.synthetic_task import ANSWER_PREFIX  # the tiny task's vocabulary: digits, operators, markers
-
-    return train_tokenizer([PROMPT, f"7+14=21\n21-9=12\n{ANSWER_PREFIX}12", "Compute 0123456789+-="], vocab_size=200)
-
-
-class ScriptedEngine:
-    """Answers each turn with the next text of its script, as token ids with made-up log-probs."""
-
-    def __init__(self, tokenizer, script: list[str]):
-        self.tokenizer, self.script, self.contexts = tokenizer, script, []
-
-    def generate(self, prompt_ids, seed, temperature, max_new_tokens, top_p):
-        self.contexts.append(prompt_ids)
-        text = self.script[len(self.contexts) - 1]
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-        return [Sample(list(p), ids, [-0.5] * len(ids)) for p in prompt_ids]
-
-
-class Actors:
-    def __init__(self, cfg, engine):
-        self.backend, self.samplers = InProcess(), [engine]
-        worker = RewardWorker(1)
-        worker.setup(cfg, NodeInputs({}), [], ".")
-        self.reward = [worker]
 
 
 def config(*overrides: str, path: str = EXAMPLE):

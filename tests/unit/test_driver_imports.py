@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.markers import cpu_only
+
 HEAVY = ("torch", "transformers", "peft", "deepspeed", "datasets", "vllm", "matplotlib")  # matplotlib: where eval draws
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
@@ -31,6 +33,7 @@ def test_the_driver_checks_the_preset_and_loads_the_flow_without_the_stages_libr
     assert done.stdout.strip() == ""
 
 
+@cpu_only
 def test_an_option_that_needs_a_gpu_is_still_checked_in_the_driver():
     code = DRIVER.replace("load_config(None, [])", "load_config(None, ['model.attn_implementation=flash_attention_2'])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -14,6 +14,7 @@ import torch
 from configs.errors import CheckpointError
 from configs.schema import ModelConfig
 from stages.common import checkpoint, liger
+from tests.markers import cpu_only
 from tests.tiny_checkpoint import save_tiny_checkpoint
 
 pytestmark = pytest.mark.timeout(60)
@@ -28,8 +29,8 @@ def llama(tmp_path_factory):
     return save_tiny_checkpoint(["Compute 1+2\n1+2=3\nAnswer: 3"] * 4, tmp_path_factory.mktemp("llama") / "model")
 
 
+@cpu_only
 def test_without_cuda_it_is_one_line_before_any_weights_load(tmp_path):
-    assert not torch.cuda.is_available()
     with pytest.raises(CheckpointError) as refused:
         liger.require()
     assert str(refused.value) == NO_GPU

@@ -18,7 +18,7 @@ from stages.openrlhf_compat.answers import extract_boxed_answer, grade_answer
 from stages.rewards.func_scorer import FunctionScorer
 from stages.rl.agent import Episodes
 from stages.rl.episodes import run_episodes
-from tests.unit.test_agent import PROMPT, Actors, ScriptedEngine, tokenizer  # noqa: F401 - the module fixture
+from tests.unit.agent_helpers import PROMPT, Actors, ScriptedEngine
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,7 +89,7 @@ def test_openrlhf_math_reward_func_grades_boxed_answers_without_openrlhf_install
     assert batch.extra_logs == {"math_accuracy": 0.5}
 
 
-def test_openrlhf_agent_func_plays_episodes_of_several_turns(tokenizer):  # noqa: F811
+def test_openrlhf_agent_func_plays_episodes_of_several_turns(tokenizer):
     cfg = load_config(None, [f"rl.agent.path={EXAMPLES / 'agent_func.py'}", "rl.agent.max_turns=5"])
     engine = ScriptedEngine(tokenizer, ["1", "2", "3", "4", "5"])
     samples, scored = run_episodes(Actors(cfg, engine), tokenizer, [PROMPT] * 4, ["1"] * 4, cfg, 0, 1.0, 5)
@@ -136,7 +136,7 @@ class AgentExecutor(MultiTurnAgentExecutor):
 """
 
 
-def test_an_agents_scores_and_extra_logs_are_its_last_steps(tmp_path, tokenizer):  # noqa: F811
+def test_an_agents_scores_and_extra_logs_are_its_last_steps(tmp_path, tokenizer):
     """OpenRLHF's executor keeps the last step's `scores` (else the episode's summed reward) for dynamic
     filtering, and the last step's `extra_logs` for the log; here they reach the rollout's reward batch."""
     path = tmp_path / "agent_func.py"
@@ -150,7 +150,7 @@ def test_an_agents_scores_and_extra_logs_are_its_last_steps(tmp_path, tokenizer)
     assert scored.extra_logs == {"turn": 2.0}  # the last step's, not the mean over the turns (1.5)
 
 
-def test_the_example_agents_scores_are_its_last_reward(tokenizer):  # noqa: F811
+def test_the_example_agents_scores_are_its_last_reward(tokenizer):
     cfg = load_config(None, [f"rl.agent.path={EXAMPLES / 'agent_func.py'}", "rl.agent.max_turns=5"])
     _, scored = run_episodes(Actors(cfg, ScriptedEngine(tokenizer, ["1"] * 5)), tokenizer, [PROMPT] * 4, ["1"] * 4, cfg, 0, 1.0, 5)
     last = torch.tensor([steps[-1] for steps in scored.step_rewards])
@@ -158,7 +158,7 @@ def test_the_example_agents_scores_are_its_last_reward(tokenizer):  # noqa: F811
     assert scored.extra_logs == {"dummy_scores": pytest.approx(float(last.mean()))}
 
 
-def test_an_agent_step_without_rewards_is_one_line_naming_the_file(tmp_path, tokenizer):  # noqa: F811
+def test_an_agent_step_without_rewards_is_one_line_naming_the_file(tmp_path, tokenizer):
     bad = tmp_path / "agent_func.py"
     bad.write_text((EXAMPLES / "agent_func.py").read_text().replace('"rewards": reward,', ""))
     cfg = load_config(None, [f"rl.agent.path={bad}"])

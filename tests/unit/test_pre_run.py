@@ -9,6 +9,7 @@ from configs.errors import ConfigError, PipelineError, RewardError
 from flows import pre_run
 from flows.cli.main import main
 from stages.dag import preflight
+from tests.markers import cpu_only
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,6 +65,7 @@ def test_the_request_rlhf_run_checked_passes_at_once_while_its_flow_runs_and_no_
         pre_run.check(cfg, ["sft"], [])
 
 
+@cpu_only
 def test_rlhf_check_reports_liger_kernels_asked_for_on_a_machine_without_a_gpu(capsys):
     assert [str(p) for p in pre_run.problems(load_config(None, ["model.use_liger_kernel=true"]))] == [LIGER_NO_GPU]
     assert main(["check", "model.use_liger_kernel=true"]) == 2

@@ -8,6 +8,7 @@ import torch
 from stages.common.answers import extract_answer, is_correct
 from stages.data.tokenization import IGNORE_INDEX, encode_segments, pad_batch
 from stages.data_prep.tiny_model import PAD, train_tokenizer
+from tests.markers import cpu_only
 
 PATTERN = r"Answer:\s*(-?\d+)"
 
@@ -179,6 +180,7 @@ def test_is_correct():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="describes a machine without a GPU")
+@cpu_only
 def test_attention_auto_is_sdpa_without_a_gpu_and_flash_attention_is_refused():
     from configs.errors import CheckpointError
     from configs.schema import ModelConfig
