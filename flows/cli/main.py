@@ -186,8 +186,11 @@ def cmd_ui(args: argparse.Namespace) -> int:
     print(f"MLflow UI on http://127.0.0.1:{args.port}/#/experiments?workflowType=machine_learning  "
           f"({redacted(setup.uri)})", flush=True)
     from flows.cli.serve import BACKEND_URI_ENV, mlflow_ui_command
+    from flows.services.tied import tied_to
 
-    return subprocess.call(mlflow_ui_command(args.port), env={**os.environ, BACKEND_URI_ENV: setup.uri})
+    # the UI ends with this command, however it ends (a SIGTERM or SIGKILL reaches only this process)
+    return subprocess.call(mlflow_ui_command(args.port), env={**os.environ, BACKEND_URI_ENV: setup.uri},
+                           preexec_fn=tied_to(os.getpid()))
 
 
 def _store(config: str | None):

@@ -26,6 +26,7 @@ from typing import cast
 
 from configs.errors import PipelineError
 from flows.services import prefect_db
+from flows.services.tied import tied_to
 
 START_TIMEOUT_S = 120
 
@@ -72,11 +73,12 @@ class Starting:
 
 
 def launch(command: list[str], health_url: str, what: str, log: Path, env: dict | None = None) -> Starting:
-    """Start a server in its own session (so stopping it stops its children), without waiting for it."""
+    """Start a server in its own session (so stopping it stops its children), without waiting for it; it ends
+    with this process however this process ends (a SIGKILL too)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, **(env or {})})
+                                env={**os.environ, **(env or {})}, preexec_fn=tied_to(os.getpid()))
     return Starting(proc, health_url, what, log)
 
 
