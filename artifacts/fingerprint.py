@@ -26,18 +26,6 @@ def config_subset(config: BaseModel, keys: tuple[str, ...]) -> dict[str, Any]:
     return subset
 
 
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dict -> `{"a.b": value}` (for MLflow params)."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
-
-
 def code_version(entry: str, packages: tuple[str, ...] = code_graph.PROJECT_PACKAGES,
                  search: list[Path] | None = None) -> str:
     """A hash of the source of module `entry` and of every project module it imports, transitively, each

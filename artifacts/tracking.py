@@ -85,7 +85,7 @@ def check_reachable(uri: str) -> None:
             requests.get(f"{uri.rstrip('/')}/health", timeout=REACH_TIMEOUT_S)
         except requests.RequestException as exc:
             reason = exc.__class__.__name__ if not exc.args else str(exc.args[0]).rsplit(": ", 1)[-1].rstrip(")'\"")
-            raise PipelineError(f"tracking.uri={uri}: no MLflow server answers ({reason}); start it (`rlhf cluster up` "
+            raise PipelineError(f"tracking.uri={redacted(uri)}: no MLflow server answers ({reason}); start it (`rlhf cluster up` "
                                 "starts one here) or point tracking.uri / MLFLOW_TRACKING_URI at a running one") from None
         return
     if uri.split(":", 1)[0].split("+", 1)[0] not in DATABASE_PORTS:
@@ -97,7 +97,7 @@ def check_reachable(uri: str) -> None:
     try:
         socket.create_connection((host, port), timeout=REACH_TIMEOUT_S).close()
     except OSError as exc:
-        raise PipelineError(f"tracking.uri={url.render_as_string(hide_password=True)}: cannot reach the database at "
+        raise PipelineError(f"tracking.uri={redacted(uri)}: cannot reach the database at "
                             f"{host}:{port} ({exc.strerror or exc}); start it, or point tracking.uri / "
                             "MLFLOW_TRACKING_URI at a running one") from None
 

@@ -53,6 +53,27 @@ def set_dotted(tree: dict, dotted: str, value: Any, model: type[BaseModel], orig
         schema = section_type(fields[key].annotation) if schema is not None else None
 
 
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> `{"a.b": value}`: a config's leaves by their dotted keys (MLflow params, override checks)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def get_dotted(tree: Any, key: str) -> Any:
+    """The value at `a.b.c` of a nested dict; None where a part is missing."""
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """`sft.lr=3e-4` -> ("sft.lr", "3e-4" parsed as YAML)."""
     key, sep, raw = text.partition("=")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from configs.errors import ConfigError
-from configs.loader import parse_override, read_preset
+from configs.loader import flatten, get_dotted, parse_override, read_preset
 
 # key -> what setting it would do
 CODE_KEYS = {
@@ -27,28 +27,13 @@ def refuse_code_overrides(config: str | None, overrides: list[str]) -> None:
     raw, file, _ = read_preset(config)
     for text in overrides:
         key, value = parse_override(text)
-        for leaf, leaf_value in leaves(key, value):
+        for leaf, leaf_value in flatten({key: value}).items():  # `rl={agent: {path: x}}` sets rl.agent.path
             why = CODE_KEYS.get(leaf) or ("names a Python file to run" if leaf.endswith(".func_path") else None)
             if why is None and leaf.startswith(PINS) and is_hub_id(leaf_value):
                 why = "downloads a model from the hub"
-            if why is not None and dotted(raw, leaf) != leaf_value:
+            if why is not None and get_dotted(raw, leaf) != leaf_value:
                 raise ConfigError(f"override {text!r}: {leaf} {why}; a deployment run takes data and hyperparameter "
                                   f"overrides only: set {leaf} in the config file on the worker ({file})")
-
-
-def leaves(key: str, value: Any) -> list[tuple[str, Any]]:
-    """(dotted key, value) of every leaf an override sets (`rl={agent: {path: x}}` sets `rl.agent.path`)."""
-    if isinstance(value, dict) and value:
-        return [pair for k, v in value.items() for pair in leaves(f"{key}.{k}", v)]
-    return [(key, value)]
-
-
-def dotted(tree: dict, key: str) -> Any:
-    for part in key.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return None
-        tree = tree[part]
-    return tree
 
 
 def is_hub_id(value: Any) -> bool:

@@ -20,10 +20,10 @@ from prefect.runtime import deployment
 from prefect.states import Cancelled, Completed, Failed, State
 
 from artifacts import disk_full, run_owner, store, tracking
-from artifacts import fingerprint as fp
 from artifacts import model_registry as registry
 from configs import load_config
 from configs.errors import PipelineError, first_line
+from configs.loader import flatten
 from configs.redaction import logged, redacted
 from configs.remote_overrides import refuse_code_overrides
 from configs.schema import PipelineConfig
@@ -101,7 +101,7 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
         )
     parent_id = parent.info.run_id
     with failing(client, parent_id, setup):
-        params = fp.flatten(cfg.model_dump(mode="json"))
+        params = flatten(cfg.model_dump(mode="json"))
         client.log_batch(parent_id, params=[Param(k, logged(v)) for k, v in params.items()])
 
         ray_session = session_for(cfg.infra)

@@ -25,6 +25,7 @@ from artifacts import model_registry as registry
 from artifacts.metrics import MlflowMetrics
 from artifacts.tracking import TrackingSetup
 from configs.errors import PipelineError, first_line
+from configs.loader import flatten
 from configs.redaction import logged
 from configs.schema import PipelineConfig
 from flows import eval_report, eval_reuse, run_views
@@ -182,7 +183,7 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
     """Run the stage on Ray in its work dir (where a rerun finds its checkpoints) and publish its outputs:
     the datasets it read as the run's inputs, its checkpoints as logged models (registered where the DAG
     says) recording where they came from."""
-    params = fp.flatten(fp.config_subset(cfg, spec.wanted_config(spec.config_keys, cfg)))
+    params = flatten(fp.config_subset(cfg, spec.wanted_config(spec.config_keys, cfg)))
     client.log_batch(run_id, params=[Param(k, logged(v)) for k, v in params.items()])
     print(f"[{spec.name}] running (MLflow run {run_id}, fingerprint {fingerprint})", flush=True)
 

@@ -15,8 +15,8 @@ import pytest
 
 from artifacts import code_graph, file_hashes
 from artifacts import fingerprint as fp
-from artifacts.fingerprint import code_version, config_subset, fingerprint, flatten
-from configs.loader import load_config
+from artifacts.fingerprint import code_version, config_subset, fingerprint
+from configs.loader import flatten, load_config
 from configs.schema import PipelineConfig
 
 BASE = dict(
