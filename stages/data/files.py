@@ -444,35 +444,45 @@ def _decodes(ds: Dataset, i: int) -> bool:
 # --- the train and eval splits of a dataset config -----------------------------------------------
 
 
+def checked_source(cfg: DatasetConfig, section: str, columns: dict[str, str], path: str, pretrain: bool = False,
+                   first: int | None = None) -> tuple[Dataset, Dataset | None]:
+    """One source's `split` (and its `eval_split`, None without one): its first `first` rows or all, reduced to
+    `columns` (config field -> column, required) and the `optional_columns` it has, cut to `max_samples`, its
+    values checked (`pretrain`: as plain text). One-line errors name the file, split and key."""
+    needed = {f"data.{section}.{field}": col for field, col in columns.items()}
+    paths_key = f"data.{section}.paths"
+    ds = load_source(path, cfg.split, cfg.subset, paths_key, first=first)
+    require_columns(ds, path, needed)
+    fields = {**columns, **{f: c for f, c in optional_columns(section, cfg).items() if c in ds.column_names}}
+    ds = ds.select_columns(list(dict.fromkeys(fields.values())))
+    if len(ds) == 0:
+        raise DataError(f"{path}: dataset is empty (split {cfg.split!r}); add rows or remove it from {paths_key}")
+    if cfg.max_samples is not None:
+        ds = ds.select(range(min(cfg.max_samples, len(ds))))
+    check_values(ds, section, cfg, fields, functools.partial(where, path, cfg.split, cfg.subset), pretrain)
+    if cfg.eval_split is None:
+        return ds, None
+    ev = load_source(path, cfg.eval_split, cfg.subset, paths_key, first=first)
+    require_columns(ev, f"{path} (split {cfg.eval_split!r})", needed)
+    ev_fields = {f: c for f, c in fields.items() if c in ev.column_names}
+    ev = ev.select_columns(list(dict.fromkeys(ev_fields.values())))
+    check_values(ev, section, cfg, ev_fields, functools.partial(where, path, cfg.eval_split, cfg.subset), pretrain)
+    return ds, ev
+
+
 def load_mixed(cfg: DatasetConfig, section: str, columns: dict[str, str], seed: int,
                pretrain: bool = False) -> tuple[Dataset, Dataset]:
-    """Train and eval splits of every source, reduced to `columns` (config field -> column, required)
-    and the `optional_columns` a source has, their values checked (`pretrain`: as plain text), then
-    mixed. Each row also holds `ORIGIN_COLUMNS`, for `locate`.
+    """Train and eval splits of every source (`checked_source`), mixed. Each row also holds `ORIGIN_COLUMNS`,
+    for `locate`.
 
     Mixing follows `probs` with `interleave_datasets` (until every source is exhausted), as OpenRLHF's
     `--dataset_probs` does; without `probs` the sources are concatenated.
     """
     trains, evals = [], []
-    needed = {f"data.{section}.{field}": col for field, col in columns.items()}
-    paths_key = f"data.{section}.paths"
     for index, path in enumerate(cfg.paths):
-        ds = load_source(path, cfg.split, cfg.subset, paths_key)
-        require_columns(ds, path, needed)
-        fields = {**columns, **{f: c for f, c in optional_columns(section, cfg).items() if c in ds.column_names}}
-        ds = ds.select_columns(list(dict.fromkeys(fields.values())))
-        if len(ds) == 0:
-            raise DataError(f"{path}: dataset is empty (split {cfg.split!r}); add rows or remove it from {paths_key}")
-        if cfg.max_samples is not None:
-            ds = ds.select(range(min(cfg.max_samples, len(ds))))
-        check_values(ds, section, cfg, fields, functools.partial(where, path, cfg.split, cfg.subset), pretrain)
+        ds, ev = checked_source(cfg, section, columns, path, pretrain)
         ds = with_origin(ds, index)
-        if cfg.eval_split is not None:
-            ev = load_source(path, cfg.eval_split, cfg.subset, paths_key)
-            require_columns(ev, f"{path} (split {cfg.eval_split!r})", needed)
-            ev_fields = {f: c for f, c in fields.items() if c in ev.column_names}
-            ev = ev.select_columns(list(dict.fromkeys(ev_fields.values())))
-            check_values(ev, section, cfg, ev_fields, functools.partial(where, path, cfg.eval_split, cfg.subset), pretrain)
+        if ev is not None:
             ev = with_origin(ev, len(cfg.paths) + index)
         elif held_out := held_out_rows(len(ds), cfg.eval_ratio, math.ceil(cfg.eval_min_rows / len(cfg.paths))):
             parts = ds.train_test_split(test_size=held_out, seed=seed)
@@ -526,26 +536,14 @@ def check_first_rows(cfg: DatasetConfig, section: str, columns: dict[str, str], 
     columns, their values and, where the section `holds_out` eval rows, that some are held out. The driver
     checks this before any work starts, at a cost that does not grow with the files; data prep checks
     every row."""
-    needed = {f"data.{section}.{field}": col for field, col in columns.items()}
-    paths_key = f"data.{section}.paths"
     seen, held, counted_all = 0, 0, True
     for path in cfg.paths:
-        ds = load_source(path, cfg.split, cfg.subset, paths_key, first=rows)
-        require_columns(ds, path, needed)
-        fields = {**columns, **{f: c for f, c in optional_columns(section, cfg).items() if c in ds.column_names}}
-        if cfg.max_samples is not None:
-            ds = ds.select(range(min(cfg.max_samples, len(ds))))
-        check_values(ds, section, cfg, fields, functools.partial(where, path, cfg.split, cfg.subset), pretrain)
+        ds, ev = checked_source(cfg, section, columns, path, pretrain, first=rows)
         seen += len(ds)
         counted_all = counted_all and len(ds) < rows
-        if cfg.eval_split is not None:
-            ev = load_source(path, cfg.eval_split, cfg.subset, paths_key, first=rows)
-            require_columns(ev, f"{path} (split {cfg.eval_split!r})", needed)
-            ev_fields = {f: c for f, c in fields.items() if c in ev.column_names}
-            check_values(ev, section, cfg, ev_fields, functools.partial(where, path, cfg.eval_split, cfg.subset), pretrain)
-            held += len(ev)
-        else:  # at least 2 rows of a source with eval_ratio > 0 hold some out: its first rows tell
-            held += held_out_rows(len(ds), cfg.eval_ratio, math.ceil(cfg.eval_min_rows / len(cfg.paths)))
+        # at least 2 rows of a source with eval_ratio > 0 hold some out: its first rows tell
+        held += len(ev) if ev is not None else held_out_rows(len(ds), cfg.eval_ratio,
+                                                               math.ceil(cfg.eval_min_rows / len(cfg.paths)))
     if holds_out:
         require_eval(section, cfg, seen, held, counted_all)
 
