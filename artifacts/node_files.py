@@ -15,10 +15,10 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from artifacts import run_tags, store
+from artifacts import checkpoint_digests, run_tags, store
 from artifacts.private_dirs import private_dir
 
 WORK = "work"  # a run's artifact folder of resumable checkpoints, mirroring its work dir
@@ -53,6 +53,7 @@ class RunFiles:
     run_id: str
     inputs: dict[str, str]  # artifact name -> the run that produced it
     work_name: str  # "<stage>-<fingerprint>"
+    key: bytes = field(repr=False)  # the owner's checkpoint signing key (artifacts.checkpoint_digests)
     resume_run: str | None = None  # an earlier run of this stage and fingerprint that uploaded checkpoints
     # the stage takes whole models: the worker merges a LoRA adapter input on the node (runtime.worker_pool.whole_models)
     merge_adapters: bool = False
@@ -86,7 +87,12 @@ class RunFiles:
                 shutil.rmtree(work, ignore_errors=True)  # an earlier run's, on this node: the server's copy decides
                 work.mkdir(parents=True)
                 if self.resume_run is not None:
-                    download_checkpoints(self.client(), self.resume_run, work)
+                    problem = download_checkpoints(self.client(), self.resume_run, work, self.key)
+                    if problem:  # changed since it was uploaded: nothing of it is loaded
+                        print(f"[{self.work_name.split('-')[0]}] not resuming from MLflow run {self.resume_run}: "
+                              f"{problem}; starting over", flush=True)
+                        shutil.rmtree(work)
+                        work.mkdir()
                 made.touch()
         return work
 
@@ -101,9 +107,16 @@ class RunFiles:
         never names a tag it lacks."""
         client = self.client()
         where = f"{WORK}/{ckpt_dir.relative_to(self.local_work_dir).as_posix()}"
+        digests = {}
         for path in files_to_upload(ckpt_dir / tag, rank):
             below = path.parent.relative_to(ckpt_dir).as_posix()
             client.log_artifact(self.run_id, str(path), where if below == "." else f"{where}/{below}")
+            digests[path.relative_to(ckpt_dir).as_posix()] = checkpoint_digests.sha256(path)
+        if digests:  # what this rank wrote, signed: a rerun loads it only unchanged, and only from its owner's runs
+            with tempfile.TemporaryDirectory() as staging:
+                signed = Path(staging) / checkpoint_digests.manifest_name(tag, rank)
+                signed.write_text(checkpoint_digests.manifest(self.key, self.run_id, where, tag, digests))
+                client.log_artifact(self.run_id, str(signed), where)
         if rank is not None:
             import torch.distributed as dist
 
@@ -125,9 +138,10 @@ class RunFiles:
         (self.local_work_dir.parent / f"{self.work_name}.{self.run_id}").unlink(missing_ok=True)
 
 
-def resumable_run(client, experiment_id: str, stage: str, fingerprint: str, exclude: str) -> str | None:
+def resumable_run(client, experiment_id: str, stage: str, fingerprint: str, exclude: str, key: bytes) -> str | None:
     """The newest other run of `stage` with this fingerprint that ended without its outputs and left
-    checkpoints on the server; None when there is none."""
+    checkpoints on the server, signed with the owner's `key` (a run anyone else left is passed over); None when
+    there is none."""
     runs = client.search_runs(
         [experiment_id],
         filter_string=f"tags.`{run_tags.TAG_STAGE}` = '{stage}' and tags.`{run_tags.TAG_FINGERPRINT}` = '{fingerprint}'",
@@ -136,9 +150,34 @@ def resumable_run(client, experiment_id: str, stage: str, fingerprint: str, excl
     )
     for run in runs:
         if run.info.run_id != exclude and run.data.tags.get(run_tags.TAG_STATUS) != run_tags.COMPLETE \
-                and client.list_artifacts(run.info.run_id, WORK):
+                and client.list_artifacts(run.info.run_id, WORK) and signed_by(client, run.info.run_id, key):
             return run.info.run_id
     return None
+
+
+def newest_tags(client, run_id: str) -> dict[str, str]:
+    """Each checkpoint folder of the run and the tag its `latest` pointer names."""
+    tags = {}
+    for folder in checkpoint_folders(client, run_id):
+        with tempfile.TemporaryDirectory() as staging:
+            tags[folder] = Path(client.download_artifacts(run_id, f"{folder}/{LATEST}", staging)).read_text().strip()
+    return tags
+
+
+def manifest_files(client, run_id: str, folder: str, tag: str, key: bytes) -> dict[str, str] | None:
+    """The files of `tag` in `folder` and their digests, as the run's signed manifests list them; None when a
+    manifest is missing or not signed with `key`."""
+    names = [e.path for e in client.list_artifacts(run_id, folder)
+             if not e.is_dir and checkpoint_digests.is_manifest_of(e.path.rsplit("/", 1)[-1], tag)]
+    with tempfile.TemporaryDirectory() as staging:
+        texts = [Path(client.download_artifacts(run_id, name, staging)).read_text() for name in names]
+    return checkpoint_digests.verified_files(key, run_id, folder, tag, texts)
+
+
+def signed_by(client, run_id: str, key: bytes) -> bool:
+    """Every checkpoint folder's newest tag has manifests signed with `key`."""
+    tags = newest_tags(client, run_id)
+    return bool(tags) and all(manifest_files(client, run_id, f, t, key) is not None for f, t in tags.items())
 
 
 def checkpoint_folders(client, run_id: str, path: str = WORK) -> list[str]:
@@ -149,13 +188,24 @@ def checkpoint_folders(client, run_id: str, path: str = WORK) -> list[str]:
     return [found for e in entries if e.is_dir for found in checkpoint_folders(client, run_id, e.path)]
 
 
-def download_checkpoints(client, run_id: str, work: Path) -> None:
+def download_checkpoints(client, run_id: str, work: Path, key: bytes) -> str:
     """The newest tag of each checkpoint folder `run_id` uploaded, into the work dir where it was written
-    (its `latest` pointer last, as DeepSpeed writes it)."""
-    for folder in checkpoint_folders(client, run_id):
+    (its `latest` pointer last, as DeepSpeed writes it), each file checked against the digest its signed
+    manifest gives. '' when all came down unchanged, else what did not (the work dir then holds files no
+    stage may load)."""
+    for folder, tag in newest_tags(client, run_id).items():
+        listed = manifest_files(client, run_id, folder, tag, key)
+        if listed is None:
+            return f"{folder}/{tag} has no manifest signed by this pipeline's owner"
         local = work / PurePosixPath(folder).relative_to(WORK)
         local.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=work) as staging:
-            tag = Path(client.download_artifacts(run_id, f"{folder}/{LATEST}", staging)).read_text().strip()
         client.download_artifacts(run_id, f"{folder}/{tag}", str(local))
+        came = local / tag
+        got = {p.relative_to(local).as_posix() for p in ([came] if came.is_file() else came.rglob("*")) if p.is_file()}
+        if got != set(listed):
+            return f"{folder}/{tag} holds other files than its manifest lists"
+        for name, digest in listed.items():
+            if checkpoint_digests.sha256(local / name) != digest:
+                return f"{folder}/{name} does not match the digest it was uploaded with"
         (local / LATEST).write_text(tag)
+    return ""

@@ -19,7 +19,7 @@ from mlflow.entities import Param, RunStatus
 from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
 import configs
-from artifacts import datasets, disk_full, node_files, run_owner, run_tags, store
+from artifacts import checkpoint_digests, datasets, disk_full, node_files, run_owner, run_tags, store
 from artifacts import fingerprint as fp
 from artifacts import model_registry as registry
 from artifacts.metrics import MlflowMetrics
@@ -200,9 +200,10 @@ def run_and_publish(spec: dag.StageSpec, cfg: PipelineConfig, setup: TrackingSet
     datasets.log(client, run_id, read)
     files = None
     if setup.remote:
+        key = checkpoint_digests.signing_key(setup.state_dir)
         files = node_files.RunFiles(
-            setup.uri, run_id, {n: ref.run_id for n, ref in inputs.items()}, work_dir.name,
-            node_files.resumable_run(client, experiment_id, spec.name, fingerprint, run_id),
+            setup.uri, run_id, {n: ref.run_id for n, ref in inputs.items()}, work_dir.name, key,
+            node_files.resumable_run(client, experiment_id, spec.name, fingerprint, run_id, key),
             merge_adapters=not spec.takes_adapters)
         if files.resume_run:
             print(f"[{spec.name}] resuming from the checkpoints of MLflow run {files.resume_run}", flush=True)

@@ -13,6 +13,7 @@ from artifacts import model_registry as registry
 from artifacts import node_files, run_tags, store
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
+KEY = b"k" * 32  # the owner's checkpoint signing key
 
 
 def test_each_rank_uploads_the_partitions_it_wrote_and_rank_0_the_rest(tmp_path):
@@ -54,7 +55,7 @@ def save_checkpoint(work: Path, folder: str, step: int) -> Path:
 def test_a_rerun_on_another_node_resumes_from_the_newest_uploaded_checkpoint(tracking, tmp_path, monkeypatch):
     uri, client, experiment = tracking
     monkeypatch.setenv("RLHF_NODE_DIR", str(tmp_path / "node-a"))
-    first = node_files.RunFiles(uri, stage_run(client, experiment), {}, "sft-fp1")
+    first = node_files.RunFiles(uri, stage_run(client, experiment), {}, "sft-fp1", KEY)
     work = first.work_dir()
     assert work == tmp_path / "node-a" / "work" / "sft-fp1"
     for step in (1, 2):
@@ -66,14 +67,14 @@ def test_a_rerun_on_another_node_resumes_from_the_newest_uploaded_checkpoint(tra
             shutil.rmtree(ckpt / "step1")  # pruned, as DeepSpeed's caller does
     client.set_terminated(first.run_id, "FAILED")
     other_fingerprint = stage_run(client, experiment, "fp2")
-    node_files.RunFiles(uri, other_fingerprint, {}, "sft-fp2").checkpoint_saved(
+    node_files.RunFiles(uri, other_fingerprint, {}, "sft-fp2", KEY).checkpoint_saved(
         save_checkpoint(tmp_path / "node-a" / "work" / "sft-fp2", "checkpoints/policy", 9), "step9")
 
     rerun_id = stage_run(client, experiment)
-    assert node_files.resumable_run(client, experiment, "sft", "fp1", rerun_id) == first.run_id
-    assert node_files.resumable_run(client, experiment, "sft", "fp3", rerun_id) is None
+    assert node_files.resumable_run(client, experiment, "sft", "fp1", rerun_id, KEY) == first.run_id
+    assert node_files.resumable_run(client, experiment, "sft", "fp3", rerun_id, KEY) is None
     monkeypatch.setenv("RLHF_NODE_DIR", str(tmp_path / "node-b"))
-    rerun = node_files.RunFiles(uri, rerun_id, {}, "sft-fp1", resume_run=first.run_id)
+    rerun = node_files.RunFiles(uri, rerun_id, {}, "sft-fp1", KEY, resume_run=first.run_id)
     resumed = rerun.work_dir() / "checkpoints" / "policy"
     assert (resumed / "latest").read_text() == "step2"
     assert sorted(p.name for p in resumed.iterdir()) == ["latest", "step2"]  # the newest tag only
@@ -88,12 +89,12 @@ def test_a_rerun_on_another_node_resumes_from_the_newest_uploaded_checkpoint(tra
     (rounds / "latest").write_text("round3.pt")
     rerun.checkpoint_saved(rounds, "round3.pt")
     monkeypatch.setenv("RLHF_NODE_DIR", str(tmp_path / "node-c"))
-    third = node_files.RunFiles(uri, stage_run(client, experiment), {}, "sft-fp1", resume_run=rerun_id)
+    third = node_files.RunFiles(uri, stage_run(client, experiment), {}, "sft-fp1", KEY, resume_run=rerun_id)
     assert (third.work_dir() / "rounds" / "round3.pt").read_text() == "pairs of round 3"
 
     # a complete run's checkpoints are never resumed from
     client.set_tag(first.run_id, run_tags.TAG_STATUS, run_tags.COMPLETE)
-    assert node_files.resumable_run(client, experiment, "sft", "fp1", rerun_id) is None
+    assert node_files.resumable_run(client, experiment, "sft", "fp1", rerun_id, KEY) is None
 
 
 def test_outputs_uploaded_by_the_worker_are_published_without_a_second_upload(tracking, tmp_path, monkeypatch):
@@ -107,7 +108,7 @@ def test_outputs_uploaded_by_the_worker_are_published_without_a_second_upload(tr
     client.log_artifacts(producer, str(model), "sft_model")
 
     consumer = stage_run(client, experiment)
-    files = node_files.RunFiles(uri, consumer, {"sft_model": producer}, "rm-fp1")
+    files = node_files.RunFiles(uri, consumer, {"sft_model": producer}, "rm-fp1", KEY)
     fetched = files.fetch_inputs()["sft_model"]
     assert fetched == tmp_path / "node" / "downloads" / producer / "sft_model"
     assert (fetched / "model.safetensors").read_text() == "weights"
@@ -144,7 +145,7 @@ def test_a_driver_stages_actor_on_another_node_reads_its_own_copy_of_the_inputs(
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")
     client.log_artifacts(producer, str(model), "sft_model")
-    files = node_files.RunFiles(uri, stage_run(client, experiment, "fp2"), {"sft_model": producer, "prompts": producer}, "rl-fp2")
+    files = node_files.RunFiles(uri, stage_run(client, experiment, "fp2"), {"sft_model": producer, "prompts": producer}, "rl-fp2", KEY)
     monkeypatch.setenv("RLHF_NODE_DIR", str(tmp_path / "node-a"))
     loop_path = files.fetch_inputs(["sft_model"])["sft_model"]
     given = pickle.loads(pickle.dumps(NodeInputs({"sft_model": str(loop_path)}, files.fetch_inputs)))  # as Ray sends it
@@ -154,3 +155,39 @@ def test_a_driver_stages_actor_on_another_node_reads_its_own_copy_of_the_inputs(
     assert on_b == tmp_path / "node-b" / "downloads" / producer / "sft_model"
     assert not (tmp_path / "node-b" / "downloads" / producer / "prompts").exists()  # only what it asked for
     assert NodeInputs({"sft_model": str(loop_path)}).path("sft_model") == str(loop_path)  # one disk: the path given
+
+
+def test_a_run_another_key_signed_or_none_is_not_resumed_from(tracking, tmp_path, monkeypatch):
+    """An unfinished run with the fingerprint a rerun looks for, left by someone without the owner's key (or
+    with checkpoints and no manifests), is passed over: its files would be unpickled by DeepSpeed."""
+    uri, client, experiment = tracking
+    monkeypatch.setenv("RLHF_NODE_DIR", str(tmp_path / "node-a"))
+    planted = node_files.RunFiles(uri, stage_run(client, experiment), {}, "sft-fp1", b"x" * 32)
+    planted.checkpoint_saved(save_checkpoint(planted.work_dir(), "checkpoints/policy", 3), "step3")
+    client.set_terminated(planted.run_id, "FAILED")
+    bare = stage_run(client, experiment)
+    ckpt = save_checkpoint(tmp_path / "bare", "checkpoints/policy", 4)
+    client.log_artifact(bare, str(ckpt / "step4" / "mp_rank_00_model_states.pt"), "work/checkpoints/policy/step4")
+    client.log_artifact(bare, str(ckpt / "latest"), "work/checkpoints/policy")
+    client.set_terminated(bare, "FAILED")
+    assert node_files.resumable_run(client, experiment, "sft", "fp1", stage_run(client, experiment), KEY) is None
+    ours = node_files.RunFiles(uri, stage_run(client, experiment), {}, "sft-fp1", KEY)
+    ours.checkpoint_saved(save_checkpoint(tmp_path / "node-a" / "work" / "sft-fp1", "checkpoints/policy", 2), "step2")
+    client.set_terminated(ours.run_id, "FAILED")
+    assert node_files.resumable_run(client, experiment, "sft", "fp1", stage_run(client, experiment), KEY) == ours.run_id
+
+
+def test_a_checkpoint_changed_after_upload_is_not_loaded(tracking, tmp_path, monkeypatch, capsys):
+    uri, client, experiment = tracking
+    monkeypatch.setenv("RLHF_NODE_DIR", str(tmp_path / "node-a"))
+    first = node_files.RunFiles(uri, stage_run(client, experiment), {}, "sft-fp1", KEY)
+    first.checkpoint_saved(save_checkpoint(first.work_dir(), "checkpoints/policy", 2), "step2")
+    client.set_terminated(first.run_id, "FAILED")
+    stored = Path(client.get_run(first.run_id).info.artifact_uri.removeprefix("file://"))
+    (stored / "work/checkpoints/policy/step2/mp_rank_00_model_states.pt").write_text("planted weights")
+    monkeypatch.setenv("RLHF_NODE_DIR", str(tmp_path / "node-b"))
+    rerun = node_files.RunFiles(uri, stage_run(client, experiment), {}, "sft-fp1", KEY, resume_run=first.run_id)
+    assert list(rerun.work_dir().iterdir()) == []  # nothing of it kept: the stage starts over
+    assert capsys.readouterr().out == (
+        f"[sft] not resuming from MLflow run {first.run_id}: work/checkpoints/policy/step2/mp_rank_00_model_states.pt "
+        "does not match the digest it was uploaded with; starting over\n")
