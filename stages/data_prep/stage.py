@@ -18,10 +18,10 @@ every row is rendered and measured here, once, and an SFT row tokenized):
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,12 +239,14 @@ class RowPreparer:
                 raise DataError(f"empty {field!r}")
 
 
-def pass_options(name: str, procs: int, scratch: Path | None) -> dict:
-    """How `datasets` runs one pass of data prep (`map`, `filter`) over the rows of `name`: its Arrow file
-    under `scratch` (None: in memory), `procs` processes, and a fresh fingerprint (the pass is never reused,
-    so `datasets` need not hash its function, tokenizer included)."""
+def pass_options(name: str, source: datasets.Dataset, procs: int, scratch: Path | None) -> dict:
+    """How `datasets` runs one pass of data prep (`map`, `filter`) over `source`, the rows of `name`: its Arrow
+    file under `scratch` (None: in memory), `procs` processes, and a fingerprint of the pass's name and its
+    source's (`datasets` need not hash its function, tokenizer included; the pass writes a fresh file and is
+    never looked up, and the same rows give the same bytes, the saved split's state.json included)."""
     where = {"cache_file_name": str(scratch / f"{name.replace('/', '-')}.arrow")} if scratch else {"keep_in_memory": True}
-    return {**where, "num_proc": procs if procs > 1 else None, "new_fingerprint": uuid.uuid4().hex}
+    fingerprint = hashlib.sha256(f"{source._fingerprint}/{name}".encode()).hexdigest()[:16]
+    return {**where, "num_proc": procs if procs > 1 else None, "new_fingerprint": fingerprint}
 
 
 def prepare(name: str, ds: datasets.Dataset, preparer: RowPreparer, procs: int, scratch: Path | None) -> tuple[datasets.Dataset, int]:
@@ -257,7 +259,7 @@ def prepare(name: str, ds: datasets.Dataset, preparer: RowPreparer, procs: int, 
     started = time.monotonic()
     with data_files.quiet():
         made = source.map(preparer, batched=True, batch_size=WRITER_BATCH, writer_batch_size=WRITER_BATCH, with_indices=True,
-                          remove_columns=source.column_names, **pass_options(name, procs, scratch))
+                          remove_columns=source.column_names, **pass_options(name, source, procs, scratch))
     if len(ds) >= PARALLEL_MIN_ROWS:
         print(f"[data_prep] {name}: {len(ds)} rows rendered and measured in {time.monotonic() - started:.1f} s "
               f"({procs} process{'es' if procs > 1 else ''})", flush=True)
@@ -278,7 +280,7 @@ def drop_unfit(name: str, ds: datasets.Dataset, text_columns: list[str], limit: 
         return [sum(n_chars(batch[c][i]) for c in text_columns) <= limit for i in range(len(batch[text_columns[0]]))]
 
     with data_files.quiet():
-        fitting = ds.filter(fits, batched=True, batch_size=WRITER_BATCH, **pass_options(f"{name}-fits", procs, scratch))
+        fitting = ds.filter(fits, batched=True, batch_size=WRITER_BATCH, **pass_options(f"{name}-fits", ds, procs, scratch))
     if strict and len(fitting) < len(ds):
         first = next(i for i in range(len(ds)) if not fits({c: [ds[i][c]] for c in text_columns})[0])
         raise DataError(f"{locate(ds[first])}: over {limit} characters, more than data.max_len tokens can hold "

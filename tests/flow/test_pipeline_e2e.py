@@ -183,6 +183,64 @@ def test_killed_during_sft_then_resumed(first_run):
                                      "dpo": "ran", "lora_merge": "skipped", "eval": "ran"}
 
 
+# what may differ between two runs of the same code: when and how fast things ran, and the machine's own readings
+UNTIMED = ("time/", "system/")
+
+
+def timing(metric: str) -> bool:
+    return metric.startswith(UNTIMED) or metric.rsplit("/", 1)[-1].endswith(("_s", "per_s"))
+
+
+def output_digests(client, run) -> dict[str, str]:
+    """Every file a stage run's artifacts hold, by path, and its SHA-256; not MLflow's `MLmodel` record of a
+    logged model (its run, its inputs' runs, when it was logged: this store's ids and times, not the stage's work)."""
+    import hashlib
+
+    root = Path(run.info.artifact_uri.removeprefix("file://"))
+    return {str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(root.rglob("*")) if f.is_file() and f.name != "MLmodel"}
+
+
+def histories(client, run) -> dict[str, list[tuple[int, float]]]:
+    return {key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+            for key in sorted(run.data.metrics) if not timing(key)}
+
+
+@pytest.fixture(scope="module")
+def clean_run(ws, first_run, tmp_path_factory) -> Path:
+    """The same `rlhf run` in a fresh folder, never interrupted."""
+    fresh = tmp_path_factory.mktemp("uninterrupted")
+    with as_a_cli_process(fresh):
+        done = main_in_process("run")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return fresh
+
+
+@pytest.mark.timeout(1200)
+def test_a_killed_and_resumed_run_ends_byte_identical_to_an_uninterrupted_one(ws, first_run, clean_run):
+    """The first run, killed by SIGKILL during SFT and resumed from its checkpoint, against the same run in a
+    fresh store, never interrupted: every file of every stage's outputs (the weights included) is the same
+    bytes, and every metric's history is the same values at the same steps (SFT's from the step it resumed
+    at; when and how fast things ran aside). No tolerance: on one machine the pipeline is deterministic."""
+    resumed, clean = mlflow_client(ws), mlflow_client(clean_run)
+    exp = clean.get_experiment_by_name("rlhf-pipeline")
+    for stage in ("data_prep", "sft", "rm", "prm", "rl", "dpo", "eval"):
+        if stage == "data_prep":  # finished before the kill; the first of its complete runs in this store
+            ours = min((r for r in stage_runs(ws, stage) if r.data.tags.get(run_tags.TAG_STATUS) == run_tags.COMPLETE),
+                       key=lambda r: r.info.start_time)
+        else:
+            ours = made(ws, first_run, stage)
+        (theirs,) = clean.search_runs([exp.experiment_id], f"tags.`rlhf.stage` = '{stage}'")
+        digests = output_digests(resumed, ours)
+        assert digests and digests == output_digests(clean, theirs), stage
+        got, want = histories(resumed, ours), histories(clean, theirs)
+        if stage == "sft":  # the resumed run logged from the step it resumed at, and says which
+            assert got.pop("resumed_from_step")[0][1] > 0
+            want = {k: [(step, v) for step, v in points if step >= min((s for s, _ in got.get(k, [])), default=0)]
+                    for k, points in want.items() if k in got}
+        assert got == want, stage
+
+
 def test_sft_beats_base_on_held_out_accuracy(ws, first_run):
     eval_run = made(ws, first_run, "eval")
     base, sft = eval_run.data.metrics["base/accuracy"], eval_run.data.metrics["sft/accuracy"]
