@@ -34,14 +34,6 @@ def signing_key(state_dir: Path) -> bytes:
     return path.read_bytes()
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def manifest_name(tag: str, rank: int | None) -> str:
     """The artifact name of the manifest of one rank's files of a tag (rank 0's where one process writes all)."""
     return f"{tag}.rank{rank or 0}{SUFFIX}"

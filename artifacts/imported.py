@@ -90,7 +90,7 @@ def content_hash(folder: Path, hash_cache: Path | None = None) -> str:
 def referenced(client: MlflowClient, run) -> bool:
     """A local store (no tracking server, the run's artifacts in a local folder): the folder is referenced
     in place; a copy would only double it on the same disk."""
-    return not tracking.is_server(client.tracking_uri) and tracking.local_folder(run.info.artifact_uri) is not None
+    return not tracking.is_server(client.tracking_uri) and tracking.artifact_dir(run.info.artifact_uri) is not None
 
 
 def import_checkpoint(client: MlflowClient, experiment_id: str, field: str, name: str, source: str,

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from artifacts import checkpoint_digests, run_tags, store
+from artifacts import checkpoint_digests, file_hashes, run_tags, store
 from artifacts.private_dirs import private_dir
 
 WORK = "work"  # a run's artifact folder of resumable checkpoints, mirroring its work dir
@@ -111,7 +111,7 @@ class RunFiles:
         for path in files_to_upload(ckpt_dir / tag, rank):
             below = path.parent.relative_to(ckpt_dir).as_posix()
             client.log_artifact(self.run_id, str(path), where if below == "." else f"{where}/{below}")
-            digests[path.relative_to(ckpt_dir).as_posix()] = checkpoint_digests.sha256(path)
+            digests[path.relative_to(ckpt_dir).as_posix()] = file_hashes.sha256(path)
         if digests:  # what this rank wrote, signed: a rerun loads it only unchanged, and only from its owner's runs
             with tempfile.TemporaryDirectory() as staging:
                 signed = Path(staging) / checkpoint_digests.manifest_name(tag, rank)
@@ -205,7 +205,7 @@ def download_checkpoints(client, run_id: str, work: Path, key: bytes) -> str:
         if got != set(listed):
             return f"{folder}/{tag} holds other files than its manifest lists"
         for name, digest in listed.items():
-            if checkpoint_digests.sha256(local / name) != digest:
+            if file_hashes.sha256(local / name) != digest:
                 return f"{folder}/{name} does not match the digest it was uploaded with"
         (local / LATEST).write_text(tag)
     return ""

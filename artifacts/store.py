@@ -52,7 +52,7 @@ def artifacts_present(client: MlflowClient, run, names: list[str]) -> bool:
     import that references a folder, that folder does."""
     if (referenced := run.data.tags.get(imported.TAG_PATH)) is not None:
         return Path(referenced).is_dir()
-    local = tracking.local_folder(run.info.artifact_uri)
+    local = tracking.artifact_dir(run.info.artifact_uri)
     for name in names:
         if local is not None:
             path = local / name
@@ -120,7 +120,7 @@ def log_output(client: MlflowClient, run_id: str, path: Path, name: str, movable
     """Output folder `path` as the run's artifact `name`: renamed into a local store when it may be (`movable`,
     on the store's file system, no links in it that the store's copy would have followed), so a checkpoint is
     written once; copied otherwise."""
-    folder = tracking.local_folder(client.get_run(run_id).info.artifact_uri)
+    folder = tracking.artifact_dir(client.get_run(run_id).info.artifact_uri)
     if movable and folder is not None and not (folder / name).exists() and not has_links(path):
         folder.mkdir(parents=True, exist_ok=True)
         try:
@@ -219,7 +219,7 @@ def in_place_folder(run, name: str, hash_cache: Path | None = None) -> Path | No
     in a local artifact store); None when it is not a local folder here."""
     if (referenced := imported.checked_folder(run, hash_cache)) is not None:
         return referenced
-    store = tracking.local_folder(run.info.artifact_uri)
+    store = tracking.artifact_dir(run.info.artifact_uri)
     return store / name if store is not None and (store / name).is_dir() else None
 
 

@@ -163,7 +163,7 @@ def quiet_store_errors() -> None:
         logger.addFilter(_NoTraceback())
 
 
-def local_folder(artifact_uri: str) -> Path | None:
+def artifact_dir(artifact_uri: str) -> Path | None:
     """The folder an artifact URI names on this machine (a `file:` URI or a bare path); None for a remote one."""
     parsed = urlparse(artifact_uri)
     return Path(unquote(parsed.path)) if parsed.scheme in ("", "file") else None

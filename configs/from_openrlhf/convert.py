@@ -156,8 +156,7 @@ def convert(call: TrainerCall, origin: str, sets: Sequence[tuple[str, object, st
         critic_start(c)
     for key, value, text in sets:
         if key.startswith("data.") and value is not None and not isinstance(value, dict):
-            earlier = c.settings[key].source if key in c.settings else ""
-            c.set(key, value, f"--set {text}" + (f" (was {earlier})" if earlier else ""), "set")
+            c.set(key, value, set_comment(text, c.settings[key].source if key in c.settings else ""), "set")
     datasets(c)
     c.set("infra.gpus_per_worker", 1, "OpenRLHF trains on GPUs: one per rank", "default")
     resolve_conflicts(c)
@@ -416,6 +415,11 @@ def unpaired_datasets(c: Conversion) -> None:
            **turns)
     derive(c, "data.preference", "data.prompts", "the rows' prompts, their responses as labels (the schema needs prompts "
                                                  "for rl and eval)", input_key=prompt, label_key=response or prompt)
+
+
+def set_comment(text: str, earlier: str) -> str:
+    """The comment beside a key `--set` gave: the override, and what the key said before it."""
+    return f"--set {text}" + (f" (was {earlier})" if earlier else "")
 
 
 def derive(c: Conversion, source: str, target: str, why: str, **keys: object) -> None:

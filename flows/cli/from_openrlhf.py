@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel
 
 from configs.errors import ConfigError
-from configs.from_openrlhf.convert import Conversion, convert, listed
+from configs.from_openrlhf.convert import Conversion, convert, listed, set_comment
 from configs.from_openrlhf.script import MAX_SCRIPT_CHARS, read_call
 from configs.loader import load_config, parse_override, set_dotted
 from configs.schema import PipelineConfig, section_type
@@ -54,8 +54,10 @@ def converted(text: str, origin: str, sets: Sequence[str] = (), out_name: str = 
         set_dotted(tree, key, setting.value, PipelineConfig, key)
         if setting.source:
             comments[key] = setting.source
-    for override in sets:
-        apply_set(tree, comments, override)
+    for key, _, override in parsed:
+        applied = conversion.settings.get(key)
+        if applied is None or applied.kind != "set":  # not applied already, before the datasets were derived
+            apply_set(tree, comments, override)
     body = [*parked(conversion), *render(tree, comments)]
     cfg = load("\n".join(body) + "\n", origin)
     final = "\n".join([*header(conversion, cfg, out_name), "", *body, "", *footer(conversion)]) + "\n"
@@ -68,11 +70,9 @@ def apply_set(tree: dict[str, Any], comments: dict[str, str], text: str) -> None
     key, value = parse_override(text)
     set_dotted(tree, key, value, PipelineConfig, f"--set {text!r}")
     earlier = comments.get(key, "")
-    if earlier.startswith(f"--set {text}"):  # applied already, before the datasets were derived from it
-        return
     for path in [p for p in comments if p.startswith(key + ".")]:
         del comments[path]
-    comments[key] = f"--set {text}" + (f" (was {earlier})" if earlier else "")
+    comments[key] = set_comment(text, earlier)
 
 
 def load(text: str, origin: str) -> PipelineConfig:

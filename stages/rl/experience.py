@@ -10,9 +10,11 @@ episode are not).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
+
+from stages.data.tokenization import decoded
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -65,8 +67,8 @@ def step_end_tokens(tokenizer: PreTrainedTokenizerBase, response_ids: list[int],
     """Index (in the response) of the last token of each non-blank, `separator`-delimited step:
     where a process reward for that step is placed."""
     ids = [t for t in response_ids if t not in tokenizer.all_special_ids]
-    ends_at = [len(cast(str, tokenizer.decode(ids[: i + 1]))) for i in range(len(ids))]  # text length after token i
-    text = cast(str, tokenizer.decode(ids))  # one sequence: a str (transformers types batches too)
+    ends_at = [len(decoded(tokenizer, ids[: i + 1])) for i in range(len(ids))]  # text length after token i
+    text = decoded(tokenizer, ids)
     step_ends, start = [], 0
     for piece in text.split(separator):
         if piece.strip():

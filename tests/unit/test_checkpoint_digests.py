@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from artifacts import checkpoint_digests as cd
+from artifacts.file_hashes import sha256
 
 KEY = b"k" * 32
 FILES = {"step2/mp_rank_00_model_states.pt": "ab" * 32}
@@ -46,4 +47,4 @@ def test_the_key_is_made_once_for_this_user_alone(tmp_path):
 
 def test_the_sha256_of_a_file(tmp_path):
     (tmp_path / "f").write_bytes(b"abc")  # FIPS 180-2's example
-    assert cd.sha256(tmp_path / "f") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert sha256(tmp_path / "f") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from artifacts import code_graph
+
 ROOT = Path(__file__).parent.parent.parent
 PACKAGES = ("benchmarks", "flows", "runtime", "stages", "artifacts", "configs")
 # what each top-level package may import of the project (itself always)
@@ -43,19 +45,10 @@ def project_modules() -> dict[str, Path]:
             if "__pycache__" not in p.parts}
 
 
-def imported(path: Path, modules: dict[str, Path] | None = None) -> set[str]:
-    """Every module `path` imports, at any depth of its code; `from a import b` names a.b when that is a
-    module of `modules`."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            subs = {f"{node.module}.{a.name}" for a in node.names} & set(modules or ())
-            names |= subs or {node.module}
-            if len(subs) < len(node.names):
-                names.add(node.module)
-    return names
+def imported(path: Path) -> frozenset[str]:
+    """Every dotted name `path` imports, at any depth of its code (the code graph's reading of it, which the
+    stages' code versions use: `from a import b` names `a` and `a.b`)."""
+    return code_graph.imported_names(module_name(path), path.name == "__init__.py", path.read_bytes())
 
 
 def entrypoints(path: Path) -> set[tuple[str, str]]:
@@ -74,7 +67,7 @@ def test_a_layer_imports_nothing_above_it(package):
     for name, path in modules.items():
         if top(name) != package:
             continue
-        for target in imported(path, modules):
+        for target in imported(path):
             if (top(target) in PACKAGES and top(target) != package and top(target) not in MAY_IMPORT[package]) or \
                     (top(target) in LIBRARIES_OUT.get(package, ()) and not name.startswith(LOADED_BY_PATH)):
                 offending.append(f"{path.relative_to(ROOT)}: {target}")
@@ -143,7 +136,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycle():
     modules = project_modules()
-    graph = {name: {t for t in imported(path, modules) if t in modules and t != name} for name, path in modules.items()}
+    graph = {name: {t for t in imported(path) if t in modules and t != name} for name, path in modules.items()}
     assert cycles(graph) == []
 
 
@@ -153,14 +146,13 @@ def test_the_cycle_finder_finds_a_cycle_and_only_cycles():
 
 
 def test_the_check_sees_a_forbidden_import_and_entrypoint(tmp_path):
-    (tmp_path / "bad.py").write_text("def f():\n    from runtime.worker_pool import WorkerPool\n"
-                                     "SPEC = 'flows.pipeline:rlhf_pipeline'\n")
-    assert "runtime.worker_pool" in imported(tmp_path / "bad.py")
+    source = "def f():\n    from runtime.worker_pool import WorkerPool\nSPEC = 'flows.pipeline:rlhf_pipeline'\n"
+    assert "runtime.worker_pool" in code_graph.imported_names("stages.bad", False, source.encode())
+    (tmp_path / "bad.py").write_text(source)
     assert entrypoints(tmp_path / "bad.py") == {("flows.pipeline", "rlhf_pipeline")}
 
 
 def test_a_from_import_of_a_module_names_that_module():
-    modules = project_modules()
-    assert "stages.data.files" in modules
+    assert "stages.data.files" in project_modules()
     tree = ROOT / "stages" / "dag" / "preflight.py"
-    assert {"stages.data.chat_template", "stages.rewards.func_file"} <= imported(tree, modules)
+    assert {"stages.data.chat_template", "stages.rewards.func_file"} <= imported(tree)

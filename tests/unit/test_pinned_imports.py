@@ -86,7 +86,7 @@ def test_a_store_without_local_artifacts_gets_a_copy(client, tmp_path, checkpoin
     monkeypatch.setattr(imported, "referenced", lambda client, run: False)
     ref = store.resolve_pin(client, "inputs.sft_model", str(checkpoint), client.exp)
     run = client.get_run(ref.run_id)
-    copied = tracking.local_folder(run.info.artifact_uri) / "sft_model"
+    copied = tracking.artifact_dir(run.info.artifact_uri) / "sft_model"
     assert imported.TAG_PATH not in run.data.tags
     assert sorted(p.name for p in copied.iterdir()) == ["config.json", "model.safetensors"]
     assert store.download(ref, tmp_path / "downloads") == copied  # this machine holds the store: read in place
@@ -195,7 +195,7 @@ def test_a_stage_reads_a_pinned_folder_in_place_and_its_output_is_written_once(c
                               setup.state_dir / "work" / "rm-fp", session, client.exp, "")  # type: ignore[arg-type]
     assert session.given == {"sft_model": checkpoint.resolve()}
     assert not (setup.state_dir / "downloads").exists()
-    in_store = tracking.local_folder(client.get_run(run_id).info.artifact_uri) / refs["reward_model"].name
+    in_store = tracking.artifact_dir(client.get_run(run_id).info.artifact_uri) / refs["reward_model"].name
     kept = {p.name: p.stat().st_ino for p in in_store.iterdir() if p.name != "MLmodel"}
     assert kept == session.written  # moved in: the store's bytes are the stage's, once
     stored = sum(p.stat().st_size for p in (tmp_path / "art").rglob("*") if p.is_file())

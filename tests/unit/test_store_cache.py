@@ -24,9 +24,9 @@ def test_unpublished_or_unfinished_runs_are_not_cache_entries(client, tmp_path):
 def test_a_run_whose_artifacts_were_deleted_is_skipped(client, tmp_path):
     older = stage_run(client, tmp_path)
     newer = stage_run(client, tmp_path)
-    shutil.rmtree(tracking.local_folder(client.get_run(newer).info.artifact_uri) / "sft_model")
+    shutil.rmtree(tracking.artifact_dir(client.get_run(newer).info.artifact_uri) / "sft_model")
     assert store.find_cached(client, client.exp, "sft", "fp1").info.run_id == older
-    shutil.rmtree(tracking.local_folder(client.get_run(older).info.artifact_uri) / "sft_model")
+    shutil.rmtree(tracking.artifact_dir(client.get_run(older).info.artifact_uri) / "sft_model")
     assert store.find_cached(client, client.exp, "sft", "fp1") is None
 
 

@@ -56,7 +56,7 @@ def logged_checkpoint(client, experiment, tmp_path) -> store.ArtifactRef:
 def test_a_local_store_download_is_the_stores_folder_and_a_nodes_download_a_copy(local_store, tmp_path):
     client, experiment = local_store
     ref = logged_checkpoint(client, experiment, tmp_path)
-    in_store = tracking.local_folder(client.get_run(ref.run_id).info.artifact_uri) / "sft_model"
+    in_store = tracking.artifact_dir(client.get_run(ref.run_id).info.artifact_uri) / "sft_model"
     assert store.download(ref, tmp_path / "downloads") == in_store
     assert not (tmp_path / "downloads").exists()  # nothing copied
     node_copy = store.download(ref, tmp_path / "node", in_place=False)  # artifacts.node_files: a node's own
@@ -91,7 +91,7 @@ def test_a_stage_output_is_moved_into_a_local_store_not_copied(local_store, tmp_
     scratch = tmp_path / "work" / "output"
     written = checkpoint_output(scratch / "reward_model")
     store.publish(client, run, {"reward_model": scratch / "reward_model"}, register=(), scratch=scratch)
-    in_store = tracking.local_folder(client.get_run(run).info.artifact_uri) / "reward_model"
+    in_store = tracking.artifact_dir(client.get_run(run).info.artifact_uri) / "reward_model"
     assert {p.name: p.stat().st_ino for p in in_store.iterdir()} == written  # the same files: no byte written twice
     assert not (scratch / "reward_model").exists()
 
@@ -106,7 +106,7 @@ def test_an_output_outside_the_stages_folder_or_holding_links_is_copied(local_st
     (linking / "tokenizer.json").symlink_to(elsewhere / "config.json")  # the store's copy holds the file, not the link
     run = client.create_run(experiment).info.run_id
     store.publish(client, run, {"reward_model": elsewhere, "policy": linking}, register=(), scratch=scratch)
-    in_store = tracking.local_folder(client.get_run(run).info.artifact_uri)
+    in_store = tracking.artifact_dir(client.get_run(run).info.artifact_uri)
     assert elsewhere.is_dir() and linking.is_dir()
     assert not (in_store / "policy" / "tokenizer.json").is_symlink()
     assert sorted(p.name for p in (in_store / "reward_model").iterdir()) == ["config.json", "model.safetensors"]
