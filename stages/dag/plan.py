@@ -69,16 +69,18 @@ def missing_input(name: str) -> str:
 def plan(cfg: PipelineConfig, only: Sequence[str] = ()) -> dict[str, Planned]:
     """Each stage of the DAG, in order, for `rlhf run` on `cfg` with `--only only` (every stage when empty)."""
     reused = reused_by_only(list(only), cfg)
-    made = data_prep_outputs(cfg) if not only or "data_prep" in only or "data_prep" in reused else set()
+    # what the request's stages will have made, as far as the config tells: None when data prep is not part of it
+    made = data_prep_outputs(cfg) if not only or "data_prep" in only or "data_prep" in reused else None
     planned: dict[str, Planned] = {}
     for spec in STAGES:
         planned[spec.name] = entry = planned_stage(spec, cfg, only, reused, made)
-        if entry.status in ("runs", "reused") and spec.name != "data_prep":
-            made |= set(spec.outputs)
+        if entry.status in ("runs", "reused") and made is not None and spec.name != "data_prep":
+            made |= set(spec.outputs)  # data prep's: those data_prep_outputs named, not every one it may make
     return planned
 
 
-def planned_stage(spec: StageSpec, cfg: PipelineConfig, only: Sequence[str], reused: set[str], made: set[str]) -> Planned:
+def planned_stage(spec: StageSpec, cfg: PipelineConfig, only: Sequence[str], reused: set[str],
+                  made: set[str] | None) -> Planned:
     name = spec.name
     if only and name not in only and name not in reused:
         return Planned(name, "unrequested", "--only leaves it out")
@@ -89,7 +91,7 @@ def planned_stage(spec: StageSpec, cfg: PipelineConfig, only: Sequence[str], reu
         return Planned(name, "reused", "--only reads its outputs from an earlier run")
     if not spec.asked_for(cfg):
         return Planned(name, "off", spec.off_because)
-    if name != "data_prep" and (not only or "data_prep" in only or "data_prep" in reused):
+    if made is not None:
         wanted = [a for a in spec.wanted_inputs(cfg) if a not in cfg.inputs and a not in spec.optional_inputs]
         if missing := [a for a in wanted if a not in made]:
             return Planned(name, "off", "; ".join(missing_input(a) for a in missing))
