@@ -717,8 +717,10 @@ class AgentConfig(Section):
     path: str | None = Field(
         None, description="a Python file defining class Environment with reset(prompt, label) -> first "
                           "observation and step(observation, action) -> (reward, next observation, done), either may "
-                          "be async; the turns' rewards replace the reward section's, the observations' tokens are "
-                          "masked out of the loss; empty: one turn")
+                          "be async; or OpenRLHF's AgentExecutor (a MultiTurnAgentExecutor over an AgentInstanceBase "
+                          "class, or an AgentExecutorBase with its own execute(), e.g. an OpenAIServerExecutor); the "
+                          "episodes' rewards replace the reward section's, the observations' tokens are masked out of "
+                          "the loss; empty: one turn")
     max_turns: int = Field(4, gt=0, description="turns after which an episode ends though its environment is not done")
     timeout_s: float = Field(60.0, gt=0, description="seconds a reward worker's share of one turn's environment "
                                                     "steps may take; then the stage ends and its workers are killed")

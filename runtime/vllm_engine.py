@@ -81,13 +81,15 @@ class VLLMRolloutEngine:
         self.llm.reset_prefix_cache()
 
     def generate(self, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
-                 top_p: float = 1.0) -> list[Sample]:
-        """Samples at `temperature` (None: greedy). Prompt i gets seed `seed + i`, so a prompt's sample
-        does not depend on what else is in the batch."""
+                 top_p: float = 1.0, stop: tuple[str, ...] = ()) -> list[Sample]:
+        """Samples at `temperature` (None: greedy), each ending at EOS or after the first of the `stop`
+        strings (which need the text: detokenized only then). Prompt i gets seed `seed + i`, so a prompt's
+        sample does not depend on what else is in the batch."""
         from vllm import SamplingParams, TokensPrompt
 
         params = [SamplingParams(temperature=temperature or 0.0, top_p=top_p if temperature else 1.0,
-                                 max_tokens=max_new_tokens, logprobs=0, seed=seed + i, detokenize=False)
+                                 max_tokens=max_new_tokens, logprobs=0, seed=seed + i, stop=list(stop) or None,
+                                 detokenize=bool(stop))
                   for i in range(len(prompt_ids))]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
         samples = []

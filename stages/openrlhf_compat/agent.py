@@ -1,22 +1,32 @@
-"""OpenRLHF's agent API (`openrlhf.utils.agent`) as this project runs it: an agent file defines
-`AgentExecutor`, a `MultiTurnAgentExecutor` over its `AgentInstanceBase` subclass, whose instances play one
-episode each through async `reset(states)` and `step(states)`. `InstanceEnvironment` turns one such instance
-into this project's `Environment` (stages/rl/agent.py), so the RL stage's multi-turn loop plays it.
+"""OpenRLHF's agent API (`openrlhf.utils.agent`) as this project runs it. An agent file defines `AgentExecutor`:
+
+- a `MultiTurnAgentExecutor` over its `AgentInstanceBase` subclass, whose instances play one episode each
+  through async `reset(states)` and `step(states)` (`__init__` may be `async def`, as OpenRLHF's README writes
+  it). `InstanceEnvironment` turns one such instance into this project's `Environment` (stages/rl/agent.py), so
+  the RL stage's multi-turn loop plays it, turn by turn for all episodes at once;
+- or any `AgentExecutorBase` subclass with its own `execute(prompt, label, sampling_params, max_length,
+  hf_tokenizer, llm_engine)`: it owns the episode at the token level, and the RL stage's driver runs the
+  episodes concurrently against an engine that batches their requests (stages/rl/executor_run.py).
 
 What `step` receives, as in OpenRLHF: `observation_text` (the episode so far: the first observation and every
-earlier action and feedback), `action_text` (the policy's answer), `label`, `sampling_params` (None here:
-sampling is set by `rl.rollout`). What it returns: `rewards` (this turn's; an episode's reward is their
+earlier action and feedback), `action_text` (the policy's answer), `label`, `sampling_params` (this turn's:
+temperature, top_p, max_tokens, stop). What it returns: `rewards` (this turn's; an episode's reward is their
 sum, as OpenRLHF's), `environment_feedback` (appended to the context, masked out of the loss), `done`, and
-optionally `scores` and `extra_logs`. As in OpenRLHF's executor, an episode's score is its last step's `scores`
-(else its return; dynamic filtering reads it) and its logs are its last step's `extra_logs`."""
+optionally `scores`, `extra_logs` and `sampling_params` for the next turn (every engine honours its
+temperature, top_p, max_tokens and stop; max_tokens is capped at the rollout's budget per turn). As in
+OpenRLHF's executor, an episode's score is its last step's `scores` (else its return; dynamic filtering reads
+it) and its logs are its last step's `extra_logs`."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from abc import ABC, abstractmethod
+from copy import deepcopy
 from typing import Any
 
 from configs.errors import RewardError
+from stages.openrlhf_compat.sampling import SamplingParams
 from stages.rewards.base import mean_logs
 
 
@@ -35,11 +45,65 @@ class AgentInstanceBase(ABC):
         raise NotImplementedError
 
 
-class MultiTurnAgentExecutor:
-    """Holds the instance class; this project's RL loop plays the turns."""
+class AgentExecutorBase(ABC):
+    """Owns an episode: `execute` plays it against `llm_engine` (whose `generate(prompt_token_ids,
+    sampling_params)` returns vLLM's `RequestOutput` shape) and returns OpenRLHF's result dict:
+    `observation_tokens`, `action_ranges` (the policy's tokens among them), `rollout_log_probs`, `reward`,
+    and optionally `scores` and `extra_logs`."""
+
+    @abstractmethod
+    async def execute(self, prompt: str, label: str | None, sampling_params: Any, max_length: int,
+                      hf_tokenizer: Any, llm_engine: Any) -> dict:
+        raise NotImplementedError
+
+
+async def new_instance(cls: type) -> Any:
+    """An instance of an agent's class, whose `__init__` may be `async def` (as OpenRLHF's README writes it)."""
+    init = inspect.getattr_static(cls, "__init__")
+    if inspect.iscoroutinefunction(init):
+        instance: Any = object.__new__(cls)
+        await init(instance)
+        return instance
+    return cls()
+
+
+class MultiTurnAgentExecutor(AgentExecutorBase):
+    """Holds the instance class. Used as it is, this project's RL loop plays the turns of all episodes at once
+    (stages/rl/episodes.py); `execute` plays one episode through an engine, for a subclass that builds on it."""
 
     def __init__(self, agent_instance_cls: type) -> None:
         self.agent_instance_cls = agent_instance_cls
+
+    async def execute(self, prompt: str, label: str | None, sampling_params: Any, max_length: int,
+                      hf_tokenizer: Any, llm_engine: Any) -> dict:
+        """OpenRLHF's loop: generate, step, append the feedback, until done or out of `max_length`."""
+        instance = await new_instance(self.agent_instance_cls)
+        observation = (await instance.reset({"observation": prompt, "label": label}))["observation"]
+        tokens = list(hf_tokenizer(observation, add_special_tokens=False)["input_ids"])
+        log_probs = [0.0] * len(tokens)
+        action_ranges: list[tuple[int, int]] = []
+        total, scores, logs = 0.0, None, {}
+        while (budget := max_length - len(tokens)) > 0:
+            params = deepcopy(sampling_params)
+            params.max_tokens = budget if params.max_tokens is None else min(params.max_tokens, budget)
+            out = (await llm_engine.generate(tokens, params)).outputs[0]
+            action = list(out.token_ids)
+            action_ranges.append((len(tokens), len(tokens) + len(action)))
+            log_probs += [step[t].logprob for t, step in zip(action, out.logprobs)]
+            result = await instance.step({"observation_text": observation, "action_text": out.text, "label": label,
+                                          "sampling_params": params})
+            total += as_float(result["rewards"], "rewards", "AgentInstance.step")
+            scores, logs = result.get("scores", total), result.get("extra_logs", {})
+            feedback = result.get("environment_feedback", "")
+            fed = list(hf_tokenizer(feedback, add_special_tokens=False)["input_ids"])
+            observation += out.text + feedback
+            tokens += action + fed
+            log_probs += [0.0] * len(fed)
+            sampling_params = result.get("sampling_params") or sampling_params
+            if result.get("done"):
+                break
+        return {"prompt": prompt, "label": label, "observation_tokens": tokens, "action_ranges": action_ranges,
+                "rollout_log_probs": log_probs, "reward": total, "scores": scores, "extra_logs": logs}
 
 
 def as_float(value: Any, what: str, where: str) -> float:
@@ -54,16 +118,20 @@ def as_float(value: Any, what: str, where: str) -> float:
 
 
 class InstanceEnvironment:
-    """An `AgentInstanceBase` instance in the shape of this project's `Environment`."""
+    """An instance of an `AgentInstanceBase` class in the shape of this project's `Environment` (made at
+    `reset`, so that an `async def __init__` is awaited); `step` also gives the next turn's `sampling_params`,
+    if the instance set them."""
 
-    def __init__(self, instance: Any, where: str) -> None:
-        self.instance, self.where = instance, where
+    def __init__(self, instance_cls: type, where: str) -> None:
+        self.instance_cls, self.where = instance_cls, where
+        self.instance: Any = None
         self.text: str = ""
         self.label: str | None = None
         self.score: float | None = None  # the last step's `scores`
         self.logs: dict[str, float] = {}  # the last step's `extra_logs`, each a float
 
     async def reset(self, prompt: str, label: str | None) -> str:
+        self.instance = await new_instance(self.instance_cls)
         result = await self.instance.reset({"observation": prompt, "label": label})
         if not isinstance(result, dict) or not isinstance(result.get("observation"), str):
             raise RewardError(f"{self.where.replace('step', 'reset')} returned {type(result).__name__}; it must "
@@ -71,8 +139,10 @@ class InstanceEnvironment:
         self.text, self.label = result["observation"], label
         return result["observation"]
 
-    async def step(self, observation: str, action: str) -> tuple[float, str, bool]:
-        states = {"observation_text": self.text, "action_text": action, "label": self.label, "sampling_params": None}
+    async def step(self, observation: str, action: str,
+                   sampling_params: SamplingParams | None = None) -> tuple[float, str, bool, Any]:
+        states = {"observation_text": self.text, "action_text": action, "label": self.label,
+                  "sampling_params": sampling_params}
         result = await self.instance.step(states)
         if not isinstance(result, dict) or "rewards" not in result:
             got = f"a dict without 'rewards' (keys: {sorted(result)})" if isinstance(result, dict) else type(result).__name__
@@ -89,4 +159,4 @@ class InstanceEnvironment:
         if "extra_logs" in result:
             self.logs = mean_logs(result["extra_logs"], self.where)
         self.text += action + feedback
-        return reward, feedback, done
+        return reward, feedback, done, result.get("sampling_params")

@@ -13,8 +13,9 @@
 Either may be `async def`; a turn's steps then run concurrently. An episode ends when `done` is true or
 after `rl.agent.max_turns` turns. The reward workers hold the episodes (their share of a rollout each),
 so a step that never returns ends the stage after `rl.agent.timeout_s` and its workers are killed, as a
-`reward_func` that never returns does.
-"""
+`reward_func` that never returns does. OpenRLHF's agent files are played here too
+(stages/openrlhf_compat/agent.py); an executor with its own `execute` runs in the driver instead
+(stages/rl/executor_run.py)."""
 
 from __future__ import annotations
 
@@ -26,11 +27,23 @@ from pathlib import Path
 from typing import Any
 
 from configs.errors import RewardError, first_line
-from stages.openrlhf_compat.agent import InstanceEnvironment
+from stages.openrlhf_compat.agent import InstanceEnvironment, MultiTurnAgentExecutor
 from stages.rewards.func_scorer import load_module
 from stages.rl.agent_file import CLASS, EXECUTOR, resolve
+from stages.rl.turn_params import TurnParams, read_turn_params
 
-__all__ = ["Episodes", "resolve", "turn_result"]
+__all__ = ["Episodes", "own_executor", "resolve", "turn_result"]
+
+
+def own_executor(module: Any) -> type | None:
+    """The file's `AgentExecutor` class where it plays episodes with its own `execute`, else None (an
+    `Environment` file, or a `MultiTurnAgentExecutor` as it is: this project's or, where OpenRLHF is
+    installed, OpenRLHF's, whose turns the RL loop plays)."""
+    executor = getattr(module, EXECUTOR, None)
+    if getattr(module, CLASS, None) is not None or not isinstance(executor, type):
+        return None
+    owner = next((c for c in executor.__mro__ if "execute" in vars(c)), None)
+    return None if owner is None or owner.__name__ == MultiTurnAgentExecutor.__name__ else executor
 
 def turn_result(value, where: str) -> tuple[float, str, bool]:
     """A `step` result as (reward, next observation, done), or one line saying what was wrong with it."""
@@ -52,21 +65,24 @@ class Episodes:
     """One reward worker's share of a rollout's episodes: an `Environment` each (for an OpenRLHF agent file,
     an `InstanceEnvironment` over an instance of its `AgentExecutor`'s class)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, module: Any = None):
         self.path = Path(path)
-        module = load_module(self.path)
+        module = module or load_module(self.path)
         cls = getattr(module, CLASS, None)
         executor = getattr(module, EXECUTOR, None)
         self.new_env: Callable[[], Any]
         if isinstance(cls, type):
             self.new_env, self.name = cls, CLASS
+        elif own_executor(module) is not None:
+            raise RewardError(f"rl.agent.path={self.path}: its {EXECUTOR} has its own execute(); the driver runs its "
+                              "episodes, not the reward workers")
         elif isinstance(executor, type):
             try:
                 instance_cls = executor().agent_instance_cls
             except Exception as exc:
                 raise RewardError(f"{EXECUTOR}() in {self.path} raised {type(exc).__name__}: {first_line(exc)}") from exc
             where = f"AgentInstance.step in {self.path}"
-            self.new_env, self.name = (lambda: InstanceEnvironment(instance_cls(), where)), "AgentInstance"
+            self.new_env, self.name = (lambda: InstanceEnvironment(instance_cls, where)), "AgentInstance"
         else:
             raise RewardError(f"rl.agent.path={self.path}: defines no class {CLASS} (or OpenRLHF's {EXECUTOR})")
         self.envs: list = []
@@ -110,11 +126,21 @@ class Episodes:
                                   "observation as a str")
         return first
 
-    def step(self, episodes: list[int], observations: list[str], actions: list[str]) -> list[tuple[float, str, bool]]:
-        """One turn of the given episodes (indices into this worker's share)."""
-        results = self._run([lambda env=self.envs[i], o=o, a=a: env.step(o, a)
-                             for i, o, a in zip(episodes, observations, actions)], "step")
-        return [turn_result(r, self.where("step")) for r in results]
+    def step(self, episodes: list[int], observations: list[str], actions: list[str],
+             params: list[TurnParams]) -> list[tuple[float, str, bool, TurnParams]]:
+        """One turn of the given episodes (indices into this worker's share), each sampled with `params`; with
+        each result, the episode's settings for its next turn (an OpenRLHF instance may change them)."""
+        where = self.where("step")
+        results = self._run([lambda env=self.envs[i], o=o, a=a, p=p:
+                             env.step(o, a, p.as_sampling_params()) if isinstance(env, InstanceEnvironment) else env.step(o, a)
+                             for i, o, a, p in zip(episodes, observations, actions, params)], "step")
+        out = []
+        for i, result, current in zip(episodes, results, params):
+            given = None
+            if isinstance(self.envs[i], InstanceEnvironment):  # checked there; with its next turn's settings
+                *result, given = result
+            out.append((*turn_result(result, where), read_turn_params(given, current, where)))
+        return out
 
     def outcomes(self) -> list[tuple[float | None, dict[str, float]]]:
         """Each episode's score and logs, where its environment gives them (an OpenRLHF agent's last `scores`

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from configs.errors import DataError, RewardError
 from stages.rewards.base import RewardBatch
+from stages.rewards.func_scorer import load_module
+from stages.rl.agent import own_executor, resolve
+from stages.rl.executor_run import run_executor
 from stages.rl.experience import Sample
 from stages.rl.generation import Sampling, generate
 from stages.rl.reward_worker import RewardWorker
+from stages.rl.turn_params import TurnParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -68,12 +73,27 @@ class Hosts:
         return out
 
 
+@cache
+def own_executor_of(path: str) -> type | None:
+    """The agent file's executor class where it owns its episodes (loaded once in the driver), else None."""
+    return own_executor(load_module(resolve(path)))
+
+
 def run_episodes(actors: Playing, tokenizer: PreTrainedTokenizerBase, texts: list[str], labels: list[str | None], cfg: PipelineConfig, seed: int,
                  temperature: float | None, max_new_tokens: int, top_p: float = 1.0) -> tuple[list[Sample], RewardBatch]:
     """One episode per prompt text. The returned rewards are each episode's return (the sum of its turns'
     rewards: what group estimators compare), `step_rewards` its turns' rewards (placed on each answer's
-    last token for the token-level estimators)."""
+    last token for the token-level estimators). An executor with its own `execute` plays its episodes in
+    the driver (stages/rl/executor_run.py); every other agent file's turns are played here."""
     rl = cfg.rl
+    assert rl.agent.path is not None, "run_episodes without rl.agent.path"
+    executor = own_executor_of(rl.agent.path)
+    if executor is not None:
+        samples, played, outcomes = run_executor(
+            executor, resolve(rl.agent.path), lambda ids, params, s: generate_by_params(actors, ids, params, s),
+            tokenizer, texts, labels, cfg, seed, TurnParams(temperature, top_p, max_new_tokens))
+        steps = [[0.0] * (len(s.turn_ends or []) - 1) + [r] for s, r in zip(samples, played)]
+        return samples, episode_batch(torch.tensor(played, dtype=torch.float32), steps, outcomes)
     hosts = Hosts(actors, len(texts), cfg)
     every = list(range(len(texts)))
     observations = hosts.call(lambda w: w.agent_reset, every, texts, labels, indexed=False)
@@ -89,20 +109,23 @@ def run_episodes(actors: Playing, tokenizer: PreTrainedTokenizerBase, texts: lis
     log_probs: list[list[float]] = [[] for _ in texts]
     ends: list[list[int]] = [[] for _ in texts]
     rewards: list[list[float]] = [[] for _ in texts]
+    params = [TurnParams(temperature, top_p, max_new_tokens)] * len(texts)
     active = every
     for turn in range(rl.agent.max_turns):
-        answers = generate(actors, [contexts[i] + response[i] for i in active], seed + 7919 * turn, temperature,
-                           max_new_tokens, top_p)
+        answers = generate_by_params(actors, [contexts[i] + response[i] for i in active], [params[i] for i in active],
+                                     seed + 7919 * turn)
         for i, s in zip(active, answers):
             response[i] += s.response_ids
             trained[i] += [1] * len(s.response_ids)
             log_probs[i] += s.log_probs
             ends[i].append(len(response[i]) - 1)
         actions = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in answers]
-        results = hosts.call(lambda w: w.agent_step, active, [observations[i] for i in active], actions)
+        results = hosts.call(lambda w: w.agent_step, active, [observations[i] for i in active], actions,
+                             [params[i] for i in active])
         still = []
-        for i, (reward, observation, done) in zip(active, results):
+        for i, (reward, observation, done, next_params) in zip(active, results):
             rewards[i].append(reward)
+            params[i] = next_params.capped(max_new_tokens)
             if done or turn + 1 == rl.agent.max_turns:
                 continue
             ids = tokenizer(observation, add_special_tokens=False)["input_ids"]
@@ -118,6 +141,20 @@ def run_episodes(actors: Playing, tokenizer: PreTrainedTokenizerBase, texts: lis
     returns = torch.tensor([sum(r) for r in rewards], dtype=torch.float32)
     outcomes = hosts.call(lambda w: w.agent_outcomes, every, indexed=False)
     return samples, episode_batch(returns, rewards, outcomes)
+
+
+def generate_by_params(actors: Playing, contexts: list[list[int]], params: list[TurnParams], seed: int) -> list[Sample]:
+    """One turn's answers, one `generate` call per distinct setting (most turns: one), in the contexts' order;
+    the k-th setting's call seeded `seed + 104729 * k` (settings in order of first use)."""
+    groups: dict[TurnParams, list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault(p, []).append(i)
+    answers: list[Sample | None] = [None] * len(contexts)
+    for k, (p, members) in enumerate(groups.items()):
+        for i, s in zip(members, generate(actors, [contexts[i] for i in members], seed + 104729 * k, p.temperature,
+                                          p.max_new_tokens, p.top_p, p.stop)):
+            answers[i] = s
+    return [s for s in answers if s is not None]
 
 
 def episode_batch(returns: torch.Tensor, step_rewards: list[list[float]],

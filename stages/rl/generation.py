@@ -22,12 +22,12 @@ class Sampling(Protocol):
 
 
 def launch_generation(actors: Sampling, prompt_ids: list[list[int]], seed: int, temperature: float | None,
-                      max_new_tokens: int, top_p: float = 1.0) -> list[Ref[list[Sample]]]:
+                      max_new_tokens: int, top_p: float = 1.0, stop: tuple[str, ...] = ()) -> list[Ref[list[Sample]]]:
     """Spread the prompts over the samplers (contiguous chunks, so groups stay together); the pending results."""
     samplers, b = actors.samplers, actors.backend
     k = math.ceil(len(prompt_ids) / len(samplers))
     chunks = [prompt_ids[i * k : (i + 1) * k] for i in range(len(samplers))]
-    return [b.call(e.generate, c, seed + i, temperature, max_new_tokens, top_p)
+    return [b.call(e.generate, c, seed + i, temperature, max_new_tokens, top_p, stop)
             for i, (e, c) in enumerate(zip(samplers, chunks)) if c]
 
 
@@ -36,5 +36,5 @@ def collect_generation(actors: Sampling, pending: list[Ref[list[Sample]]]) -> li
 
 
 def generate(actors: Sampling, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
-             top_p: float = 1.0) -> list[Sample]:
-    return collect_generation(actors, launch_generation(actors, prompt_ids, seed, temperature, max_new_tokens, top_p))
+             top_p: float = 1.0, stop: tuple[str, ...] = ()) -> list[Sample]:
+    return collect_generation(actors, launch_generation(actors, prompt_ids, seed, temperature, max_new_tokens, top_p, stop))

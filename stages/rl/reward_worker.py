@@ -13,7 +13,9 @@ from configs.schema import PipelineConfig
 from stages.common import dist_env
 from stages.dag.contract import NodeInputs
 from stages.rewards.base import RewardSource
+from stages.rewards.func_scorer import load_module
 from stages.rl import agent
+from stages.rl.turn_params import TurnParams
 
 
 class RewardWorker:
@@ -34,10 +36,15 @@ class RewardWorker:
         from stages.rewards.factory import build_scorer
 
         os.chdir(cwd)  # a relative reward.func_path means what it meant to the user
-        # an agent's episodes give their own rewards: the reward section then scores nothing here
-        self.episodes = agent.Episodes(agent.resolve(cfg.rl.agent.path)) if cfg.rl.agent.path else None
-        self.scorer = None if self.episodes else build_scorer(cfg.reward, {name: given.path(name) for name in models},
-                                                              offload=cfg.rl.placement.reward_offload)
+        # an agent's episodes give their own rewards: the reward section then scores nothing here (and an
+        # executor with its own `execute` plays its episodes in the driver: nothing is held here either)
+        if cfg.rl.agent.path:
+            path = agent.resolve(cfg.rl.agent.path)
+            module = load_module(path)
+            self.episodes = None if agent.own_executor(module) else agent.Episodes(path, module)
+            return
+        self.scorer = build_scorer(cfg.reward, {name: given.path(name) for name in models},
+                                   offload=cfg.rl.placement.reward_offload)
 
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]):
         if self.scorer is None:
@@ -47,8 +54,9 @@ class RewardWorker:
     def agent_reset(self, prompts: list[str], labels: list[str | None]) -> list[str]:
         return self.held_episodes().reset(prompts, labels)
 
-    def agent_step(self, episodes: list[int], observations: list[str], actions: list[str]) -> list[tuple[float, str, bool]]:
-        return self.held_episodes().step(episodes, observations, actions)
+    def agent_step(self, episodes: list[int], observations: list[str], actions: list[str],
+                   params: list[TurnParams]) -> list[tuple[float, str, bool, TurnParams]]:
+        return self.held_episodes().step(episodes, observations, actions, params)
 
     def agent_outcomes(self) -> list[tuple[float | None, dict[str, float]]]:
         return self.held_episodes().outcomes()

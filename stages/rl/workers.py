@@ -35,6 +35,7 @@ from stages.rl.losses import (
     step_units,
     value_loss,
 )
+from stages.rl.stop_strings import stop_end
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -288,11 +289,11 @@ class PolicyWorker(TrainerWorker, HoldsReference):
         return self.log_probs(batch), self.ref_log_probs(batch)
 
     def generate(self, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
-                 top_p: float = 1.0) -> list[Sample]:
+                 top_p: float = 1.0, stop: tuple[str, ...] = ()) -> list[Sample]:
         """rl.rollout.engine=hybrid: this rank samples with the weights it trains (ZeRO 0-2 hold them whole), so
         there is no engine actor and nothing to sync."""
         self.engine.eval()
-        return sample(self.engine.module, self.tokenizer, self.rl, prompt_ids, seed, temperature, max_new_tokens, top_p)
+        return sample(self.engine.module, self.tokenizer, self.rl, prompt_ids, seed, temperature, max_new_tokens, top_p, stop)
 
     def loss(self, batch: dict[str, torch.Tensor], units: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         return actor_loss(self.engine, batch, self.rl, units, self.optim.aux_loss_coef)
@@ -432,14 +433,15 @@ class HFRolloutEngine(Worker):
             raise RuntimeError(f"rollout engine weight sync: missing {untied[:5]}, unexpected {unexpected[:5]}")
 
     def generate(self, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
-                 top_p: float = 1.0) -> list[Sample]:
-        return sample(self.model, self.tokenizer, self.rl, prompt_ids, seed, temperature, max_new_tokens, top_p)
+                 top_p: float = 1.0, stop: tuple[str, ...] = ()) -> list[Sample]:
+        return sample(self.model, self.tokenizer, self.rl, prompt_ids, seed, temperature, max_new_tokens, top_p, stop)
 
 
 @torch.no_grad()
 def sample(model, tok: PreTrainedTokenizerBase, rl, prompt_ids: list[list[int]], seed: int, temperature: float | None, max_new_tokens: int,
-           top_p: float = 1.0) -> list[Sample]:
-    """Samples at `temperature` (None: greedy) with HF `generate`, with each sampled token's log-prob;
+           top_p: float = 1.0, stop: tuple[str, ...] = ()) -> list[Sample]:
+    """Samples at `temperature` (None: greedy) with HF `generate`, with each sampled token's log-prob; a
+    response ends at EOS or after the first of the `stop` strings (included, as vLLM's token ids include it);
     `rl.rollout.generate_batch_size` prompts per `generate` call (all of them when it is empty: one large call
     beats several small ones on a CPU). A response ends at the model's context window (`max_position_embeddings`)
     if `max_new_tokens` would pass it, as vLLM's `max_model_len` ends it."""
@@ -451,6 +453,8 @@ def sample(model, tok: PreTrainedTokenizerBase, rl, prompt_ids: list[list[int]],
         chunk = prompt_ids[start : start + per_call]
         width = max(len(p) for p in chunk)
         new_tokens = max_new_tokens if window is None else max(1, min(max_new_tokens, window - width))
+        # a stop string cuts the answer afterwards (HF's own stop strings need a tokenizer whose vocabulary
+        # spells a test prefix, which small ones lack); the tokens before it are sampled as they would be
         config = sampling_config(tok, new_tokens, temperature, top_p, return_dict_in_generate=True, output_logits=True)
         input_ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in chunk])
         attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
@@ -462,5 +466,6 @@ def sample(model, tok: PreTrainedTokenizerBase, rl, prompt_ids: list[list[int]],
         for i, p in enumerate(chunk):
             ids = new[i].tolist()
             n = ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids)
+            n = stop_end(tok, ids[:n], stop) if stop else n
             samples.append(Sample(p, ids[:n], log_probs[i, :n].tolist()))
     return samples

@@ -16,10 +16,11 @@ class ScriptedEngine:
     """Answers each turn with the next text of its script, as token ids with made-up log-probs."""
 
     def __init__(self, tokenizer, script: list[str]):
-        self.tokenizer, self.script, self.contexts = tokenizer, script, []
+        self.tokenizer, self.script, self.contexts, self.settings = tokenizer, script, [], []
 
-    def generate(self, prompt_ids, seed, temperature, max_new_tokens, top_p):
+    def generate(self, prompt_ids, seed, temperature, max_new_tokens, top_p, stop=()):
         self.contexts.append(prompt_ids)
+        self.settings.append((temperature, max_new_tokens, top_p, stop))
         text = self.script[len(self.contexts) - 1]
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
         return [Sample(list(p), ids, [-0.5] * len(ids)) for p in prompt_ids]

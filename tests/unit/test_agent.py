@@ -17,6 +17,7 @@ from stages.rl import agent_file
 from stages.rl.episodes import Hosts, run_episodes
 from stages.rl.experience import place_on_actions, sequence_batch
 from stages.rl.reward_worker import RewardWorker
+from stages.rl.turn_params import TurnParams
 from tests.unit.agent_helpers import PROMPT, Actors, ScriptedEngine
 
 EXAMPLE = "agents/chained_arithmetic.py"
@@ -127,8 +128,10 @@ def test_episodes_are_shared_over_the_reward_workers_in_order(tokenizer):
     assert ["Compute 7+14\n" in first[0], "Compute 3+4\n" in first[1], "Compute 5-2\n" in first[2]] == [True] * 3
     assert [len(w.episodes.envs) for w in actors.reward] == [2, 1]
     # episode 2 lives on the second worker as its episode 0
-    (reward, observation, done), = hosts.call(lambda w: w.agent_step, [2], [first[2]], ["Answer: 3"])
+    params = TurnParams(1.0, 1.0, 5)
+    (reward, observation, done, following), = hosts.call(lambda w: w.agent_step, [2], [first[2]], ["Answer: 3"], [params])
     assert (reward, done) == (0.0, False) and observation.endswith("Compute 5-2+1\n<|assistant|>\n5-2=3\n")
+    assert following == params  # an Environment keeps the rollout's settings
 
 
 @pytest.mark.parametrize(("source", "message"), [
