@@ -3,6 +3,8 @@ environment's two turns in the rollouts and in the held-out evals, its turn rewa
 token-level estimator, and the policy trains on its answers only. (The turns and the loss mask token
 by token: tests/unit/test_agent.py; what RL makes of the shipped example: docs/benchmarks.md.)"""
 
+from pathlib import Path
+
 import pytest
 from safetensors.torch import load_file
 
@@ -46,3 +48,30 @@ def test_every_episode_takes_its_two_turns_and_their_rewards_reach_the_estimator
     before = load_file(prepared["base_model"] / "model.safetensors")
     after = load_file(result.outputs["rl_model"] / "model.safetensors")
     assert max((after[k] - before[k]).abs().max().item() for k in before) > 1e-5
+
+
+@pytest.mark.parametrize("agent", ["openrlhf_examples/readme_agent_func.py", "agents/openai_client_chained_arithmetic.py"])
+def test_openrlhfs_readme_agent_and_an_openai_client_agent_train_unchanged(prepared, tmp_path, agent):
+    """The README's multi-turn example (its `async def __init__`) and an executor behind the OpenAI-compatible
+    server, each as its file is, through the stage: episodes of their turns in rollouts and evals, trained on.
+    (That RL raises the held-out reward of the chained-arithmetic agent over its SFT start is a benchmark's:
+    docs/benchmarks.md#multi-turn-agent.)"""
+    path = Path(__file__).parent.parent / "data" / agent
+    cfg = load_config(None, [*FAST, f"rl.agent.path={path}", "rl.algorithm.advantage_estimator=group_norm", "rl.max_steps=2",
+                             "rl.rollout.batch_size=4", "rl.rollout.n_samples_per_prompt=2", "rl.train_batch_size=8",
+                             "rl.micro_train_batch_size=8", "rl.rollout.generate_max_len=8", "rl.eval_every=2",
+                             "rl.agent.max_turns=4", "eval.max_samples=4", "eval.max_new_tokens=8",
+                             "eval.samples_per_prompt=1", "rl.actor.lr=1e-3"])
+    logged = []
+    ctx = make_ctx("rl", cfg, tmp_path, lambda metrics, step: logged.append((step, metrics)))
+    inputs = {"sft_model": prepared["base_model"], "prompts": prepared["prompts"], "eval_data": prepared["eval_data"]}
+    result = rl_stage.run_in_process(ctx, inputs)
+    steps = [m for _, m in logged if "train/reward" in m]
+    assert len(steps) == 2 and all(1.0 <= m["rollout/turns"] <= 4.0 for m in steps)
+    assert [m["eval/turns"] >= 1.0 for _, m in logged if "eval/turns" in m] == [True, True]
+    before = load_file(prepared["base_model"] / "model.safetensors")
+    after = load_file(result.outputs["rl_model"] / "model.safetensors")
+    moved = max((after[k] - before[k]).abs().max().item() for k in before) > 1e-5
+    # the weights move exactly when some group's episodes differed in reward (the stand-in model seldom answers
+    # the arithmetic: the README agent's coin-flip rewards differ, the OpenAI agent's may all be 0)
+    assert moved == any(m["rollout/reward_std"] > 0 for m in steps)
