@@ -41,7 +41,7 @@ class Loop:
     counter: str  # `iter`
     rounds: int | None  # None: the bound is not a number the script sets
     line: int
-    shown: str  # `$iter < $TRAINING_ITERS`
+    shown: str  # the condition as written: `(($iter < $TRAINING_ITERS))`
     source: str  # how the count was read, for the comment beside the rounds key
 
 
@@ -129,16 +129,18 @@ def read_loop(commands: list[list[Word]], values: dict[str, str]) -> Loop | None
     for i, command in enumerate(commands[:-1]):
         if command[0].text != "while":
             continue
-        words = [w.text for w in commands[i + 1] if w.text not in ("[", "]", "[[", "]]")]
+        condition = [w.text for w in (command[1:] or commands[i + 1])]  # `((` ends a command, `[` does not
+        bracketed = condition[0] in ("[", "[[")
+        shown = " ".join(condition) if bracketed else f"(({' '.join(condition)}))"
+        words = [w for w in condition if w not in ("[", "]", "[[", "]]")]
         if len(words) != 3 or words[1] not in COMPARISONS:
-            return Loop("", None, command[0].line, " ".join(words), "")
+            return Loop("", None, command[0].line, shown, "")
         counter = words[0].lstrip("$").strip("{}")
         start, bound = values.get(counter, ""), substituted(words[2], values, set())
-        shown = " ".join(words)
         if not (start.isdigit() and bound.isdigit()):
             return Loop(counter, None, command[0].line, shown, "")
         rounds = int(bound) - int(start) + COMPARISONS[words[1]]
-        source = f"while (({shown})) (line {command[0].line}): {words[2]} = {bound}, from {counter}={start}"
+        source = f"while {shown} (line {command[0].line}): {words[2]} = {bound}, from {counter}={start}"
         return Loop(counter, max(rounds, 0), command[0].line, shown, source)
     return None
 

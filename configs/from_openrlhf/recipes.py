@@ -211,7 +211,7 @@ def rounds(c: Conversion, kind: Kind, recipe: Recipe) -> None:
         return
     loop = recipe.loop
     if loop is None or loop.rounds is None:
-        at = FlagUse(f"while (({loop.shown}))", (), loop.line) if loop else FlagUse("(no loop)", (), recipe.steps[0].line)
+        at = FlagUse(f"while {loop.shown}", (), loop.line) if loop else FlagUse("(no loop)", (), recipe.steps[0].line)
         c.skipped.append(Skipped(at, f"the round count is not a number the script sets: set {kind.rounds_key} with --set"))
         return
     switch = (f"; each round from the last one's policy (line {recipe.policy_switch})" if recipe.policy_switch else "")
