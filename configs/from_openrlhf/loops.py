@@ -105,7 +105,8 @@ def first_values(commands: list[list[Word]]) -> dict[str, str]:
     """Each variable's first assignment, `$NAME`s in it read from earlier ones; `$(...)` left as written."""
     values: dict[str, str] = {}
     for command in commands:
-        for word in command:
+        words = command[1:] if command[0].text in ("export", "readonly", "local", "declare") else command
+        for word in words:
             m = ASSIGNMENT.match(word.text)
             if not m or not ASSIGNMENT.match(word.raw):
                 break

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from configs.errors import ConfigError
-from configs.from_openrlhf.convert import Conversion, Skipped, checked, convert, derive
+from configs.from_openrlhf.convert import Conversion, Skipped, checked, convert, derive, schema_default, set_comment
 from configs.from_openrlhf.flags import DPO, LAUNCHER, NOT_YET, SFT, Flag, Trainer
 from configs.from_openrlhf.loops import Recipe, Step
 from configs.from_openrlhf.script import FlagUse
@@ -57,7 +57,7 @@ KINDS = {k.processor: k for k in (
          "", "", ""),
 )}
 
-CHECKPOINT_FILES = "a round's {} stay in the stage's work dir"
+WORK_FILES = "a round's {} stay in the stage's work dir"
 SHARED = {  # every step's flags that name how it runs, not what it computes
     "--zero_stage": "the step loads its model whole on each rank",
     "--bf16": "the stage runs in the trainer's precision (infra.precision)",
@@ -97,7 +97,7 @@ ROWS: tuple[Flag, ...] = (
     Flag(("--repetition_penalty",), (GENERATE,), why=NOT_YET),
     Flag(("--tp_size",), (GENERATE,), why="no tensor parallelism: each rank samples its share of the prompts"),
     Flag(("--enable_prefix_caching",), (GENERATE,), why="the stage samples with HF generate, not a vLLM engine"),
-    Flag(("--output_path",), (GENERATE,), why=CHECKPOINT_FILES.format("samples")),
+    Flag(("--output_path",), (GENERATE,), why=WORK_FILES.format("samples")),
     Flag(("--enable_csft", "--csft_prompt"), (GENERATE,),
          why="conditional SFT's generation prompt is csft.template with csft.target_reward, in the eval stage"),
     Flag(("--pretrain",), (SCORE, CSFT), ("reward.rm_paths",), Listed(), also={"reward.source": "rm"}),
@@ -106,7 +106,7 @@ ROWS: tuple[Flag, ...] = (
           "--max_samples"), (SCORE,), why=SCORED_IN_MEMORY),
     Flag(("--max_len",), (SCORE,), why="the scorer reads each sample whole: a prompt and at most max_new_tokens"),
     Flag(("--normalize_reward", "--reward_template"), (SCORE,), why="OpenRLHF's rs and iter_dpo processors ignore it"),
-    Flag(("--output_path",), (SCORE,), why=CHECKPOINT_FILES.format("scored samples")),
+    Flag(("--output_path",), (SCORE,), why=WORK_FILES.format("scored samples")),
     Flag(("--dataset",), (CSFT,), ("data.sft.paths",), Listed(), why="the rows scored, then trained on"),
     Flag(("--dataset_probs",), (CSFT,), ("data.sft.probs",), Listed(numbers=True)),
     Flag(("--input_key",), (CSFT,), ("data.sft.input_key",)),
@@ -140,7 +140,7 @@ def convert_recipe(recipe: Recipe, origin: str, sets: Sequence[tuple[str, object
     rounds(c, kind, recipe)
     for key, value, text in sets:
         if key.startswith("data.") and value is not None and not isinstance(value, dict):
-            c.set(key, value, f"--set {text}", "set")
+            c.set(key, value, set_comment(text, c.settings[key].source if key in c.settings else ""), "set")
     datasets(c, kind)
     if kind.processor == "iter_dpo":
         dpo_steps(c)
@@ -209,10 +209,13 @@ def rounds(c: Conversion, kind: Kind, recipe: Recipe) -> None:
     """The loop's round count as the stage's rounds: each from the last round's policy."""
     if not kind.rounds_key:
         return
-    loop = recipe.loop
-    if loop is None or loop.rounds is None:
-        at = FlagUse(f"while {loop.shown}", (), loop.line) if loop else FlagUse("(no loop)", (), recipe.steps[0].line)
-        c.skipped.append(Skipped(at, f"the round count is not a number the script sets: set {kind.rounds_key} with --set"))
+    loop = recipe.loop if any(step.in_loop for step in recipe.steps) else None
+    if loop is None:
+        c.set(kind.rounds_key, 1, "the steps run once, in no loop: one round", "derived")
+        return
+    if loop.rounds is None:
+        c.skipped.append(Skipped(FlagUse(f"while {loop.shown}", (), loop.line),
+                                 f"the round count is not a number the script sets: set {kind.rounds_key} with --set"))
         return
     switch = (f"; each round from the last one's policy (line {recipe.policy_switch})" if recipe.policy_switch else "")
     c.set(kind.rounds_key, loop.rounds, loop.source + switch, "derived")
@@ -245,14 +248,13 @@ def datasets(c: Conversion, kind: Kind) -> None:
 def dpo_steps(c: Conversion) -> None:
     """Iterative DPO shares dpo.max_steps between its rounds; OpenRLHF trains each round's pairs (one per prompt)
     for --max_epochs: that many optimizer steps per round."""
-    rounds_, prompts = c.value("dpo.iterative.rounds"), c.value("dpo.iterative.prompts_per_round", 2048)
-    micro, accumulation, ranks = (c.value(k) or d for k, d in (("dpo.micro_batch_size", 16), ("dpo.grad_accum_steps", 1),
-                                                                ("infra.num_workers", 1)))
-    epochs = c.value("dpo.epochs") or 1
-    if not all(isinstance(v, int) for v in (rounds_, prompts, micro, accumulation, ranks, epochs)):
-        return
-    assert isinstance(rounds_, int) and isinstance(prompts, int) and isinstance(epochs, int)
-    assert isinstance(micro, int) and isinstance(accumulation, int) and isinstance(ranks, int)
+    rounds_, prompts, micro, accumulation, ranks, epochs = (
+        c.value(key, schema_default(key)) for key in ("dpo.iterative.rounds", "dpo.iterative.prompts_per_round",
+                                                      "dpo.micro_batch_size", "dpo.grad_accum_steps", "infra.num_workers",
+                                                      "dpo.epochs"))
+    if not (isinstance(rounds_, int) and rounds_ and isinstance(prompts, int) and isinstance(micro, int)
+            and isinstance(accumulation, int) and isinstance(ranks, int) and isinstance(epochs, int)):
+        return  # the round count is not read: the user sets dpo.max_steps with it
     batch = micro * accumulation * ranks
     per_round = max(1, math.ceil(prompts * epochs / batch))
     c.set("dpo.max_steps", rounds_ * per_round, f"{rounds_} rounds x {per_round} steps: a round's {prompts} prompts, one "

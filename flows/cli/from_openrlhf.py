@@ -1,9 +1,10 @@
 """`rlhf from-openrlhf SCRIPT`: an OpenRLHF launch script as a commented config of this project.
 
 The script's trainer call is read (configs/from_openrlhf/script.py), its flags mapped by the table
-(configs/from_openrlhf/flags.py, configs/from_openrlhf/convert.py), `--set KEY=VALUE` applied as `rlhf run`
-applies overrides, and the result loaded as `rlhf run --config` would load it before it is printed or
-written: a config that does not load is one `error:` line, not a file.
+(configs/from_openrlhf/flags.py, configs/from_openrlhf/convert.py); a loop recipe's batch_inference steps
+and loop become its stage's keys (configs/from_openrlhf/loops.py, configs/from_openrlhf/recipes.py);
+`--set KEY=VALUE` applied as `rlhf run` applies overrides, and the result loaded as `rlhf run --config`
+would load it before it is printed or written: a config that does not load is one `error:` line, not a file.
 """
 
 from __future__ import annotations

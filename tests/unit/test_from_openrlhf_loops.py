@@ -158,6 +158,14 @@ def test_a_round_count_the_script_does_not_set_is_listed():
            "--set (line 4)" in not_mapped(text)
 
 
+def test_steps_in_no_loop_are_one_round():
+    script = LOOP.format(start="0", op="-lt", n="4", processor="iter_dpo", trainer="train_dpo")
+    script = script.replace("while [ $i -lt $STEPS ]; do", "").replace("done", "")
+    cfg = flows.cli.from_openrlhf.load(converted(script, "once.sh")[0], "once.sh")
+    # OpenRLHF's default 2048 prompts (no --rollout_batch_size), one pair each, over batches of 8: 256 steps
+    assert (cfg.dpo.iterative.rounds, cfg.dpo.iterative.samples_per_prompt, cfg.dpo.max_steps) == (1, 4, 256)
+
+
 @pytest.mark.parametrize(("processor", "trainer", "n", "message"), [
     ("rs", "train_dpo", "2", "error: s.sh line 9: batch_inference --post_processor rs with train_dpo: OpenRLHF's loop "
                              "recipes pair rs and csft with train_sft, iter_dpo with train_dpo; convert the trainer's "
