@@ -135,6 +135,10 @@ def convert_recipe(recipe: Recipe, origin: str, sets: Sequence[tuple[str, object
     c.skipped = [Skipped(s.flag, kind.reasons.get(s.flag.name, s.reason)) for s in c.skipped]
     for step in recipe.steps:
         table = GENERATE if step.task.startswith("generate") else (CSFT if kind.processor == "csft" else SCORE)
+        if table == GENERATE and not kind.section:
+            c.skipped.append(Skipped(FlagUse("batch_inference", ("--eval_task", step.task), step.line),
+                                     f"the {kind.trainer.stage} stage samples nothing: it scores and trains on data.sft"))
+            continue
         step_flags(c, kind, step, table, recipe)
     c.skipped += [Skipped(chore.use, chore.reason) for chore in recipe.chores]
     rounds(c, kind, recipe)

@@ -186,3 +186,15 @@ def test_a_scoring_step_without_a_processor_is_an_error():
     script = LOOP.format(start="0", op="-lt", n="2", processor="rs", trainer="train_sft").replace(" --post_processor rs", "")
     with pytest.raises(ConfigError, match=r"^s.sh line 6: batch_inference names no --post_processor \(rs, iter_dpo, csft\)"):
         converted(script, "s.sh")
+
+
+def test_a_generate_step_before_conditional_sft_is_listed():
+    script = ("deepspeed --module openrlhf.cli.batch_inference --eval_task generate --pretrain m --dataset p\n"
+              "deepspeed --module openrlhf.cli.batch_inference --eval_task rm --pretrain r --dataset d --input_key q "
+              "--output_key a --post_processor csft\n"
+              "deepspeed --module openrlhf.cli.train_sft --pretrain m --dataset x\n")
+    text, _ = converted(script, "c.sh")
+    cfg = flows.cli.from_openrlhf.load(text, "c.sh")
+    assert cfg.csft.enabled and cfg.data.sft is not None and (cfg.data.sft.input_key, cfg.data.sft.output_key) == ("q", "a")
+    assert ("batch_inference --eval_task generate: the csft stage samples nothing: it scores and trains on data.sft "
+            "(line 1)") in not_mapped(text)
