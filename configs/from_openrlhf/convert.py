@@ -13,10 +13,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from configs.errors import ConfigError
-from configs.from_openrlhf.flags import KTO, PPO, PRM, ROWS, SFT, TRAINERS, Flag, Trainer, row_for
+from configs.from_openrlhf.flags import KTO, PPO, PRM, ROWS, TRAINERS, Flag, Trainer, row_for
 from configs.from_openrlhf.script import FlagUse, TrainerCall
 from configs.from_openrlhf.values import (
     BadValue,
@@ -34,7 +34,7 @@ from configs.from_openrlhf.values import (
     Words,
     left_to_shell,
 )
-from configs.schema import PipelineConfig
+from configs.schema import PipelineConfig, section_type
 
 TEXTUAL = (Text, Words, RewardModel, RewardUrl, CriticStart)  # kinds whose values may hold a `$VAR` the shell fills in
 COPIED = ("paths", "probs", "split", "max_samples", "apply_chat_template", "input_template")  # what a derived dataset shares
@@ -65,6 +65,12 @@ class Conversion:
     notes: dict[str, str] = field(default_factory=dict)  # comments on sections (`data.prompts:  # derived ...`)
     skipped: list[Skipped] = field(default_factory=list)
     parked: dict[str, Setting] = field(default_factory=dict)  # pins the schema does not take yet, shown commented out
+    recipe: str = ""  # a loop recipe's name and steps (`rejection-sampling loop: 10 rounds of ...`); empty: one trainer call
+
+    @property
+    def source_name(self) -> str:
+        """What of the script the config does: `train_sft`, or `train_sft in its rejection-sampling loop`."""
+        return self.trainer.name + (f" in its {self.recipe.split(':')[0]}" if self.recipe else "")
 
     def set(self, key: str, value: object, source: str, kind: str = "flag", use: FlagUse | None = None) -> None:
         self.settings[key] = Setting(value, source, kind, use)
@@ -92,21 +98,39 @@ class Conversion:
 
 
 def expand(key: str, trainer: Trainer) -> list[str]:
-    """A row's key at the trainer's places: `{model}.lr` -> `rl.actor.lr`, `rl.critic.lr` for PPO."""
+    """A row's key at the trainer's places: `{model}.lr` -> `rl.actor.lr`, `rl.critic.lr` for PPO. A place the
+    trainer's stage lacks (rs, kd and csft train whole models: no `lora`) is NotMapped."""
     if "{data}" in key:
         if trainer.data is None:
             raise NotMapped(trainer.no_data)
         return [key.replace("{data}", trainer.data)]
-    if "{model}" in key:
-        return [key.replace("{model}", model) for model in trainer.models]
-    return [key.replace("{stage}", trainer.stage)]
+    models = trainer.models if "{model}" in key else (trainer.stage,)
+    keys = [key.replace("{model}", model).replace("{stage}", trainer.stage) for model in models]
+    for found in keys:
+        if not in_schema(found):
+            if ".lora." in found:
+                raise NotMapped(f"the {trainer.stage} stage trains the whole model (no LoRA)")
+            raise NotMapped(f"the {trainer.stage} stage has no {found.rsplit('.', 1)[1]} ({found})")
+    return keys
 
 
-def convert(call: TrainerCall, origin: str, sets: Sequence[tuple[str, object, str]] = ()) -> Conversion:
+def in_schema(key: str) -> bool:
+    """`key` names a field of the config's sections."""
+    section: type[BaseModel] | None = PipelineConfig
+    for part in key.split("."):
+        if section is None or part not in section.model_fields:
+            return False
+        section = section_type(section.model_fields[part].annotation)
+    return True
+
+
+def convert(call: TrainerCall, origin: str, sets: Sequence[tuple[str, object, str]] = (),
+            trainer: Trainer | None = None) -> Conversion:
     """The config keys of `call`, from the table, then the derived ones; a value OpenRLHF would refuse is a
     ConfigError naming `origin`'s line. `sets`: the user's `--set` (key, value, as written) on data keys,
-    applied before the datasets are derived from one another, so that a derived set follows them."""
-    c = Conversion(call, TRAINERS[call.trainer], origin)
+    applied before the datasets are derived from one another, so that a derived set follows them. `trainer`:
+    where the call's keys go when a loop recipe runs it (train_sft as the rs stage's training), else its own."""
+    c = Conversion(call, trainer or TRAINERS[call.trainer], origin)
     used = {f.name for f in call.flags}
     factors: dict[str, dict[tuple[str, ...], tuple[int, FlagUse]]] = {}  # key -> a factor row's names -> its value
     global_batch: list[tuple[str, int, FlagUse]] = []
@@ -367,7 +391,7 @@ def datasets(c: Conversion) -> None:
                                        "eval reads them for perplexity): name real SFT rows", input_key=text, output_key=text)
         derive(c, section, "data.prompts", "a stand-in, the PRM texts as prompts and labels (the schema needs prompts for rl "
                                            "and eval): name real prompts before running those", input_key=text, label_key=text)
-    elif c.trainer.name == SFT:
+    elif section == "data.sft":  # train_sft's rows, train_kd's
         derive(c, "data.sft", "data.prompts", "the SFT rows' prompts, their responses as labels (the schema needs "
                                                 "prompts for rl and eval)",
                input_key=c.value("data.sft.input_key", "input"),

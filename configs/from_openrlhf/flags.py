@@ -33,9 +33,9 @@ from configs.from_openrlhf.values import (
     Words,
 )
 
-SFT, RM, PRM, DPO, KTO, PPO = "train_sft", "train_rm", "train_prm", "train_dpo", "train_kto", "train_ppo_ray"
-ALL = (SFT, RM, PRM, DPO, KTO, PPO)
-TRAINING = (SFT, RM, PRM, DPO, KTO)  # the DeepSpeed trainers of one model
+SFT, RM, PRM, DPO, KTO, PPO, KD = "train_sft", "train_rm", "train_prm", "train_dpo", "train_kto", "train_ppo_ray", "train_kd"
+ALL = (SFT, RM, PRM, DPO, KTO, PPO, KD)
+TRAINING = (SFT, RM, PRM, DPO, KTO, KD)  # the DeepSpeed trainers of one model
 NESTED = (SFT, RM, DPO, PPO)  # the trainers OpenRLHF kept when its flags became nested (0.10.2)
 
 
@@ -58,6 +58,8 @@ TRAINERS = {t.name: t for t in (
     # train_kto reads single responses, each desirable or not: unpaired preference rows
     Trainer(KTO, "dpo", ("dpo",), "data.preference", sets={"dpo.loss": "kto", "data.preference.unpaired": True}),
     Trainer(PPO, "rl", ("rl.actor", "rl.critic"), "data.prompts"),
+    # train_kd's student starts from --pretrain (an SFT model, kd.student: sft) and reads SFT rows
+    Trainer(KD, "kd", ("kd",), "data.sft", sets={"kd.enabled": True}),
 )}
 
 
@@ -129,7 +131,7 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--seed", "--train.seed"), ALL, ("seed",), Number(integer=True)),
         Flag(("--ring_attn_size", "--ring_head_stride", "--ds.ring_attn_size", "--ds.ring_attn_head_stride"), (SFT, RM, DPO, PPO),
              why=NO_RING),
-        Flag(("--ds_tensor_parallel_size", "--ds.tensor_parallel_size"), (SFT, RM, PRM, DPO, PPO),
+        Flag(("--ds_tensor_parallel_size", "--ds.tensor_parallel_size"), (SFT, RM, PRM, DPO, PPO, KD),
              why="DeepSpeed tensor parallelism is not supported: ZeRO data parallelism only (infra.zero_stage: 3 "
                  "shards a model across the ranks)"),
         Flag(("--deepcompile", "--ds.deepcompile"), ALL, why="not supported: DeepSpeed runs its engines uncompiled; for speed use "
@@ -138,7 +140,7 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--disable_trace_cache",), ALL, why="not supported"),
         Flag(("--zpg", "--ds.zpg"), ALL, why="ZeRO++ partitions are not supported"),
         Flag(("--grad_accum_dtype", "--ds.grad_accum_dtype"), ALL, why="no counterpart yet: gradients accumulate in the training precision"),
-        Flag(("--use_liger_kernel", "--ds.use_liger_kernel"), (SFT, PRM, DPO, KTO, PPO), ("model.use_liger_kernel",), Switch(),
+        Flag(("--use_liger_kernel", "--ds.use_liger_kernel"), (SFT, PRM, DPO, KTO, PPO, KD), ("model.use_liger_kernel",), Switch(),
              why="a CUDA GPU and liger-kernel (the gpu extra); every causal LM a stage runs"),
         Flag(("--use_ms",), ALL, why="ModelScope is not supported: hub ids are Hugging Face's"),
         Flag(("--ds.experts_implementation",), NESTED, why="no counterpart yet: MoE experts run as transformers loads them"),
@@ -154,19 +156,19 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--dataset_split", "--train_split", "--data.dataset_split"), TRAINING, ("{data}.split",)),
         Flag(("--prompt_split", "--data.prompt_split"), (PPO,), ("{data}.split",)),
         Flag(("--max_samples", "--data.max_samples"), ALL, ("{data}.max_samples",), Number(integer=True)),
-        Flag(("--max_len", "--data.max_len"), (SFT, PRM, KTO), ("data.max_len",), Number(integer=True), absent=2048),
+        Flag(("--max_len", "--data.max_len"), (SFT, PRM, KTO, KD), ("data.max_len",), Number(integer=True), absent=2048),
         Flag(("--max_len", "--data.max_len"), (RM, DPO), ("data.max_len",), Number(integer=True), absent=512),
         Flag(("--max_len", "--data.max_len"), (PPO,), ("data.max_len",), Number(integer=True),
              why="the prompt and the response together (rl.rollout bounds each)"),
-        Flag(("--input_key", "--data.input_key"), (SFT, PRM, KTO, PPO), ("{data}.input_key",)),
+        Flag(("--input_key", "--data.input_key"), (SFT, PRM, KTO, PPO, KD), ("{data}.input_key",)),
         Flag(("--prompt_key", "--data.prompt_key"), (RM, DPO), ("{data}.input_key",)),
-        Flag(("--output_key", "--data.output_key"), (SFT, KTO), ("{data}.output_key",)),
+        Flag(("--output_key", "--data.output_key"), (SFT, KTO, KD), ("{data}.output_key",)),
         Flag(("--chosen_key", "--data.chosen_key"), (RM, DPO), ("{data}.chosen_key",)),
         Flag(("--rejected_key", "--data.rejected_key"), (RM, DPO), ("{data}.rejected_key",)),
         Flag(("--label_key", "--data.label_key"), (PRM, KTO, PPO), ("{data}.label_key",)),
-        Flag(("--apply_chat_template", "--data.apply_chat_template"), (SFT, RM, DPO, KTO, PPO), ("{data}.apply_chat_template",),
+        Flag(("--apply_chat_template", "--data.apply_chat_template"), (SFT, RM, DPO, KTO, PPO, KD), ("{data}.apply_chat_template",),
              Switch(), absent=False),
-        Flag(("--input_template", "--data.input_template"), (SFT, KTO), ("{data}.input_template",), absent="User: {}\nAssistant: ",
+        Flag(("--input_template", "--data.input_template"), (SFT, KTO, KD), ("{data}.input_template",), absent="User: {}\nAssistant: ",
              absent_unless=("--apply_chat_template", "--data.apply_chat_template")),
         Flag(("--input_template", "--data.input_template"), (RM, DPO, PPO), ("{data}.input_template",)),
         Flag(("--multiturn", "--data.multiturn"), (SFT,), ("{data}.multiturn",), Switch()),
@@ -226,7 +228,7 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--train_batch_size", "--train.batch_size"), TRAINING, ("{stage}.grad_accum_steps",), PerRank(),
              why="the global batch: accumulation steps = it / (micro batch x infra.num_workers)"),
         Flag(("--max_epochs", "--train.max_epochs"), (SFT,), ("{stage}.epochs",), Number(integer=True), absent=2),
-        Flag(("--max_epochs", "--train.max_epochs"), (RM, PRM, DPO, KTO), ("{stage}.epochs",), Number(integer=True)),
+        Flag(("--max_epochs", "--train.max_epochs"), (RM, PRM, DPO, KTO, KD), ("{stage}.epochs",), Number(integer=True)),
         Flag(("--save_steps", "--ckpt.save_steps"), ALL, ("{stage}.save_every",),
              Number(integer=True, positive="-1: OpenRLHF saves at the end only; the pipeline checkpoints every save_every steps")),
         Flag(("--eval_steps", "--eval.steps"), ALL, ("{stage}.eval_every",),
@@ -242,7 +244,7 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--lora_dropout", "--ds.lora.dropout"), ALL, ("{model}.lora.dropout",), Number()),
         Flag(("--target_modules", "--ds.lora.target_modules"), ALL, ("{model}.lora.target_modules",), Words(single="all-linear")),
     )),
-    ("Reward models, PRM, DPO and KTO", (
+    ("Reward models, PRM, DPO, KTO and KD", (
         Flag(("--value_head_prefix", "--ds.value_head_prefix"), (RM,), ("rm.value_head_prefix",)),
         Flag(("--value_prefix_head",), (RM,), ("rm.value_head_prefix",), why=readme("--value_head_prefix")),
         Flag(("--value_head_prefix", "--ds.value_head_prefix"), (PPO,),
@@ -269,6 +271,11 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
              why="the reference's log-probs are computed before the policy loads, and the reference is freed then: it is "
                  "never on the device beside the policy"),
         Flag(("--pretrain_mode", "--model.pretrain_mode_enable"), (SFT,), ("sft.pretrain_mode",), Switch()),
+        Flag(("--pretrain_mode",), (KD,), why="no counterpart yet: the student learns the SFT rows' responses"),
+        Flag(("--teacher_model",), (KD,), ("kd.teacher_path",), also={"kd.teacher": "path"},
+             why="a checkpoint with the student's tokenizer and vocabulary"),
+        Flag(("--kd_coef",), (KD,), ("kd.kd_coef",), Number()),
+        Flag(("--teacher_offload",), (KD,), why="no counterpart yet: the frozen teacher stays on each rank's device"),
     )),
     ("RL: models and placement", (
         Flag(("--actor_num_nodes", "--actor.num_nodes"), (PPO,), ("rl.actor.num_workers",), Factor(default=1),

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 from configs.from_openrlhf.flags import ALL, GROUPS, TRAINING, Flag
+from configs.from_openrlhf.recipes import ROWS as RECIPE_ROWS
+from configs.from_openrlhf.recipes import SHARED
 from configs.from_openrlhf.values import shown
 
 COMMAND = "python -m configs.from_openrlhf.page > docs/from-openrlhf.md"
@@ -17,7 +19,7 @@ INTRO = f"""\
 
 `rlhf from-openrlhf SCRIPT` reads an OpenRLHF launch script (or, with `-`, a command line pasted on
 standard input) that calls one of its trainers (`openrlhf.cli.train_sft`, `train_rm`, `train_prm`,
-`train_dpo`, `train_kto`, `train_ppo_ray`) through `deepspeed --module`, `python -m`, `torchrun -m` or
+`train_dpo`, `train_kto`, `train_ppo_ray`, `train_kd`) through `deepspeed --module`, `python -m`, `torchrun -m` or
 `ray job submit -- python3 -m`, and writes the config of this project that does the same: a commented
 YAML for `rlhf run --config`. Beside each key is the flag it came from; a header says which stages run
 and the `--only` that runs the script's stage alone; the flags it could not map are listed at the end,
@@ -78,12 +80,60 @@ stay as written (a number or switch the shell fills in is listed as not mapped: 
 - **Runs and checkpoints.** Runs go to MLflow, not Weights & Biases or TensorBoard; checkpoints are the
   stage runs' artifacts, and a rerun resumes by itself.
 
+## Loop recipes
+
+OpenRLHF 0.8's loop recipes (its `train_rejection_sampling_llama.sh`, `train_iterative_dpo_llama.sh` and
+`train_conditional_llama.sh`) run `openrlhf.cli.batch_inference` steps before a trainer, most of them in a
+`while (($iter < $TRAINING_ITERS))` loop whose rounds each start from the last round's policy. Such a
+script becomes one stage of this project, named by the scoring step's `--post_processor`:
+
+| OpenRLHF's steps | stage here | the loop's count |
+|---|---|---|
+| `--eval_task generate_vllm`, `--eval_task rm --post_processor rs`, `train_sft` | `rs` (`rs.enabled`) | `rs.rounds` |
+| `--eval_task generate_vllm`, `--eval_task rm --post_processor iter_dpo`, `train_dpo` | `dpo` with `dpo.iterative` | `dpo.iterative.rounds` |
+| `--eval_task rm --post_processor csft`, `train_sft` | `csft` (`csft.enabled`) | (one pass) |
+
+`train_kd` (`train_knowledge_distillation.sh`) is one command: the `kd` stage, its `--pretrain` the
+student (pinned as `inputs.sft_model`), `--teacher_model` the teacher (`kd.teacher: path`).
+
+The rounds are the loop's bound less its counter's start (`TRAINING_ITERS=10`, `iter=0`: 10). The steps'
+`$VARS` are read as the first round sees them, each variable's first assignment (`--pretrain
+$POLICY_MODEL_PATH` is the starting policy, not the last round's). The trainer's flags convert as its own
+(the table below), into the stage's section (`rs.lr`, `csft.micro_batch_size`); the sampling flags go to the
+stage's sampling keys (`{{loop}}`: `rs` or `dpo.iterative`) and the scoring step's reward model to
+`reward.rm_paths`. The steps: `generate` samples (`--eval_task generate_vllm` or `generate`), `rm` scores
+for `rs` and `iter_dpo`, `csft` is conditional SFT's scoring pass:
+
+{{steps}}
+
+The shell's chores between the steps have no counterpart and are listed with the flags: the
+`checkSuccess` exit checks (a failed step fails the stage's run), `mkdir` (the steps' files are the stage
+run's own), the iteration log a loop resumes from and a step skipped when its output exists (a rerun
+resumes the stage by itself).
+
+Where the recipes differ here:
+
+- **One process.** The stage samples, scores and trains in its own run, the samples in memory and its work
+  dir, not in jsonl files between commands; it samples with HF generate on each rank, not a vLLM engine.
+- **Fresh prompts.** OpenRLHF's `--iter` slices round r's prompts from the dataset; the stage draws each
+  round's `prompts_per_round` fresh ones.
+- **Iterative DPO** shares `dpo.max_steps` between its rounds: the converter writes the rounds times a
+  round's steps (its prompts, one pair each, over `--train_batch_size`, for `--max_epochs`). Each round's
+  reference is the policy it starts from; OpenRLHF's script keeps the first round's.
+- **Held-out rows.** The `rs` stage holds SFT rows out for `eval/loss`, iterative DPO preference pairs
+  for `eval/reward_accuracy`: the recipes name neither, so the config says so and the stage is off until
+  `data.sft` / `data.preference` name them.
+- **Conditional SFT** takes single-turn rows (a prompt and a response column); OpenRLHF's recipe reads the
+  `chosen` conversation, its last turn the response: set `data.sft.input_key` and `data.sft.output_key`.
+  `csft.template` writes `{{prompt}}` and `{{reward}}` where OpenRLHF's `--reward_template` writes `{{input}}` and
+  `{{reward}}`.
+
 ## The flags
 
-`{{stage}}` is the trainer's stage section (`sft`, `rm`, `prm`, `dpo`, `rl`), `{{model}}` each model it
+`{{stage}}` is the trainer's stage section (`sft`, `rm`, `prm`, `dpo`, `rl`, `kd`; in a loop recipe its stage's), `{{model}}` each model it
 trains (`rl.actor` and `rl.critic` for PPO), `{{data}}` the dataset it reads (`data.sft`,
-`data.preference`, `data.prompts`, `data.prm`). Trainers: `ppo` is `train_ppo_ray`; `prm` and `kto` take flat flags
-only (OpenRLHF dropped them before its flags became nested).
+`data.preference`, `data.prompts`, `data.prm`). Trainers: `ppo` is `train_ppo_ray`; `prm`, `kto` and `kd` take flat flags
+only (OpenRLHF dropped them before its flags became nested; `train_kd` and `batch_inference` after 0.9.0).
 """
 
 
@@ -121,8 +171,20 @@ def names(row: Flag, nested: bool) -> str:
     return "<br>".join(f"`{n}`" for n in row.names if ("." in n) == nested)
 
 
+def steps() -> str:
+    """The table of batch_inference's flags in the loop recipes."""
+    lines = ["| flag | step | key here | value, or why not mapped |", "|---|---|---|---|"]
+    for row in RECIPE_ROWS:
+        keys = "<br>".join(f"`{k}`" for k in row.keys) or "not mapped"
+        tables = ", ".join(row.trainers)
+        lines.append(f"| {'<br>'.join(f'`{n}`' for n in row.names)} | {tables} | {keys} | {cell(how(row))} |")
+    for name, why in SHARED.items():
+        lines.append(f"| `{name}` | every step | not mapped | {cell(why)} |")
+    return "\n".join(lines)
+
+
 def page() -> str:
-    lines = [INTRO]
+    lines = [INTRO.replace("{steps}", steps())]
     for title, rows in GROUPS:
         lines += [f"### {title}", "", "| flat (0.5 to 0.10.1) | nested (0.10.2 on) | trainers | key here | value, or why not mapped |",
                   "|---|---|---|---|---|"]

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from configs.errors import ConfigError
 
-TRAINERS = ("train_sft", "train_rm", "train_prm", "train_dpo", "train_kto", "train_ppo_ray")
+TRAINERS = ("train_sft", "train_rm", "train_prm", "train_dpo", "train_kto", "train_ppo_ray", "train_kd")
+STEPS = ("batch_inference",)  # the other modules of OpenRLHF's loop recipes: generate, then score with a reward model
 MODULE = re.compile(r"^(?:.*/)?openrlhf(?:\.cli\.|/cli/)(\w+?)(?:\.py)?$")
 NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 ASSIGNMENT = re.compile(rf"^({NAME})=(.*)$", re.S)
@@ -337,22 +338,22 @@ def module_of(word: Word) -> str | None:
 
 @dataclass
 class Found:
-    trainer: str
+    module: str  # `train_sft`, `batch_inference`
     command: list[Word]
     at: int  # index of the module's name in the command
     after: list[Word] | None  # the next command, for flags a missing `\` cut off
 
 
 def find_calls(script: Script, origin: str) -> tuple[list[Found], list[str]]:
-    """Every trainer call (and the other `openrlhf.cli` modules named), in commands, inside quoted strings
-    (`bash -c "..."`) and in heredocs read into no variable."""
+    """Every trainer and loop-step call (and the other `openrlhf.cli` modules named), in commands, inside quoted
+    strings (`bash -c "..."`) and in heredocs read into no variable."""
     calls: list[Found] = []
     others: list[str] = []
     commands = [expanded(c, script) for c in script.commands]
     for i, command in enumerate(commands):
         for at, word in enumerate(command):
             module = module_of(word)
-            if module in TRAINERS:
+            if module in TRAINERS or module in STEPS:
                 calls.append(Found(module, command, at, commands[i + 1] if i + 1 < len(commands) else None))
             elif module is not None:
                 others.append(module)
@@ -367,7 +368,7 @@ def find_calls(script: Script, origin: str) -> tuple[list[Found], list[str]]:
     for body in [*script.loose, *([] if calls else script.heredocs.values())]:
         for at, word in enumerate(body):
             module = module_of(word)
-            if module in TRAINERS:
+            if module in TRAINERS or module in STEPS:
                 calls.append(Found(module, body, at, None))
     return calls, others
 
@@ -393,21 +394,34 @@ def flag_uses(words: list[Word]) -> list[FlagUse]:
 
 def read_call(text: str, origin: str) -> TrainerCall:
     """The one trainer call in `text`; a ConfigError naming `origin` when there is none, or several that differ."""
-    if len(text) > MAX_SCRIPT_CHARS:
-        raise ConfigError(f"{origin}: over {MAX_SCRIPT_CHARS} characters; a launch script is a few thousand: give "
-                          "the one that calls the trainer")
-    script = Lexer(text.replace("\r\n", "\n"), origin).read()
-    calls, others = find_calls(script, origin)
+    script = read_script(text, origin)
+    found, others = find_calls(script, origin)
+    calls = [c for c in found if c.module in TRAINERS]
+    others = [c.module for c in found if c.module not in TRAINERS] + others
     if not calls:
         also = f"; it calls openrlhf.cli.{', openrlhf.cli.'.join(dict.fromkeys(others))}" if others else ""
         raise ConfigError(f"{origin}: calls none of OpenRLHF's trainers ({', '.join(TRAINERS)}){also}")
     first = calls[0]
     flags = flag_uses(first.command[first.at + 1:])
-    differing = [c for c in calls[1:] if (c.trainer, [(f.name, f.words) for f in flag_uses(c.command[c.at + 1:])])
-                 != (first.trainer, [(f.name, f.words) for f in flags])]
+    differing = [c for c in calls[1:] if (c.module, [(f.name, f.words) for f in flag_uses(c.command[c.at + 1:])])
+                 != (first.module, [(f.name, f.words) for f in flags])]
     if differing:
-        where = ", ".join(f"{c.trainer} (line {c.command[c.at].line})" for c in [first, *differing])
+        where = ", ".join(f"{c.module} (line {c.command[c.at].line})" for c in [first, *differing])
         raise ConfigError(f"{origin}: calls {len(differing) + 1} trainers: {where}; convert one command at a time")
-    stray = flag_uses(first.after) if first.after and first.after[0].text.startswith("--") else []
-    launcher = [w.text for w in first.command[:first.at] if not ASSIGNMENT.match(w.text)]
-    return TrainerCall(first.trainer, first.command[first.at].line, launcher, flags, stray, assignments(script.commands))
+    return trainer_call(first, script)
+
+
+def read_script(text: str, origin: str) -> Script:
+    """The script's commands; a ConfigError naming `origin` when it is too long to be a launch script."""
+    if len(text) > MAX_SCRIPT_CHARS:
+        raise ConfigError(f"{origin}: over {MAX_SCRIPT_CHARS} characters; a launch script is a few thousand: give "
+                          "the one that calls the trainer")
+    return Lexer(text.replace("\r\n", "\n"), origin).read()
+
+
+def trainer_call(found: Found, script: Script) -> TrainerCall:
+    """A found call with its flags, launcher and the script's assignments."""
+    flags = flag_uses(found.command[found.at + 1:])
+    stray = flag_uses(found.after) if found.after and found.after[0].text.startswith("--") else []
+    launcher = [w.text for w in found.command[:found.at] if not ASSIGNMENT.match(w.text)]
+    return TrainerCall(found.module, found.command[found.at].line, launcher, flags, stray, assignments(script.commands))

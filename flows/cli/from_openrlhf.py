@@ -1,9 +1,10 @@
 """`rlhf from-openrlhf SCRIPT`: an OpenRLHF launch script as a commented config of this project.
 
 The script's trainer call is read (configs/from_openrlhf/script.py), its flags mapped by the table
-(configs/from_openrlhf/flags.py, configs/from_openrlhf/convert.py), `--set KEY=VALUE` applied as `rlhf run`
-applies overrides, and the result loaded as `rlhf run --config` would load it before it is printed or
-written: a config that does not load is one `error:` line, not a file.
+(configs/from_openrlhf/flags.py, configs/from_openrlhf/convert.py); a loop recipe's batch_inference steps
+and loop become its stage's keys (configs/from_openrlhf/loops.py, configs/from_openrlhf/recipes.py);
+`--set KEY=VALUE` applied as `rlhf run` applies overrides, and the result loaded as `rlhf run --config`
+would load it before it is printed or written: a config that does not load is one `error:` line, not a file.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pydantic import BaseModel
 
 from configs.errors import ConfigError
 from configs.from_openrlhf.convert import Conversion, convert, listed, set_comment
+from configs.from_openrlhf.loops import read_recipe
+from configs.from_openrlhf.recipes import convert_recipe
 from configs.from_openrlhf.script import MAX_SCRIPT_CHARS, read_call
 from configs.loader import load_config, parse_override, set_dotted
 from configs.schema import PipelineConfig, section_type
@@ -47,7 +50,8 @@ def read_script(script: str) -> tuple[str, str]:
 def converted(text: str, origin: str, sets: Sequence[str] = (), out_name: str = "my.yaml") -> tuple[str, Conversion]:
     """The config text for the script `text` (checked by loading it) and the conversion it renders."""
     parsed = [(*parse_override(text), text) for text in sets]
-    conversion = convert(read_call(text, origin), origin, parsed)
+    recipe = read_recipe(text, origin)
+    conversion = convert_recipe(recipe, origin, parsed) if recipe else convert(read_call(text, origin), origin, parsed)
     tree: dict[str, Any] = {}
     comments: dict[str, str] = dict(conversion.notes)
     for key, setting in conversion.settings.items():
@@ -154,9 +158,10 @@ def launcher(words: list[str]) -> str:
 def header(c: Conversion, cfg: PipelineConfig, out_name: str) -> list[str]:
     launched = launcher(c.call.launcher)
     mapped = sum(1 for s in c.settings.values() if s.kind == "flag")
+    called = f"{c.recipe}" if c.recipe else f"{c.trainer.name} (line {c.call.line}"
     lines = [
-        f"# Converted by `rlhf from-openrlhf` from {c.origin}: OpenRLHF's {c.trainer.name} (line {c.call.line}"
-        + (f", launched by `{launched}`" if launched else "") + "),",
+        f"# Converted by `rlhf from-openrlhf` from {c.origin}: OpenRLHF's {called}"
+        + ("" if c.recipe else (f", launched by `{launched}`" if launched else "") + ")") + ",",
         f"# {c.generation}.",
         f"# Beside each key, the flag it came from ({plural(mapped, 'key')} from flags); at the end, "
         f"{plural(len(c.skipped), 'flag')} not mapped and why.",
@@ -166,7 +171,7 @@ def header(c: Conversion, cfg: PipelineConfig, out_name: str) -> list[str]:
     planned = plan(cfg)
     width = max(len(name) for name in planned) + 2
     for name, step in planned.items():
-        mine = f" (the script's {c.trainer.name})" if name == c.trainer.stage else ""
+        mine = f" (the script's {c.source_name})" if name == c.trainer.stage else ""
         lines.append(f"#   {name.ljust(width)}{step.line()}{mine}")
     alone = dag.needed_by({c.trainer.stage}, cfg) | {c.trainer.stage}
     script = "-" if c.origin == "<stdin>" else c.origin
@@ -194,7 +199,7 @@ def run(script: str, out: str | None, sets: list[str]) -> str:
     else:
         Path(out).write_text(config)
     mapped = sum(1 for s in conversion.settings.values() if s.kind == "flag")
-    return (f"{origin}: OpenRLHF's {conversion.trainer.name} -> {out or 'stdout'}: {plural(mapped, 'key')} from its flags, "
+    return (f"{origin}: OpenRLHF's {conversion.source_name} -> {out or 'stdout'}: {plural(mapped, 'key')} from its flags, "
             f"{plural(len(conversion.skipped), 'flag')} not mapped (listed at the end)")
 
 

@@ -2,9 +2,10 @@
 from-openrlhf` and run with `rlhf run`, as a user of OpenRLHF would bring them: the hub names pointed at small
 local stand-ins of the same family and format with `--set` (the suite's Llama-3 and Qwen2 checkpoints; files
 shaped like OpenOrca, OpenRLHF's preference mixture, its prompt collection and dapo-math-17k), sizes scaled
-down, and the device flags a GPU cluster needs turned into this machine's. Each runs the stages the converted
-config says are the script's (`--only`, read from the config's own header), with OpenRLHF's `reward_func.py`
-and `agent_func.py` (tests/data/openrlhf_examples) as they ship."""
+down (a loop recipe's rounds and prompts per round too), and the device flags a GPU cluster needs turned into
+this machine's. Each runs the stages the converted config says are the script's (`--only`, read from the
+config's own header), with OpenRLHF's `reward_func.py` and `agent_func.py` (tests/data/openrlhf_examples) as
+they ship."""
 
 from __future__ import annotations
 
@@ -169,3 +170,53 @@ def test_train_reinforce_baseline_ray_agent_async_sh(cli, workdir, prefect_serve
     turns = client.get_metric_history(rl.info.run_id, "rollout/turns")
     assert len(turns) == 2 and all(t.value > 1 for t in turns), [t.value for t in turns]
     assert "reward/dummy_scores" in rl.data.metrics  # the agent's extra_logs
+
+
+def test_train_rejection_sampling_llama_sh(cli, workdir, prefect_server, monkeypatch, local, reward_model):
+    """OpenRLHF 0.8's rejection-sampling loop as the rs stage: two rounds of sampling from the prompt collection,
+    scoring with the reward model and training on each prompt's best, SFT rows held out for eval/loss."""
+    model, openorca = local["models"]["llama3"], local["files"]["openorca"]
+    client, parent = run_script(cli, workdir, prefect_server, monkeypatch, "v0.8.11_train_rejection_sampling_llama.sh", [
+        *CPU, f"model.name_or_path={model}", f"inputs.sft_model={model}", f"reward.rm_paths=[{reward_model}]",
+        f"data.prompts.paths=[{local['files']['prompt_collection']}]", f"data.sft.paths=[{openorca}]",
+        "data.sft.input_key=question", "data.sft.output_key=response", "rs.rounds=2", "rs.prompts_per_round=2",
+        "rs.samples_per_prompt=2", "rs.max_new_tokens=8", "rs.generate_batch_size=4", *steps("rs")])
+    rs = stage_run(client, parent, "rs")
+    assert rs.data.params["rs.temperature"] == "0.9" and rs.data.params["rs.lr"] == "2e-06"  # the loop's, as converted
+    assert len(client.get_metric_history(rs.info.run_id, "round/kept_share")) == 2
+    assert "eval/loss" in rs.data.metrics
+
+
+def test_train_iterative_dpo_llama_sh(cli, workdir, prefect_server, monkeypatch, local, reward_model):
+    """OpenRLHF 0.8's iterative DPO loop as dpo.iterative: two rounds of pairs from the policy's own samples,
+    ranked by the reward model; preference pairs held out for eval."""
+    model, preference = local["models"]["llama3"], local["files"]["preference"]
+    client, parent = run_script(cli, workdir, prefect_server, monkeypatch, "v0.8.11_train_iterative_dpo_llama.sh", [
+        *CPU, f"model.name_or_path={model}", f"inputs.sft_model={model}", f"reward.rm_paths=[{reward_model}]",
+        f"data.prompts.paths=[{local['files']['prompt_collection']}]", f"data.preference.paths=[{preference}]",
+        "dpo.iterative.rounds=2", "dpo.iterative.prompts_per_round=2", "dpo.iterative.samples_per_prompt=2",
+        "dpo.iterative.max_new_tokens=8", "dpo.iterative.generate_batch_size=4", *steps("dpo")])
+    dpo = stage_run(client, parent, "dpo")
+    assert dpo.data.params["dpo.iterative.temperature"] == "1.0" and dpo.data.params["dpo.lr"] == "5e-07"
+    assert "eval/reward_accuracy" in dpo.data.metrics
+
+
+def test_train_conditional_llama_sh(cli, workdir, prefect_server, monkeypatch, local, reward_model):
+    """OpenRLHF 0.8's conditional SFT recipe as the csft stage: the SFT rows scored by the reward model, each
+    prompt given its score, then trained on; single-turn rows, as the converted config asks."""
+    model, openorca = local["models"]["llama3"], local["files"]["openorca"]
+    client, parent = run_script(cli, workdir, prefect_server, monkeypatch, "v0.8.11_train_conditional_llama.sh", [
+        *CPU, f"model.name_or_path={model}", f"inputs.sft_model={model}", f"reward.rm_paths=[{reward_model}]",
+        f"data.sft.paths=[{openorca}]", "data.sft.input_key=question", "data.sft.output_key=response", *steps("csft")])
+    csft = stage_run(client, parent, "csft")
+    assert csft.data.params["csft.normalize_reward"] == "True" and "eval/loss" in csft.data.metrics
+
+
+def test_train_knowledge_distillation_sh(cli, workdir, prefect_server, monkeypatch, local):
+    """train_kd as the kd stage: the student pinned as the SFT model, the teacher a checkpoint by path."""
+    model = local["models"]["llama3"]
+    client, parent = run_script(cli, workdir, prefect_server, monkeypatch, "v0.8.11_train_knowledge_distillation.sh", [
+        *CPU, f"model.name_or_path={model}", f"inputs.sft_model={model}", f"kd.teacher_path={model}",
+        f"data.sft.paths=[{local['files']['openorca']}]", *steps("kd")])
+    kd = stage_run(client, parent, "kd")
+    assert kd.data.params["kd.kd_coef"] == "0.4" and "eval/kl" in kd.data.metrics

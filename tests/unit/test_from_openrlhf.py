@@ -35,7 +35,7 @@ def not_mapped(text: str) -> list[str]:
 
 
 def test_the_examples_are_all_here():
-    assert len(TRAINER_SCRIPTS) == 26
+    assert len(TRAINER_SCRIPTS) == 30
     assert {"train_sft.sh", "train_rm.sh", "train_dpo_llama.sh", "train_ppo_with_reward_fn.sh", "train_ppo_ray_hybrid_engine.sh",
             "train_reinforce_baseline_hybrid_engine.sh", "train_dapo_ray_hybrid_engine.sh",
             "train_reinforce_baseline_ray_agent_async.sh", "train_sft_mixtral_lora.sh"} <= set(TRAINER_SCRIPTS)
@@ -313,7 +313,7 @@ def test_the_cli_writes_the_config_and_reads_stdin(tmp_path, capsys, monkeypatch
 
 @pytest.mark.parametrize(("script", "message"), [
     ("echo hello\n", "error: s.sh: calls none of OpenRLHF's trainers (train_sft, train_rm, train_prm, train_dpo, train_kto, "
-                     "train_ppo_ray)\n"),
+                     "train_ppo_ray, train_kd)\n"),
     ("ray job submit -- python3 -m openrlhf.cli.train_ppo_ray \\\n  --pretrain m \\\n  --actor_learning_rate abc\n",
      "error: s.sh line 3: --actor_learning_rate 'abc': expected a number\n"),
     ("deepspeed --module openrlhf.cli.train_sft --max_len\n", "error: s.sh line 1: --max_len: expected an integer (got no value)\n"),
