@@ -348,7 +348,8 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
              why="not supported: the weights reach an engine between two draws, never during one; "
                  "rl.rollout.async_queue_size sets the off-policyness"),
         Flag(("--agent_func_path", "--train.agent_func_path"), (PPO,), ("rl.agent.path",),
-             why="an OpenRLHF agent file (AgentInstanceBase behind AgentExecutor) runs unchanged (docs/algorithms.md#multi-turn-agents)"),
+             why="an OpenRLHF agent file runs unchanged: AgentInstanceBase behind a MultiTurnAgentExecutor, or an "
+                 "AgentExecutorBase with its own execute() (docs/algorithms.md#multi-turn-agents)"),
         Flag(("--eval_n_samples_per_prompt", "--eval.n_samples_per_prompt"), (PPO,), ("eval.samples_per_prompt",), Number(integer=True)),
         Flag(("--eval_temperature", "--eval.temperature"), (PPO,), ("eval.sample_temperature",), Number()),
         Flag(("--best_metric_key", "--ckpt.best_metric_key"), (PPO,), ("rl.best_metric",), MetricKey(),
