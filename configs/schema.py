@@ -824,9 +824,6 @@ class RLConfig(Section):
         if rollout.async_queue_size > 1 and not rollout.async_train:
             raise ValueError(f"rl.rollout.async_queue_size={rollout.async_queue_size} sets how far ahead async training draws; "
                              "set rl.rollout.async_train: true, or leave the queue size at 1")
-        if self.agent.path and rollout.async_train:
-            raise ValueError("rl.rollout.async_train draws the next step's samples in one generate call; a multi-turn "
-                             "agent (rl.agent.path) steps its environment between turns: set one of them off")
         if self.critic.aux_loss_coef:
             raise ValueError("rl.critic.aux_loss_coef: the value loss takes no router loss; set rl.actor.aux_loss_coef")
         if self.critic.keys_in_use and not algorithm.needs_critic:

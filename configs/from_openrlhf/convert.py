@@ -458,9 +458,6 @@ def derive(c: Conversion, source: str, target: str, why: str, **keys: object) ->
 
 def resolve_conflicts(c: Conversion) -> None:
     """Flag pairs OpenRLHF takes together and this project does not: the first keeps its key."""
-    if "rl.agent.path" in c.settings and c.value("rl.rollout.async_train"):
-        c.drop("rl.rollout.async_train", "no counterpart yet with a multi-turn agent: rl.rollout.async_train samples "
-                                         "one-turn episodes (the agent is kept)")
     if c.value("dpo.loss") == "ipo" and "dpo.label_smoothing" in c.settings:
         c.drop("dpo.label_smoothing", "cDPO's label smoothing goes with the sigmoid loss, and --ipo is set")
 

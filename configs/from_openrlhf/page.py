@@ -75,8 +75,7 @@ stay as written (a number or switch the shell fills in is listed as not mapped: 
   OpenRLHF's: no chat template (SFT's `User: {{}}\\nAssistant: ` template), bf16, PPO's `gae` estimator and
   one sample per prompt, a rollout batch of 1024, one sequence per micro batch, SFT's two epochs, KTO's
   beta 0.01, the data lengths. Each rank gets one GPU (`infra.gpus_per_worker: 1`).
-- **Pairs.** A multi-turn agent keeps its `rl.agent.path` and drops `--async_train` (async training
-  samples one-turn episodes); `--ipo` drops `--label_smoothing` (cDPO goes with the sigmoid loss).
+- **Pairs.** `--ipo` drops `--label_smoothing` (cDPO goes with the sigmoid loss).
 - **Runs and checkpoints.** Runs go to MLflow, not Weights & Biases or TensorBoard; checkpoints are the
   stage runs' artifacts, and a rerun resumes by itself.
 

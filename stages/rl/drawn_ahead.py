@@ -7,12 +7,21 @@ engines run their calls in order, so which weights a draw sees is fixed by the s
 not by timing: a run is the same run each time. The prompts of a queued step are picked when it is
 queued (stream positions taken in order; a dynamic-filtering refill picks after them), so a checkpoint's
 `cursor` and `queued` starts pick the same prompts again on resume.
+
+A multi-turn agent's draw is not one engine call but turns of calls and environment steps: it is played
+in a thread of the driver's (one draw at a time, in step order) while the policy trains, and `settle`
+waits for it before the weights change, so that every turn of it sees the weights it was launched with, as
+a single-call draw does. Where the engines are the policy ranks (the hybrid engine) or nothing runs
+concurrently (the one-process backend), it is played when launched instead: the same episodes, no overlap.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -20,7 +29,7 @@ class Drawn:
     step: int  # the (0-based) step whose first round it is
     start: int  # its first prompt's position in the prompt stream
     updates: int  # policy updates done when it was launched
-    pending: list  # the launched generation
+    pending: Any  # the launched generation (refs), or the episodes being played (a Future of samples and rewards)
 
 
 class DrawnAhead:
@@ -29,6 +38,27 @@ class DrawnAhead:
     def __init__(self, size: int):
         self.size = size
         self.queue: deque[Drawn] = deque()
+        self.pool: ThreadPoolExecutor | None = None
+
+    def play(self, episodes: Callable[[], Any], overlap: bool) -> Future:
+        """Episodes drawn ahead: played in this queue's thread (`overlap`), else now."""
+        if overlap:
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rl-episodes-ahead")
+            return self.pool.submit(episodes)
+        done: Future = Future()
+        done.set_result(episodes())
+        return done
+
+    def settle(self) -> None:
+        """Wait for the episodes being played ahead (before the weights change); an error in them is raised here."""
+        for drawn in self.queue:
+            if isinstance(drawn.pending, Future):
+                drawn.pending.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
     def take(self, step: int) -> Drawn | None:
         """The first round drawn ahead for `step`, if one was."""

@@ -312,7 +312,7 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
     ckpt = {"policy": ctx.work_dir / "checkpoints" / "policy", "critic": ctx.work_dir / "checkpoints" / "critic"}
     best_folder = BestFolder(ctx.work_dir / "checkpoints" / "best", ctx.on_checkpoint)
 
-    actors = None
+    actors, ahead = None, DrawnAhead(rl.rollout.async_queue_size if rl.rollout.async_train else 0)
     try:
         backend.reserve(cfg, rl.algorithm.needs_critic, ctx.should_stop)
         actors = Actors(ctx, inputs, backend, total, rl.algorithm.needs_critic)
@@ -326,9 +326,8 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
                 actors.on_all([w.load for w in actors.critic], str(ckpt["critic"]), f"step{start}")
             sync_weights(actors)
             print(f"[rl] resumed from step {start}/{total} ({ckpt['policy']})", flush=True)
-        ahead = DrawnAhead(rl.rollout.async_queue_size if rl.rollout.async_train else 0)
         for i, queued_start in enumerate(resumed.get("queued", []) if resumed else []):  # drawn again, on these weights
-            ahead.add(draw(actors, prompts, stream, queued_start, cfg, start + i, start))
+            ahead.add(draw(actors, tokenizer, prompts, stream, queued_start, cfg, start + i, start, ahead))
         if rl.rollout.async_train:
             print(f"[rl] async: the engines draw each step's samples while the policy trains on an earlier step's (up to "
                   f"{ahead.size} update(s) stale, importance weights capped at {rl.importance_cap})", flush=True)
@@ -350,13 +349,15 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
             # async: the engines draw the queued steps' first rounds now, with the weights before this step's
             # update, while the policy makes experience and trains; the sync below waits for them to finish
             for queued in ahead.to_draw(step, total):
-                ahead.add(draw(actors, prompts, stream, cursor, cfg, queued, step))
+                ahead.add(draw(actors, tokenizer, prompts, stream, cursor, cfg, queued, step, ahead))
                 cursor += rl.rollout.batch_size
             with timer("experience"):
                 batch, logs = make_experience(actors, tokenizer, samples, scored, cfg, kl_ctl.value)
             with timer("training"):
                 # the critic's warm-up (critic.freezing_steps): the policy waits for it
                 logs |= train(actors, batch, step, rl.algorithm.use_kl_loss, train_policy=step >= rl.critic.freezing_steps)
+            with timer("generation"):  # a multi-turn draw still playing: the weights wait for its last turn
+                ahead.settle()
             with timer("weight_sync"):
                 sync_weights(actors)
             kl_ctl.update(logs["kl"], rl.rollout.batch_size * n)
@@ -393,6 +394,7 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
             outputs["critic_model"] = ctx.output_dir / "critic_model"
             actors.on_all([w.export for w in actors.critic], str(outputs["critic_model"]))
     finally:
+        ahead.close()
         # stopped (Ctrl-C): the flow is shutting Ray down, which ends the actors and their placement; no need to
         # wait for them to close (a stop that comes mid-close: the Ray calls are gated, runtime.ray_shutdown)
         if not ctx.should_stop():
@@ -445,10 +447,24 @@ def launch_round(actors: Actors, picked: list[Prompt], cfg: PipelineConfig, step
                              round_seed(cfg, step, rounds), rl.rollout.temperature, rl.rollout.generate_max_len, rl.rollout.top_p)
 
 
-def draw(actors: Actors, prompts: Sequence[Prompt], stream: SampleStream, start: int, cfg: PipelineConfig, step: int, updates: int) -> Drawn:
+def play_round(actors: Actors, tokenizer: PreTrainedTokenizerBase, picked: list[Prompt], cfg: PipelineConfig, step: int,
+               rounds: int) -> tuple[list[Sample], RewardBatch]:
+    """A multi-turn agent's rollout round: an episode per sample (n per picked prompt), seeded by step and round."""
+    rl = cfg.rl
+    flat = [p for p in picked for _ in range(rl.rollout.n_samples_per_prompt)]
+    return run_episodes(actors, tokenizer, [p.text for p in flat], [p.label for p in flat], cfg,
+                        round_seed(cfg, step, rounds), rl.rollout.temperature, rl.rollout.generate_max_len, rl.rollout.top_p)
+
+
+def draw(actors: Actors, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt], stream: SampleStream, start: int,
+         cfg: PipelineConfig, step: int, updates: int, ahead: DrawnAhead) -> Drawn:
     """Step `step`'s first rollout round from stream position `start`, launched now (async training, after
-    `updates` policy updates); `rollout` collects it."""
+    `updates` policy updates); `rollout` collects it. A multi-turn agent's episodes are played by `ahead`,
+    overlapping the training where the engines are actors of their own."""
     picked = pick(prompts, stream, start, cfg.rl.rollout.batch_size)
+    if cfg.rl.agent.path:
+        overlap = actors.backend.concurrent and actors.sync != "none"
+        return Drawn(step, start, updates, ahead.play(lambda: play_round(actors, tokenizer, picked, cfg, step, 0), overlap))
     return Drawn(step, start, updates, launch_round(actors, picked, cfg, step, 0))
 
 
@@ -471,8 +487,10 @@ def rollout(actors: Actors, tokenizer: PreTrainedTokenizerBase, prompts: Sequenc
         flat = [p for p in picked for _ in range(n)]
         if rl.agent.path:  # multi-turn: the environment's turns give the rewards (timed as generation)
             with timer("generation"):
-                samples, scored = run_episodes(actors, tokenizer, [p.text for p in flat], [p.label for p in flat], cfg,
-                                               round_seed(cfg, step, rounds), rl.rollout.temperature, rl.rollout.generate_max_len, rl.rollout.top_p)
+                if rounds == 0 and drawn is not None:
+                    samples, scored = drawn.pending.result()
+                else:
+                    samples, scored = play_round(actors, tokenizer, picked, cfg, step, rounds)
         else:
             with timer("generation"):
                 pending = drawn.pending if rounds == 0 and drawn is not None else launch_round(actors, picked, cfg, step, rounds)

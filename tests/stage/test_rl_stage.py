@@ -183,6 +183,23 @@ def test_async_training_samples_one_update_behind_and_weighs_those_samples(grpo_
     assert {"eval/accuracy", "eval/reward"} <= set(result.metrics)
 
 
+def test_async_training_plays_a_multi_turn_agents_episodes_one_update_behind(grpo_args, prepared, tmp_path):
+    """rl.rollout.async_train with rl.agent.path: step 2's episodes, every turn of them, are played while the
+    policy trains on step 1's (in a thread of the driver's, settled before the weights sync), so they come from
+    the weights one update back, as a one-turn draw's do."""
+    result, logged = run_rl(prepared, tmp_path, [*grpo_args, "rl.rollout.async_train=true", "rl.eval_every=2",
+                                                 "rl.agent.path=agents/chained_arithmetic.py",
+                                                 "rl.placement.colocate_all=false", "rl.placement.colocate_models=true",
+                                                 "infra.cpus_per_worker=1"])
+    steps = {s: m for s, m in logged if "train/reward" in m}
+    assert {s: m["rollout/staleness"] for s, m in steps.items()} == {1: 0, 2: 1}
+    # the stand-in policy earns no reward yet, so its update is small: measured gaps 1.2e-7 (step 1, on-policy)
+    # and 3.7e-4 (step 2, one update stale); on-policy stays under 1e-4 as in the synchronous runs
+    assert steps[1]["rollout/logprob_gap"] < 1e-4 < steps[2]["rollout/logprob_gap"], steps
+    assert all(1.0 <= m["rollout/turns"] <= 2.0 for m in steps.values())
+    assert "eval/turns" in result.metrics
+
+
 def test_a_queue_of_two_steps_draws_two_updates_behind_and_resumes_with_its_queue(grpo_args, prepared, tmp_path):
     """rl.rollout.async_queue_size=2: steps 1 and 2 are drawn before any update (step 2 one update stale), step 3
     during step 1 (two updates stale); only step 1's engine log-probs agree with the policy's. Killed at step 4,

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from configs import ConfigError, load_config
+from configs import load_config
 from configs.errors import RewardError
 from stages.dag.contract import NodeInputs
 from stages.rl import agent_file
@@ -149,6 +149,6 @@ def test_an_agent_file_is_checked_before_anything_runs(tmp_path, source, message
     agent_file.check(agent_file.resolve(EXAMPLE))
 
 
-def test_async_training_and_an_agent_are_refused_together():
-    with pytest.raises(ConfigError, match="async_train draws the next step's samples in one generate call"):
-        config("rl.rollout.async_train=true")
+def test_async_training_and_an_agent_go_together():
+    cfg = config("rl.rollout.async_train=true", "rl.rollout.async_queue_size=2")
+    assert cfg.rl.agent.path == EXAMPLE and cfg.rl.rollout.async_queue_size == 2

@@ -189,11 +189,11 @@ def test_unmapped_flags_are_listed_with_their_reasons():
     assert "--data.image_key images: VLM (image) training is not supported (line 72)" in not_mapped(text)
 
 
-def test_the_agent_is_kept_and_async_training_dropped():
+def test_the_agent_and_async_training_are_kept_together():
     cfg, text = convert("train_reinforce_baseline_ray_agent_async.sh")
-    assert cfg.rl.agent.path == "${AGENT_FUNC_PATH}" and not cfg.rl.rollout.async_train
+    assert cfg.rl.agent.path == "${AGENT_FUNC_PATH}" and cfg.rl.rollout.async_train
     assert "(the script sets AGENT_FUNC_PATH=examples/python/agent_func.py)" in text
-    assert any(line.startswith("--train.async_enable: no counterpart yet with a multi-turn agent") for line in not_mapped(text))
+    assert not any(line.startswith("--train.async_enable") for line in not_mapped(text))
 
 
 def test_a_missing_backslash_and_a_readme_elision():
