@@ -51,6 +51,8 @@ BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report | dict[str, Report]], 
                                                   "stage vs TRL's GRPOTrainer over seeds (needs the bench extra)"),
     "rl": (rl_throughput.rl, "RL stage samples/s and time split by algorithm: GRPO, RLOO, REINFORCE++-baseline, PPO"),
     "agent": (agent.agent, "multi-turn GRPO on the shipped two-turn environment: held-out success before and after"),
+    "agent-async": (agent.agent_async, "multi-turn GRPO synchronous vs async, and through an OpenAI client: samples/s "
+                                       "and held-out success"),
     "objectives": (rl_objectives.objectives, "GRPO, GSPO, the ProRL penalty and PPO with its critic from SFT or from the RM: "
                                              "held-out accuracy from the same SFT policy"),
     "async": (async_rl.async_rl, "async vs synchronous GRPO: samples/s and the held-out accuracy each ends on, over seeds"),

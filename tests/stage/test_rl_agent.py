@@ -50,14 +50,14 @@ def test_every_episode_takes_its_two_turns_and_their_rewards_reach_the_estimator
     assert max((after[k] - before[k]).abs().max().item() for k in before) > 1e-5
 
 
-@pytest.mark.parametrize("agent", ["openrlhf_examples/readme_agent_func.py", "agents/openai_client_chained_arithmetic.py"])
+@pytest.mark.parametrize("agent", [str(Path(__file__).parent.parent / "data" / "openrlhf_examples" / "readme_agent_func.py"),
+                                   "agents/chained_arithmetic_openai.py"])
 def test_openrlhfs_readme_agent_and_an_openai_client_agent_train_unchanged(prepared, tmp_path, agent):
     """The README's multi-turn example (its `async def __init__`) and an executor behind the OpenAI-compatible
     server, each as its file is, through the stage: episodes of their turns in rollouts and evals, trained on.
     (That RL raises the held-out reward of the chained-arithmetic agent over its SFT start is a benchmark's:
     docs/benchmarks.md#multi-turn-agent.)"""
-    path = Path(__file__).parent.parent / "data" / agent
-    cfg = load_config(None, [*FAST, f"rl.agent.path={path}", "rl.algorithm.advantage_estimator=group_norm", "rl.max_steps=2",
+    cfg = load_config(None, [*FAST, f"rl.agent.path={agent}", "rl.algorithm.advantage_estimator=group_norm", "rl.max_steps=2",
                              "rl.rollout.batch_size=4", "rl.rollout.n_samples_per_prompt=2", "rl.train_batch_size=8",
                              "rl.micro_train_batch_size=8", "rl.rollout.generate_max_len=8", "rl.eval_every=2",
                              "rl.agent.max_turns=4", "eval.max_samples=4", "eval.max_new_tokens=8",

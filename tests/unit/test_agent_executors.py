@@ -191,7 +191,7 @@ def test_a_subclass_can_build_on_the_multi_turn_executors_own_execute(tokenizer,
 
 
 def test_the_openai_client_agent_trains_on_its_sessions_tokens(tokenizer):
-    agent = DATA / "agents" / "openai_client_chained_arithmetic.py"
+    agent = "agents/chained_arithmetic_openai.py"
     cfg = config(agent, "rl.rollout.prompt_max_len=64")
     engine = ScriptedEngine(tokenizer, ["7+14=21\nAnswer: 21", "21-9=12\nAnswer: 12"])
     (sample,), scored = run_episodes(Actors(cfg, engine), tokenizer, [PROMPT], ["12"], cfg, 0, None, 20)

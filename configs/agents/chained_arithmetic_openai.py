@@ -1,7 +1,9 @@
-"""An OpenAI-client agent for the tiny task's chained arithmetic (as OpenRLHF's
-agent_func_openai_server_executor.py is used: an executor whose run_agent talks to the policy through
-/v1/chat/completions). Turn 1 asks `Compute a+b`; turn 2 gives the held-back part and asks for the rest,
-building on the policy's own first answer. Reward 1 when the second answer is the prompt's result."""
+"""The two-turn chained arithmetic of agents/chained_arithmetic.py, played through an OpenAI client
+(`rl.agent.path=agents/chained_arithmetic_openai.py`): an executor whose `run_agent` talks to the policy at
+/v1/chat/completions, as OpenRLHF's agent_func_openai_server_executor.py is used
+(stages/rl/openai_server.py). Turn 1 asks `Compute a+b`; turn 2 asks the whole `Compute a+b-c` and starts the
+answer with the policy's own first result (`continue_final_message`), as the task's two-turn SFT rows do.
+Reward 1 when the second answer is the prompt's result; needs `pip install rlhf-pipeline[agents]`."""
 
 import re
 
@@ -17,7 +19,10 @@ def apply(left, op, right):
 
 class AgentExecutor(OpenAIServerExecutor):
     async def run_agent(self, prompt, label, session_id):
-        a, op1, b, op2, c = EXPRESSION.search(prompt).groups()
+        found = EXPRESSION.search(prompt)
+        if found is None:
+            raise ValueError(f"no `Compute a+b[-c]` in the prompt {prompt!r}")
+        a, op1, b, op2, c = found.groups()
         op2, c = (op2, int(c)) if op2 else ("+", 0)
         expected = apply(apply(int(a), op1, int(b)), op2, c)
         messages = [{"role": "user", "content": f"Compute {a}{op1}{b}"}]
