@@ -15,7 +15,7 @@ from configs.loader import flatten, get_dotted, parse_override, read_preset
 CODE_KEYS = {
     "model.trust_remote_code": "runs the model repository's own Python",
     "reward.func_path": "names the Python file the reward workers run",
-    "rl.agent.path": "names the Python file the reward workers run",
+    "rl.agent.path": "names the Python file the reward workers or the driver run",
     "rl.rollout.vllm_python": "names the program the rollout engines run",
 }
 PINS = "inputs."  # a hub id here downloads a model from anywhere; a run, a registered model or a worker folder is fine

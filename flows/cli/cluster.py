@@ -9,10 +9,15 @@
 Each service has a folder of its own under the cluster folder (default `.rlhf/cluster`), holding its log
 and data; `cluster.json` there records the processes and ports. `down` stops exactly those processes and
 keeps the data, which the next `up` reuses.
+
+Every service asks for credentials, made with the folder (flows/services/cluster_secrets.py): PostgreSQL a
+password (scram-sha-256), the MLflow server a basic-auth login (MLflow's `basic-auth` app), Prefect's API
+its auth string, Ray's nodes and drivers the cluster's token. They bind 127.0.0.1 all the same.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import glob
@@ -35,7 +40,8 @@ from pathlib import Path
 from artifacts.private_dirs import private_dir
 from configs.errors import PipelineError
 from flows.cli.serve import answers
-from flows.services import prefect_db, processes
+from flows.services import cluster_secrets, prefect_db, processes
+from flows.services.cluster_secrets import ClusterSecrets
 from flows.services.processes import Proc
 
 STATE_FILE = "cluster.json"
@@ -95,17 +101,27 @@ def client_env(ports: dict[str, int]) -> dict[str, str]:
     return {"RAY_ADDRESS": u["ray"], "MLFLOW_TRACKING_URI": u["mlflow"], "PREFECT_API_URL": u["prefect"]}
 
 
+def service_env(root: Path, ports: dict[str, int]) -> dict[str, str]:
+    """Addresses and credentials: what the Prefect worker, its flow runs and a user's shell set (`client.env`)."""
+    return client_env(ports) | cluster_secrets.credentials_env(root, cluster_secrets.ensure(root))
+
+
 def usage(cluster: Cluster) -> str:
-    """The services' addresses and the commands that use them, as `up` and `status` print them."""
+    """The services' addresses and the commands that use them, as `up` and `status` print them (no secret:
+    the credentials are in the cluster folder's `client.env`, which only its owner reads)."""
     u, env = urls(cluster.ports), client_env(cluster.ports)
     exports = " ".join(f"{k}={v}" for k, v in env.items())
+    credentials = cluster.root / cluster_secrets.CLIENT_ENV_FILE
     return "\n".join([
         f"PostgreSQL:   {u['postgres']}",
         f"MLflow:       {u['mlflow']}  (artifacts: {cluster.root / 'mlflow' / 'artifacts'}, served by the server)",
         f"Ray:          {u['ray']}  (head + worker node; the worker has the resource {WORKER_RESOURCE})",
         f"Prefect:      {u['prefect'].removesuffix('/api')}  (work pool {cluster.pool}, one process worker)",
+        f"Each asks for credentials (MLflow user {cluster_secrets.USER}, Prefect's auth string, Ray's token): they are in "
+        f"{credentials}, readable by you only.",
         "Run the pipeline here, on these services:",
         f"  export {exports}",
+        f"  set -a; . {credentials}; set +a",
         f"  rlhf run '{PIN}'",
         "or as a flow run on the work pool (its deployments pin the worker node):",
         f"  PREFECT_API_URL={u['prefect']} prefect deployment run rlhf-pipeline/full --watch",
@@ -118,10 +134,10 @@ def usage(cluster: Cluster) -> str:
 # --- commands ---------------------------------------------------------------------------------------------
 
 
-def initdb_command(bindir: Path, data: Path) -> list[str]:
-    # trust on loopback: this cluster is for one machine's users (the docs say how to run a real one)
-    return [str(bindir / "initdb"), "-D", str(data), "-U", DB_USER, "--auth=trust", "--encoding=UTF8",
-            "--no-instructions"]
+def initdb_command(bindir: Path, data: Path, password_file: Path) -> list[str]:
+    # a password even on loopback: every local user can reach 127.0.0.1
+    return [str(bindir / "initdb"), "-D", str(data), "-U", DB_USER, "--auth=scram-sha-256", f"--pwfile={password_file}",
+            "--encoding=UTF8", "--no-instructions"]
 
 
 def postgres_command(bindir: Path, data: Path, port: int) -> list[str]:
@@ -131,9 +147,29 @@ def postgres_command(bindir: Path, data: Path, port: int) -> list[str]:
 
 
 def mlflow_command(ports: dict[str, int], artifacts: Path) -> list[str]:
-    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", urls(ports)["postgres"],
+    # the database's password comes through the environment (PGPASSWORD), not the URI on this command line
+    return [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--backend-store-uri", urls(ports)["postgres"],
             "--serve-artifacts", "--artifacts-destination", str(artifacts),
             "--host", "127.0.0.1", "--port", str(ports["mlflow"]), "--workers", "1"]
+
+
+def mlflow_env(root: Path) -> dict[str, str]:
+    """The MLflow server's environment: its auth app's config (users in a SQLite file beside the artifacts,
+    no access without a login), the admin's password, the forms' key, the database's password."""
+    made = cluster_secrets.ensure(root)
+    folder = root / "mlflow"
+    config = folder / "basic_auth.ini"
+    cluster_secrets.write_private(config, "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
+                                          f"database_uri = sqlite:///{folder / 'basic_auth.db'}\n"
+                                          f"admin_username = {cluster_secrets.USER}\n"
+                                          "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    return MLFLOW_ENV | {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_AUTH_ADMIN_PASSWORD": made.mlflow_password,
+                         "MLFLOW_FLASK_SERVER_SECRET_KEY": made.mlflow_form_key, "PGPASSWORD": made.postgres_password}
+
+
+def ray_node_env(root: Path) -> dict[str, str]:
+    """A Ray node's environment: the graceful-stop setting and the cluster's token."""
+    return RAY_ENV | cluster_secrets.ray_env(root, cluster_secrets.ensure(root))
 
 
 def ray_head_command(ports: dict[str, int], temp: Path, cpus: int) -> list[str]:
@@ -285,20 +321,22 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def postgres_answers(ports: dict[str, int]) -> bool:
+def postgres_answers(ports: dict[str, int], password: str) -> bool:
     import psycopg2
 
     try:
-        psycopg2.connect(host="127.0.0.1", port=ports["postgres"], user=DB_USER, dbname="postgres", connect_timeout=2).close()
+        psycopg2.connect(host="127.0.0.1", port=ports["postgres"], user=DB_USER, password=password, dbname="postgres",
+                         connect_timeout=2).close()
         return True
     except psycopg2.OperationalError:
         return False
 
 
-def create_database(ports: dict[str, int]) -> None:
+def create_database(ports: dict[str, int], password: str) -> None:
     import psycopg2
 
-    conn = psycopg2.connect(host="127.0.0.1", port=ports["postgres"], user=DB_USER, dbname="postgres", connect_timeout=5)
+    conn = psycopg2.connect(host="127.0.0.1", port=ports["postgres"], user=DB_USER, password=password, dbname="postgres",
+                            connect_timeout=5)
     conn.autocommit = True  # CREATE DATABASE cannot run in a transaction
     try:
         with conn.cursor() as cur:
@@ -323,10 +361,12 @@ def ray_nodes_up(ports: dict[str, int], want: int) -> bool:
         return False
 
 
-def worker_online(ports: dict[str, int], pool: str) -> bool:
+def worker_online(ports: dict[str, int], pool: str, auth_string: str) -> bool:
     """Whether a worker of `pool` is ONLINE (it creates the pool, then sends a heartbeat)."""
+    basic = base64.b64encode(auth_string.encode()).decode()
     request = urllib.request.Request(f"{urls(ports)['prefect']}/work_pools/{pool}/workers/filter", data=b"{}",
-                                     headers={"Content-Type": "application/json"}, method="POST")
+                                     headers={"Content-Type": "application/json", "Authorization": f"Basic {basic}"},
+                                     method="POST")
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             return any(w.get("status") == "ONLINE" for w in json.load(response))
@@ -338,17 +378,19 @@ def up(root: Path, pool: str, worker_cpus: int) -> Cluster:
     """Start every service, wait until each answers, and register the deployments on `pool`. On a
     failure or Ctrl-C, what was started is stopped again before the error goes on."""
     bindir, db_user = check_can_start(root)
-    from flows.services.ray_cluster import use_local_token
     from stages.common.dist_env import free_port
 
-    use_local_token()  # a `ray start` cluster on a machine with a Ray token expects it from every node and client
+    made = cluster_secrets.ensure(root)
+    # this process is a client too (Ray's driver, Prefect's API): the cluster's credentials, set before Ray
+    # first reads its auth mode
+    os.environ.update(cluster_secrets.credentials_env(root, made))
     # the modules the last steps use (Ray's driver, the flow the deployments name) import while the servers start
     for module in ("ray", "flows.pipeline"):
         threading.Thread(target=importlib.import_module, args=(module,), daemon=True).start()
     cluster = Cluster(root, pool, worker_cpus, {name: free_port() for name in PORTS})
     starter = Starter(cluster)
     try:
-        start_services(starter, bindir, db_user)
+        start_services(starter, bindir, db_user, made)
         from flows.cli.serve import register_deployments
 
         register_deployments(urls(cluster.ports)["prefect"], pool, [PIN], Path.cwd())
@@ -383,41 +425,53 @@ def node_env(starter: Starter, node: str) -> dict[str, str]:
     return {"RLHF_NODE_DIR": str(starter.folder(node) / "files")}
 
 
-def start_services(starter: Starter, bindir: Path, db_user: str | None) -> None:
+def start_services(starter: Starter, bindir: Path, db_user: str | None, made: ClusterSecrets) -> None:
     """The three independent services first (Ray's head, Prefect's server, PostgreSQL), then each one that
     needs another as soon as that one answers; last, the wait for all of them."""
     cluster = starter.cluster
-    ports, u = cluster.ports, urls(cluster.ports)
+    ports, u, root = cluster.ports, urls(cluster.ports), cluster.root
     starter.start("ray-head", ray_head_command(ports, starter.ray_temp("ray-head"), cluster.worker_cpus),
-                  RAY_ENV | node_env(starter, "ray-head"))
+                  ray_node_env(root) | node_env(starter, "ray-head"))
     # its UI asks the API at PREFECT_API_URL: this server's, whatever this shell has set; a new database
     # is a copy of an empty migrated one (flows/services/prefect_db.py)
     keep_template = prefect_db.seeded(starter.folder("prefect-server"))
+    # the API asks for the auth string (its health probe does not); its UI asks the user for it
     starter.start("prefect-server", prefect_server_command(ports),
-                  {"PREFECT_HOME": str(starter.folder("prefect-server")), "PREFECT_API_URL": u["prefect"]})
+                  {"PREFECT_HOME": str(starter.folder("prefect-server")), "PREFECT_API_URL": u["prefect"],
+                   "PREFECT_SERVER_API_AUTH_STRING": made.prefect_auth_string})
     data = starter.folder("postgres") / "data"
     if db_user:
         shutil.chown(data.parent, db_user)
     if not (data / "PG_VERSION").is_file():  # a later `up` reuses the database
-        starter.run_once("postgres", initdb_command(bindir, data), db_user)
+        password_file = data.parent / "initdb-password"
+        cluster_secrets.write_private(password_file, made.postgres_password + "\n")
+        if db_user:
+            shutil.chown(password_file, db_user)
+        try:
+            starter.run_once("postgres", initdb_command(bindir, data, password_file), db_user)
+        finally:
+            password_file.unlink(missing_ok=True)
     starter.start("postgres", postgres_command(bindir, data, ports["postgres"]), user=db_user)
 
-    starter.wait("postgres", lambda: postgres_answers(ports), "no connection")
-    create_database(ports)
+    starter.wait("postgres", lambda: postgres_answers(ports, made.postgres_password), "no connection")
+    create_database(ports, made.postgres_password)
     artifacts = starter.folder("mlflow") / "artifacts"
     artifacts.mkdir(exist_ok=True)
-    starter.start("mlflow", mlflow_command(ports, artifacts), MLFLOW_ENV)
+    starter.start("mlflow", mlflow_command(ports, artifacts), mlflow_env(root))
     starter.wait("ray-head", lambda: port_open(ports["ray"]), f"nothing listens at {u['ray']}")
     starter.start("ray-worker", ray_worker_command(ports, starter.ray_temp("ray-worker"), cluster.worker_cpus),
-                  RAY_ENV | node_env(starter, "ray-worker"))
+                  ray_node_env(root) | node_env(starter, "ray-worker"))
     starter.wait("prefect-server", lambda: answers(u["prefect"] + "/health"), f"no answer at {u['prefect']}/health")
     keep_template()
+    env = service_env(root, ports)
+    cluster_secrets.write_client_env(root, env)
     starter.start("prefect-worker", prefect_worker_command(cluster.pool),
-                  {**client_env(ports), "PREFECT_HOME": str(starter.folder("prefect-worker"))})
+                  {**env, "PREFECT_HOME": str(starter.folder("prefect-worker"))})
 
     starter.wait("mlflow", lambda: answers(u["mlflow"] + "/health"), f"no answer at {u['mlflow']}/health")
     starter.wait("ray-worker", lambda: ray_nodes_up(ports, 2), f"the worker node did not join {u['ray']}")
-    starter.wait("prefect-worker", lambda: worker_online(ports, cluster.pool), f"no worker online in pool {cluster.pool!r}")
+    starter.wait("prefect-worker", lambda: worker_online(ports, cluster.pool, made.prefect_auth_string),
+                 f"no worker online in pool {cluster.pool!r}")
 
 
 # --- down and status --------------------------------------------------------------------------------------

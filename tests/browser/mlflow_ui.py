@@ -20,8 +20,10 @@ download. Checks, each failing with the view and what is missing:
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -43,9 +45,18 @@ def install_chromium() -> subprocess.Popen | None:
     return subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def login() -> dict[str, str] | None:
+    """The server's basic-auth login, as MLflow's client takes it from the environment (None: no login)."""
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    return {"username": user, "password": password} if user and password else None
+
+
 def api(base: str, path: str, body: dict | None = None) -> dict:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"{base}/api/2.0/mlflow/{path}", data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if (credentials := login()) is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(f"{credentials['username']}:{credentials['password']}".encode()).decode()
+    request = urllib.request.Request(f"{base}/api/2.0/mlflow/{path}", data=data, headers=headers)
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.load(response)
 
@@ -133,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     home = f"{base}/#/experiments/{experiment_id}"
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_context(viewport={"width": 1440, "height": 900}).new_page()
+        page = browser.new_context(viewport={"width": 1440, "height": 900}, http_credentials=login()).new_page()
 
         visit(page, f"{home}/runs?{ML_VIEW}", args.out / "runs.png", next(iter(names.values()))[:30])
         for name in names.values():

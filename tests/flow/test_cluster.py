@@ -7,6 +7,7 @@ process behind."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -25,8 +28,7 @@ from artifacts import model_registry as registry
 from artifacts import run_tags
 from flows.cli import cluster
 from flows.cli.serve import answers
-from flows.services import processes
-from flows.services.ray_cluster import token_env
+from flows.services import cluster_secrets, processes
 from stages.dag import declaration as dag
 from tests.browser import mlflow_ui
 from tests.flow.conftest import CLI, cli_env
@@ -126,10 +128,10 @@ def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[st
         # as `up` started it, presenting this machine's Ray token (set for the node alone: Ray in this
         # process keeps the auth mode it first read, and later tests start local clusters here)
         restart(root, "ray-worker", cluster.ray_worker_command(ports, cluster.ray_temp_dir(root, "ray-worker"), state.worker_cpus),
-                cluster.RAY_ENV | token_env() | {"RLHF_NODE_DIR": str(root / "ray-worker" / "files")})
+                cluster.ray_node_env(root) | {"RLHF_NODE_DIR": str(root / "ray-worker" / "files")})
         second = wait_for("rerun of sft", lambda: len(sft_runs()) > 1 and sft_runs()[1])
         kill(root, "mlflow")
-        restart(root, "mlflow", cluster.mlflow_command(ports, root / "mlflow" / "artifacts"), cluster.MLFLOW_ENV)
+        restart(root, "mlflow", cluster.mlflow_command(ports, root / "mlflow" / "artifacts"), cluster.mlflow_env(root))
         out, _ = flow_run.communicate(timeout=600)
     finally:
         if flow_run.poll() is None:
@@ -145,7 +147,30 @@ def survive_node_loss_and_server_restart(root: Path, workdir: Path, env: dict[st
     assert len(new) == versions + 1 and max(new, key=lambda v: int(v.version)).run_id == second.info.run_id
 
 
-def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, root):
+def refused(url: str, auth: str | None, body: bytes | None = None) -> int:
+    """The HTTP status of a request with `auth` as its Authorization header (None: none)."""
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **({"Authorization": auth} if auth else {})})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def command_lines() -> list[str]:
+    """Every process's command line, as `ps` shows them."""
+    lines = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            lines.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+    return lines
+
+
+def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, root, monkeypatch):
     from mlflow import MlflowClient
 
     env = cli_env(tmp_path) | {"PREFECT_WORKER_QUERY_SECONDS": "1"}  # the worker picks a flow run up at once
@@ -168,6 +193,24 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         pids = {pid for proc in state.procs.values() for pid in processes.family(rows, proc)}
         u = cluster.urls(state.ports)
         assert f"export RAY_ADDRESS={u['ray']} MLFLOW_TRACKING_URI={u['mlflow']} PREFECT_API_URL={u['prefect']}" in up.stdout
+        assert f"set -a; . {root / cluster_secrets.CLIENT_ENV_FILE}; set +a" in up.stdout
+
+        # every service asks for credentials, kept in the cluster folder for its owner only and shown nowhere
+        made = cluster_secrets.ensure(root)
+        secrets = [made.postgres_password, made.mlflow_password, made.mlflow_form_key, made.prefect_token, made.ray_token]
+        for name in (cluster_secrets.SECRETS_FILE, cluster_secrets.CLIENT_ENV_FILE, cluster_secrets.RAY_TOKEN_FILE):
+            assert (root / name).stat().st_mode & 0o077 == 0, name
+        assert not [s for s in secrets if s in up.stdout + up.stderr]
+        assert not [line for line in command_lines() if any(s in line for s in secrets)]
+        search = f"{u['mlflow']}/api/2.0/mlflow/experiments/search?max_results=1"
+        assert [refused(search, None), refused(search, basic(cluster_secrets.USER, "wrong-password"))] == [401, 401]
+        flows = f"{u['prefect']}/flows/filter"
+        assert [refused(flows, None, b"{}"), refused(flows, basic(cluster_secrets.USER, "wrong"), b"{}")] == [401, 401]
+        assert refused(flows, basic(*made.prefect_auth_string.split(":", 1)), b"{}") == 200
+        credentials = cluster.service_env(root, state.ports)
+        env |= credentials
+        for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):  # this process's client, the UI check's
+            monkeypatch.setenv(key, credentials[key])
 
         status = rlhf("status")
         assert status.returncode == 0 and status.stdout.count(" up  pid ") == len(cluster.SERVICES), status.stdout
@@ -184,7 +227,7 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         # PostgreSQL holds MLflow's tables
         import psycopg2
 
-        with psycopg2.connect(u["postgres"].replace("+psycopg2", "")) as conn, conn.cursor() as cur:
+        with psycopg2.connect(u["postgres"].replace("+psycopg2", ""), password=made.postgres_password) as conn, conn.cursor() as cur:
             cur.execute("SELECT name FROM experiments ORDER BY experiment_id")
             assert cur.fetchall()[-1] == ("check",)
 
@@ -197,7 +240,7 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
 
         # Prefect: the whole pipeline as a flow run of the full deployment, picked up by the pool's worker, every
         # stage on the worker node, every file through the MLflow server; then again, all cached
-        assert answers(u["prefect"] + "/health") and cluster.worker_online(state.ports, state.pool)
+        assert answers(u["prefect"] + "/health") and cluster.worker_online(state.ports, state.pool, made.prefect_auth_string)
         for attempt in ("cold", "cached"):
             started = time.monotonic()
             flow_run = subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "run", "rlhf-pipeline/full",
@@ -221,6 +264,17 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         node = root / "ray-worker" / "files"
         assert {"base_model", "sft_model"} <= {p.name for p in node.glob("downloads/*/*")}
         assert not [p for p in node.glob("work/*") if p.is_dir()] and not any(node.glob("output/*"))
+        for r in client.search_runs([experiment.experiment_id]):  # no secret in a param or tag of any run
+            assert not [s for s in secrets for v in (*r.data.params.values(), *r.data.tags.values()) if s in v], r.info.run_id
+        # a deployment run that would choose code is refused with one line before anything runs
+        before = len(client.search_runs([experiment.experiment_id]))
+        code = subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "run", "rlhf-pipeline/full",
+                               "--watch", "-p", f"overrides={json.dumps([cluster.PIN, 'model.trust_remote_code=true'])}"],
+                              cwd=tmp_path, env=env | {"PREFECT_API_URL": u["prefect"]}, capture_output=True, text=True,
+                              timeout=300)
+        worker_log = (root / "prefect-worker" / "prefect-worker.log").read_text()
+        assert code.returncode != 0 and "model.trust_remote_code" in worker_log, code.stdout[-2000:] + worker_log[-3000:]
+        assert len(client.search_runs([experiment.experiment_id])) <= before + 1  # at most the refused pipeline run
         rl = next(r for r in runs if r.data.tags[run_tags.TAG_STAGE] == "rl")
         assert {"train/reward", "eval/accuracy"} <= set(rl.data.metrics)
         assert client.get_model_version(registry.registered_name("rl_model"), "1").source.startswith("mlflow-artifacts:/")

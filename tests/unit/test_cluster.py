@@ -29,13 +29,17 @@ def test_the_mlflow_server_stores_runs_in_postgres_and_serves_the_artifacts(tmp_
     assert given["--backend-store-uri"] == "postgresql+psycopg2://rlhf@127.0.0.1:5001/mlflow"
     assert given["--artifacts-destination"] == str(tmp_path / "artifacts")
     assert "--serve-artifacts" in command and given["--host"] == "127.0.0.1" and given["--port"] == "5002"
+    assert given["--app-name"] == "basic-auth"  # a login for every request but the health probe
 
 
 def test_postgres_listens_on_loopback_only(tmp_path):
     command = cluster.postgres_command(tmp_path, tmp_path / "data", 5001)
     assert command[0] == str(tmp_path / "postgres")
     assert "listen_addresses=127.0.0.1" in command and "unix_socket_directories=" in command
-    assert cluster.initdb_command(tmp_path, tmp_path / "data")[:3] == [str(tmp_path / "initdb"), "-D", str(tmp_path / "data")]
+    initdb = cluster.initdb_command(tmp_path, tmp_path / "data", tmp_path / "pw")
+    assert initdb[:3] == [str(tmp_path / "initdb"), "-D", str(tmp_path / "data")]
+    # a password from a file even on loopback, never on the command line
+    assert "--auth=scram-sha-256" in initdb and f"--pwfile={tmp_path / 'pw'}" in initdb
 
 
 def test_the_ray_nodes_have_folders_of_their_own_and_the_worker_advertises_its_resource(tmp_path):

@@ -25,9 +25,9 @@ def test_data_and_hyperparameters_pass(override):
 @pytest.mark.parametrize(("override", "key", "why"), [
     ("model.trust_remote_code=true", "model.trust_remote_code", "runs the model repository's own Python"),
     ("reward.func_path=/tmp/x.py", "reward.func_path", "names the Python file the reward workers run"),
-    ("rl.agent.path=agents/chained_arithmetic.py", "rl.agent.path", "names the Python file the reward workers run"),
+    ("rl.agent.path=agents/chained_arithmetic.py", "rl.agent.path", "names the Python file the reward workers or the driver run"),
     ("rl.rollout.vllm_python=/bin/sh", "rl.rollout.vllm_python", "names the program the rollout engines run"),
-    ("rl={agent: {path: x.py}}", "rl.agent.path", "names the Python file the reward workers run"),  # a whole section
+    ("rl={agent: {path: x.py}}", "rl.agent.path", "names the Python file the reward workers or the driver run"),  # a whole section
     ("inputs.sft_model=someone/model", "inputs.sft_model", "downloads a model from the hub"),
 ])
 def test_a_key_that_runs_or_chooses_code_is_one_line_naming_it(override, key, why):
