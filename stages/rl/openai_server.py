@@ -10,8 +10,9 @@ The server binds 127.0.0.1 on a free port, asks for a bearer token made for the 
 lives for the rollout only (the RL stage awaits `aclose`). Endpoints: `/v1/chat/completions`, `/v1/models`,
 `/tokenize`, `/health`; a chat completion takes vLLM's `continue_final_message` (the policy goes on with
 the last, assistant, message). A later call of a session must extend the session's tokens: its prompt's text starts
-with the text of the session's earlier tokens, and only the rest is tokenized, so earlier tokens are reused
-as they were sampled; a call that rewrites an earlier turn is refused with one line naming the session.
+with the session's last prompt and the answer as it was returned, and only the rest is tokenized, so earlier
+tokens are reused as they were sampled; a call that rewrites an earlier turn is refused with one line naming
+the session.
 """
 
 from __future__ import annotations
@@ -131,17 +132,8 @@ class OpenAIServerExecutor(AgentExecutorBase):
         session = str(body.get("session_id") or f"single-{uuid.uuid4().hex[:12]}")
         text = self._chat_text(body.get("messages"), True, bool(body.get("continue_final_message")))
         traces = self.traces.setdefault(session, [])
-        if traces:
-            last = traces[-1]
-            earlier = last["prompt_token_ids"] + last["completion_token_ids"]
-            before = self.tokenizer.decode(earlier, skip_special_tokens=False)
-            if not text.startswith(before):
-                at = next((i for i, (a, b) in enumerate(zip(text, before)) if a != b), min(len(text), len(before)))
-                raise HTTPException(400, f"session {session}: the messages rewrite the session's earlier tokens (their "
-                                         f"text differs at character {at}); send the conversation as it was answered")
-            ids = earlier + self.tokenizer.encode(text[len(before):], add_special_tokens=False)
-        else:
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = self._session_ids(session, traces[-1], text) if traces else \
+            self.tokenizer.encode(text, add_special_tokens=False)
         room = self.max_length - len(ids)
         if room <= 0:
             raise HTTPException(400, f"session {session}: the prompt is {len(ids)} tokens; the episode's budget is "
@@ -155,7 +147,7 @@ class OpenAIServerExecutor(AgentExecutorBase):
         completion = list(out.token_ids)
         log_probs = [step[t].logprob for t, step in zip(completion, out.logprobs)]
         traces.append({"prompt_token_ids": ids, "completion_token_ids": completion, "log_probs": log_probs,
-                       "finish_reason": out.finish_reason})
+                       "finish_reason": out.finish_reason, "text": text, "content": out.text})
         content = None
         if body.get("logprobs"):
             content = [{"token": self.tokenizer.decode([t]), "token_id": t, "logprob": lp, "bytes": None,
@@ -169,6 +161,22 @@ class OpenAIServerExecutor(AgentExecutorBase):
             "usage": {"prompt_tokens": len(ids), "completion_tokens": len(completion),
                       "total_tokens": len(ids) + len(completion)},
         }
+
+    def _session_ids(self, session: str, last: dict, text: str) -> list[int]:
+        """A later call's prompt: the session's tokens so far as they were sampled, then the new text tokenized.
+        The new conversation must start with the last call's prompt and the answer as it was returned (its
+        text: special tokens the answer held are not in it, and stay in the tokens); the end token the answer
+        stopped at is not repeated where the chat template writes it after the answer."""
+        answered = last["text"] + last["content"]
+        if not text.startswith(answered):
+            at = next((i for i, (a, b) in enumerate(zip(text, answered)) if a != b), min(len(text), len(answered)))
+            raise HTTPException(400, f"session {session}: the messages rewrite the session's earlier turns (their text "
+                                     f"differs at character {at}); send the conversation as it was answered")
+        rest = text[len(answered):]
+        end = self.tokenizer.eos_token_id
+        if last["completion_token_ids"][-1:] == [end] and rest.startswith(marker := self.tokenizer.decode([end])):
+            rest = rest[len(marker):]
+        return last["prompt_token_ids"] + last["completion_token_ids"] + self.tokenizer.encode(rest, add_special_tokens=False)
 
     def _stitched(self, session: str, prompt: str, label: str | None, result: dict) -> dict:
         """The session's calls as one episode (each call's prompt extends the one before: checked when made)."""

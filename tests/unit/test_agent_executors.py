@@ -190,13 +190,15 @@ def test_a_subclass_can_build_on_the_multi_turn_executors_own_execute(tokenizer,
     assert scored.rewards.tolist() == [10.0] and len(sample.turn_ends) == 2
 
 
-def test_the_openai_client_agent_trains_on_its_sessions_tokens(tokenizer):
+@pytest.mark.parametrize("first_answer", ["7+14=21\nAnswer: 21", "7+14=21<|step|>\nAnswer: 21"])
+def test_the_openai_client_agent_trains_on_its_sessions_tokens(tokenizer, first_answer):
+    """The second call's prompt: the first call's tokens as sampled (a special token in the answer, which the
+    returned text leaves out, included), then only the new text tokenized."""
     agent = "agents/chained_arithmetic_openai.py"
     cfg = config(agent, "rl.rollout.prompt_max_len=64")
-    engine = ScriptedEngine(tokenizer, ["7+14=21\nAnswer: 21", "21-9=12\nAnswer: 12"])
+    engine = ScriptedEngine(tokenizer, [first_answer, "21-9=12\nAnswer: 12"])
     (sample,), scored = run_episodes(Actors(cfg, engine), tokenizer, [PROMPT], ["12"], cfg, 0, None, 20)
-    first = [*encode(tokenizer, "7+14=21\nAnswer: 21"), tokenizer.eos_token_id]
-    # the second call's prompt: the first call's tokens as sampled, then only the new text tokenized
+    first = [*encode(tokenizer, first_answer), tokenizer.eos_token_id]
     between = encode(tokenizer, "\n<|user|>\nCompute 7+14-9\n<|assistant|>\n7+14=21\n")
     second = [*encode(tokenizer, "21-9=12\nAnswer: 12"), tokenizer.eos_token_id]
     assert sample.prompt_ids == encode(tokenizer, "<|user|>\nCompute 7+14\n<|assistant|>\n")
@@ -244,7 +246,7 @@ def test_the_server_asks_for_its_token_names_the_session_of_a_bad_call_and_ends_
     assert seen["models"]["data"][0]["id"] == "policy"
     assert seen["first"] == 200
     status, detail = seen["rewritten"]
-    assert status == 400 and detail.startswith("session episode-") and "rewrite the session's earlier tokens" in detail
+    assert status == 400 and detail.startswith("session episode-") and "rewrite the session's earlier turns" in detail
     assert "\n" not in detail
     assert seen["url"].startswith("http://127.0.0.1:")
     with pytest.raises(httpx.ConnectError):  # the server lived for the rollout only
