@@ -21,6 +21,14 @@ CODE_KEYS = {
 PINS = "inputs."  # a hub id here downloads a model from anywhere; a run, a registered model or a worker folder is fine
 
 
+def refuse_other_config(config: str | None, registered: str | None) -> None:
+    """ConfigError unless a deployment run keeps the config its deployment was registered with: another file on
+    the worker could set any of the keys above (and the check below compares with the file the run names)."""
+    if config != registered:
+        raise ConfigError(f"config={config!r}: a deployment run takes the config file its deployment was registered "
+                          f"with ({registered!r}); to run another, serve a deployment for it (rlhf serve --config FILE)")
+
+
 def refuse_code_overrides(config: str | None, overrides: list[str]) -> None:
     """ConfigError for the first override that sets a code key (`CODE_KEYS`, any `*.func_path`) or pins a hub id
     (`inputs.*`) to other than what the config file `config` (with its bases) says."""

@@ -25,7 +25,7 @@ from configs import load_config
 from configs.errors import PipelineError, first_line
 from configs.loader import flatten
 from configs.redaction import logged, redacted
-from configs.remote_overrides import refuse_code_overrides
+from configs.remote_overrides import refuse_code_overrides, refuse_other_config
 from configs.schema import PipelineConfig
 from flows import eval_report, pre_run, retries, run_end, run_views
 from flows.services.ray_cluster import RaySession, session_for
@@ -65,10 +65,20 @@ def rlhf_pipeline(config: str = "tiny", overrides: list[str] | None = None, forc
     this config), never run, and nothing downstream runs."""
     try:
         if deployment.id is not None:  # started through the Prefect server, by whoever reaches it
+            refuse_other_config(config, registered_config(deployment.id))
             refuse_code_overrides(config, overrides or [])
         return run_pipeline(config, overrides, force, only)
     except PipelineError as error:
         return Failed(message=redacted(str(error)), data=error)
+
+
+def registered_config(deployment_id: str) -> str | None:
+    """The config the deployment was registered with (its default `config` parameter, set by whoever served it;
+    a run's own parameters are the caller's)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_deployment(deployment_id).parameters.get("config")
 
 
 def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | None, only: list[str] | None) -> list[dict]:

@@ -538,21 +538,32 @@ def store_contents(ws) -> tuple[int, int]:
     return len(client.search_runs(experiments)) if experiments else 0, len(client.search_model_versions())
 
 
-def test_a_served_run_that_would_choose_code_is_refused_at_once_and_runs_nothing(ws, served):
-    """Whoever reaches the Prefect server can start a deployment run with any overrides: one that names a
-    reward file (code the reward workers would run) ends it Failed within seconds, its state message and logs
-    holding the one line `rlhf run` prints, with no stage task submitted and nothing written to MLflow."""
+REFUSED = {
+    "a reward file": ('overrides=["reward.func_path=missing.py"]',
+                      "override 'reward.func_path=missing.py': reward.func_path names the Python file the reward workers "
+                      "run; a deployment run takes data and hyperparameter overrides only: set reward.func_path in the "
+                      f"config file on the worker ({Path(configs.__file__).parent / 'tiny.yaml'})"),
+    "another config file": ("config=/tmp/any.yaml",
+                            "config='/tmp/any.yaml': a deployment run takes the config file its deployment was registered "
+                            "with ('tiny'); to run another, serve a deployment for it (rlhf serve --config FILE)"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_served_run_that_would_choose_code_is_refused_at_once_and_runs_nothing(ws, served, case):
+    """Whoever reaches the Prefect server can start a deployment run with any parameters: one that names a
+    reward file (code the reward workers would run), or a config file of its choosing on the worker (which may
+    set any key), ends it Failed within seconds, its state message and logs holding the one line `rlhf run`
+    prints, with no stage task submitted and nothing written to MLflow."""
+    parameter, expected = REFUSED[case]
     before = store_contents(ws)
     started = time.monotonic()
-    result = served.deployment_run("full", 'overrides=["reward.func_path=missing.py"]')
+    result = served.deployment_run("full", parameter)
     took = time.monotonic() - started
     print(f"prefect deployment run to Failed: {took:.1f} s")
     assert result.returncode == 1 and "Flow run finished in state 'Failed'." in result.stdout, \
         result.stdout[-3000:] + served.log.read_text()[-3000:]
     assert took < 60
-    expected = ("override 'reward.func_path=missing.py': reward.func_path names the Python file the reward workers run; "
-                "a deployment run takes data and hyperparameter overrides only: set reward.func_path in the config file "
-                f"on the worker ({Path(configs.__file__).parent / 'tiny.yaml'})")
     flow_run_id = UUID(re.search(r"UUID: (\S+)", result.stdout).group(1))
     with served.client() as client:
         flow_run = client.read_flow_run(flow_run_id)

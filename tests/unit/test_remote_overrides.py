@@ -7,7 +7,7 @@ import pytest
 
 from configs.errors import ConfigError
 from configs.loader import preset_path
-from configs.remote_overrides import refuse_code_overrides
+from configs.remote_overrides import refuse_code_overrides, refuse_other_config
 
 pytestmark = pytest.mark.timeout(60)
 TINY = preset_path("tiny")
@@ -43,3 +43,12 @@ def test_what_the_config_file_on_the_worker_sets_may_be_repeated(tmp_path):
     refuse_code_overrides(str(own), ["rl.agent.path=agents/chained_arithmetic.py"])
     with pytest.raises(ConfigError, match=r"^override 'rl.agent.path=other.py': rl.agent.path names"):
         refuse_code_overrides(str(own), ["rl.agent.path=other.py"])
+
+
+def test_a_deployment_run_keeps_the_config_its_deployment_was_registered_with():
+    refuse_other_config("tiny", "tiny")
+    with pytest.raises(ConfigError) as err:
+        refuse_other_config("/home/someone/else.yaml", "tiny")
+    assert str(err.value) == ("config='/home/someone/else.yaml': a deployment run takes the config file its deployment "
+                              "was registered with ('tiny'); to run another, serve a deployment for it "
+                              "(rlhf serve --config FILE)")
