@@ -162,7 +162,9 @@ def mlflow_env(root: Path) -> dict[str, str]:
     cluster_secrets.write_private(config, "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
                                           f"database_uri = sqlite:///{folder / 'basic_auth.db'}\n"
                                           f"admin_username = {cluster_secrets.USER}\n"
-                                          "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+                                          "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                                          # a login checked once a minute, not hashed again on every request
+                                          "auth_cache_ttl_seconds = 60\n")
     return MLFLOW_ENV | {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_AUTH_ADMIN_PASSWORD": made.mlflow_password,
                          "MLFLOW_FLASK_SERVER_SECRET_KEY": made.mlflow_form_key, "PGPASSWORD": made.postgres_password}
 
