@@ -77,8 +77,12 @@ def registered_config(deployment_id: str) -> str | None:
     a run's own parameters are the caller's)."""
     from prefect.client.orchestration import get_client
 
-    with get_client(sync_client=True) as client:
-        return client.read_deployment(deployment_id).parameters.get("config")
+    try:
+        with get_client(sync_client=True) as client:
+            return client.read_deployment(deployment_id).parameters.get("config")
+    except Exception as exc:  # noqa: BLE001 - whatever the API says, the run cannot be checked: one line
+        raise PipelineError(f"deployment {deployment_id}: its registered config could not be read from the Prefect "
+                            f"API ({type(exc).__name__}: {first_line(exc)}); run it again once the server answers") from None
 
 
 def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | None, only: list[str] | None) -> list[dict]:

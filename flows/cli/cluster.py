@@ -291,7 +291,9 @@ class Starter:
         return self.folder(name) / f"{name}.log"
 
     def start(self, name: str, command: list[str], env: dict[str, str] | None = None, user: str | None = None) -> None:
-        popen = processes.spawn(command, self.log(name), self.folder(name), {**os.environ, **(env or {})}, user)
+        # this process holds the clients' credentials (it is one): a service gets only those given to it
+        inherited = {k: v for k, v in os.environ.items() if k not in cluster_secrets.CREDENTIAL_KEYS}
+        popen = processes.spawn(command, self.log(name), self.folder(name), {**inherited, **(env or {})}, user)
         self.popens[name] = popen
         self.cluster.procs[name] = processes.proc_of(popen)
         self.cluster.save()
@@ -323,15 +325,28 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def postgres_answers(ports: dict[str, int], password: str) -> bool:
+def postgres_answers(ports: dict[str, int], password: str, root: Path) -> bool:
     import psycopg2
 
     try:
         psycopg2.connect(host="127.0.0.1", port=ports["postgres"], user=DB_USER, password=password, dbname="postgres",
                          connect_timeout=2).close()
         return True
-    except psycopg2.OperationalError:
+    except psycopg2.OperationalError as exc:
+        if "password authentication failed" in str(exc):
+            raise PipelineError(f"PostgreSQL in {root / 'postgres' / 'data'} does not take the password in "
+                                f"{root / cluster_secrets.SECRETS_FILE}; its data was made with another: restore that "
+                                "file, or remove the cluster folder's postgres/ and mlflow/ (their runs with them)") from None
         return False
+
+
+def check_password_auth(data: Path) -> None:
+    """A database an earlier `up` made with trust authentication would take any password: refused."""
+    hba = data / "pg_hba.conf"
+    rules = [line.split() for line in hba.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if any(rule[-1] == "trust" for rule in rules):
+        raise PipelineError(f"{hba}: made by an earlier `rlhf cluster up` without passwords (trust); remove the cluster "
+                            f"folder's postgres/ and mlflow/ (their runs with them) and run `rlhf cluster up` again")
 
 
 def create_database(ports: dict[str, int], password: str) -> None:
@@ -444,7 +459,9 @@ def start_services(starter: Starter, bindir: Path, db_user: str | None, made: Cl
     data = starter.folder("postgres") / "data"
     if db_user:
         shutil.chown(data.parent, db_user)
-    if not (data / "PG_VERSION").is_file():  # a later `up` reuses the database
+    if (data / "PG_VERSION").is_file():  # a later `up` reuses the database
+        check_password_auth(data)
+    else:
         password_file = data.parent / "initdb-password"
         cluster_secrets.write_private(password_file, made.postgres_password + "\n")
         if db_user:
@@ -455,7 +472,7 @@ def start_services(starter: Starter, bindir: Path, db_user: str | None, made: Cl
             password_file.unlink(missing_ok=True)
     starter.start("postgres", postgres_command(bindir, data, ports["postgres"]), user=db_user)
 
-    starter.wait("postgres", lambda: postgres_answers(ports, made.postgres_password), "no connection")
+    starter.wait("postgres", lambda: postgres_answers(ports, made.postgres_password, root), "no connection")
     create_database(ports, made.postgres_password)
     artifacts = starter.folder("mlflow") / "artifacts"
     artifacts.mkdir(exist_ok=True)

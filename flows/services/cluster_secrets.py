@@ -22,6 +22,9 @@ SECRETS_FILE = "secrets.json"
 CLIENT_ENV_FILE = "client.env"
 RAY_TOKEN_FILE = "ray-auth-token"
 USER = "rlhf"  # MLflow's admin and Prefect's auth-string user
+# what a client sets (`credentials_env`): kept from the services `up` starts, each given only its own
+CREDENTIAL_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "PREFECT_API_AUTH_STRING", "RAY_AUTH_MODE",
+                   "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import inspect
 import math
 from abc import ABC, abstractmethod
-from copy import deepcopy
 from typing import Any
 
 from configs.errors import RewardError
@@ -76,34 +75,36 @@ class MultiTurnAgentExecutor(AgentExecutorBase):
 
     async def execute(self, prompt: str, label: str | None, sampling_params: Any, max_length: int,
                       hf_tokenizer: Any, llm_engine: Any) -> dict:
-        """OpenRLHF's loop: generate, step, append the feedback, until done or out of `max_length`."""
-        instance = await new_instance(self.agent_instance_cls)
-        observation = (await instance.reset({"observation": prompt, "label": label}))["observation"]
+        """OpenRLHF's loop: generate, step, append the feedback, until done or out of `max_length`; each step's
+        result checked as the RL loop checks it (`InstanceEnvironment`)."""
+        from stages.rl.turn_params import TurnParams, read_turn_params
+
+        where = "AgentInstance.step in the agent file"
+        env = InstanceEnvironment(self.agent_instance_cls, where)
+        observation = await env.reset(prompt, label)
         tokens = list(hf_tokenizer(observation, add_special_tokens=False)["input_ids"])
         log_probs = [0.0] * len(tokens)
         action_ranges: list[tuple[int, int]] = []
-        total, scores, logs = 0.0, None, {}
+        total = 0.0
+        current = read_turn_params(sampling_params, TurnParams(None, 1.0, max_length), where)
         while (budget := max_length - len(tokens)) > 0:
-            params = deepcopy(sampling_params)
-            params.max_tokens = budget if params.max_tokens is None else min(params.max_tokens, budget)
-            out = (await llm_engine.generate(tokens, params)).outputs[0]
+            turn = current.capped(budget).as_sampling_params()
+            out = (await llm_engine.generate(tokens, turn)).outputs[0]
             action = list(out.token_ids)
             action_ranges.append((len(tokens), len(tokens) + len(action)))
             log_probs += [step[t].logprob for t, step in zip(action, out.logprobs)]
-            result = await instance.step({"observation_text": observation, "action_text": out.text, "label": label,
-                                          "sampling_params": params})
-            total += as_float(result["rewards"], "rewards", "AgentInstance.step")
-            scores, logs = result.get("scores", total), result.get("extra_logs", {})
-            feedback = result.get("environment_feedback", "")
+            reward, feedback, done, given = await env.step(observation, out.text, turn)
+            total += reward
             fed = list(hf_tokenizer(feedback, add_special_tokens=False)["input_ids"])
             observation += out.text + feedback
             tokens += action + fed
             log_probs += [0.0] * len(fed)
-            sampling_params = result.get("sampling_params") or sampling_params
-            if result.get("done"):
+            current = read_turn_params(given, current, where)
+            if done:
                 break
         return {"prompt": prompt, "label": label, "observation_tokens": tokens, "action_ranges": action_ranges,
-                "rollout_log_probs": log_probs, "reward": total, "scores": scores, "extra_logs": logs}
+                "rollout_log_probs": log_probs, "reward": total, "scores": total if env.score is None else env.score,
+                "extra_logs": env.logs}
 
 
 def as_float(value: Any, what: str, where: str) -> float:

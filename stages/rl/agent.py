@@ -86,6 +86,7 @@ class Episodes:
         else:
             raise RewardError(f"rl.agent.path={self.path}: defines no class {CLASS} (or OpenRLHF's {EXECUTOR})")
         self.envs: list = []
+        self.loop = asyncio.new_event_loop()  # one for every call: what an instance binds to it stays usable
 
     def _run(self, calls: list, what: str) -> list:
         """Each call's result; the coroutines among them awaited together."""
@@ -102,7 +103,7 @@ class Episodes:
             async def gather():
                 return await asyncio.gather(*(results[i] for i in pending), return_exceptions=True)
 
-            for i, value in zip(pending, asyncio.run(gather())):
+            for i, value in zip(pending, self.loop.run_until_complete(gather())):
                 if isinstance(value, RewardError):
                     raise value
                 if isinstance(value, Exception):

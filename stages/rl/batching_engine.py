@@ -1,9 +1,11 @@
 """The `llm_engine` an agent executor's `execute` is handed (OpenRLHF's AgentExecutorBase API): `await
 llm_engine.generate(prompt_token_ids, sampling_params)` gives vLLM's `RequestOutput` shape. The requests of
 a rollout's concurrent episodes are answered together: a batch goes to the rollout engines once every open
-episode is waiting on the engine (or no new request came for `IDLE_S`, for an episode that also waits on
-something else). A batch is ordered by its prompts' tokens, so which sample a request gets does not depend
-on the order in which the requests arrived (from this loop or, through an HTTP server, another thread's).
+episode is waiting on the engine. A batch is ordered by its prompts' tokens and settings, so which sample a
+request gets does not depend on the order in which the requests arrived (from this loop or, through an HTTP
+server, another thread's). An episode that also waits on something else (a tool, a sleep) for longer than
+`IDLE_S` lets the others' requests go without it: those batches then depend on timing, and a rerun may
+sample differently.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from stages.rl.turn_params import TurnParams, read_turn_params
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-IDLE_S = 0.05  # a request waits at most this long for the other open episodes' before its batch goes
+IDLE_S = 1.0  # a request waits at most this long for the other open episodes' (far above an HTTP round trip)
 
 
 @dataclass
@@ -69,6 +71,19 @@ class BatchingEngine:
         self.last_progress = time.monotonic()  # a request, an answer or a finished episode
         self.loop: asyncio.AbstractEventLoop | None = None
         self.changed: asyncio.Event | None = None
+        self.error: BaseException | None = None  # the engines failed: every request gets it
+        self.stopped = False
+
+    def stop(self) -> None:
+        """End `serve` (the rollout is over): a flag it reads, since a cancellation that meets a wake-up inside
+        `asyncio.wait_for` can be lost (Python 3.11)."""
+        self.stopped = True
+        if self.changed is not None:
+            self.changed.set()
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop `serve` runs in (before any episode starts)."""
+        self.loop, self.changed = loop, asyncio.Event()
 
     async def generate(self, prompt_token_ids: list[int], sampling_params: Any, multi_modal_data: Any = None,
                        **_: Any) -> RequestOutput:
@@ -78,11 +93,14 @@ class BatchingEngine:
         caller = asyncio.get_running_loop()
         request = Request([int(t) for t in prompt_token_ids], params.capped(self.cap), caller, caller.create_future())
         if self.loop is None:
-            raise RuntimeError("BatchingEngine.generate before serve: the rollout has not started")
+            raise RuntimeError("BatchingEngine.generate before attach: the rollout has not started")
         self.loop.call_soon_threadsafe(self._add, request)
         return await request.future
 
     def _add(self, request: Request) -> None:
+        if self.error is not None:
+            request.loop.call_soon_threadsafe(_fail, request.future, self.error)
+            return
         self.pending.append(request)
         self._progress()
 
@@ -99,27 +117,35 @@ class BatchingEngine:
             self.changed.set()
 
     async def serve(self) -> None:
-        """Answer batches until cancelled (the rollout's episodes are done)."""
-        self.loop, self.changed = asyncio.get_running_loop(), asyncio.Event()
-        while True:
-            self.changed.clear()
+        """Answer batches until `stop` (the rollout's episodes are done). If the engines fail, every waiting and
+        later request fails with their error."""
+        changed = self.changed
+        if changed is None:
+            raise RuntimeError("BatchingEngine.serve before attach")
+        while not self.stopped:
+            changed.clear()
             if not self.pending or len(self.pending) < self.open:
                 try:
-                    await asyncio.wait_for(self.changed.wait(), timeout=IDLE_S)
+                    await asyncio.wait_for(changed.wait(), timeout=IDLE_S)
                     continue  # something arrived: look again
                 except TimeoutError:
                     if not self.pending:
                         continue
-            batch, self.pending = sorted(self.pending, key=lambda r: r.ids), []
+            if self.stopped:
+                break
+            batch, self.pending = sorted(self.pending, key=lambda r: (r.ids, repr(r.params))), []
             self.busy = True
             try:
                 samples = await asyncio.to_thread(self.answer, [r.ids for r in batch], [r.params for r in batch],
                                                   self.seed + 7919 * self.rounds)
-            except Exception as exc:  # each waiting episode gets it; the rollout then ends with it
-                for r in batch:
+            except Exception as exc:  # every episode waiting now or later gets it; the rollout then ends with it
+                self.error = exc
+                for r in [*batch, *self.pending]:
                     r.loop.call_soon_threadsafe(_fail, r.future, exc)
-                raise
+                self.pending = []
+                return
             finally:
+                self.last_progress = time.monotonic()  # before `busy` drops: a long batch is not idleness
                 self.busy = False
             self.rounds += 1
             self._progress()

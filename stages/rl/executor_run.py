@@ -7,7 +7,8 @@ episode's reward on its last action's last token.
 
 The executor is made once per rollout and its `aclose()` (if it has one) awaited at the end, so a server it
 starts lives for the rollout only. A rollout in which no request, answer or finished episode happens for
-`rl.agent.timeout_s` ends the stage with one line (the loop's thread is left behind: nothing stops Python code).
+`rl.agent.timeout_s` is cancelled (its `aclose()` still awaited) and ends the stage with one line; code that
+blocks the event loop itself cannot be stopped, and its thread is left behind.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def run_executor(executor_cls: type, path: Path, answer: Answer, tokenizer: PreT
             executor = executor_cls()
         except Exception as exc:
             raise RewardError(f"AgentExecutor() in {path} raised {type(exc).__name__}: {first_line(exc)}") from exc
+        engine.attach(asyncio.get_running_loop())
         serving = asyncio.create_task(engine.serve())
 
         async def episode(i: int) -> Any:
@@ -104,10 +106,13 @@ def run_executor(executor_cls: type, path: Path, answer: Answer, tokenizer: PreT
         try:
             done = await asyncio.gather(*(episode(i) for i in range(len(texts))), return_exceptions=True)
         finally:
-            serving.cancel()
+            engine.stop()
+            await asyncio.gather(serving, return_exceptions=True)
             closing = getattr(executor, "aclose", None)
             if closing is not None:
                 await closing()
+        if engine.error is not None:  # the engines' failure, not the episodes' reading of it
+            raise engine.error
         for i, value in enumerate(done):
             if isinstance(value, RewardError):
                 raise value
@@ -115,17 +120,26 @@ def run_executor(executor_cls: type, path: Path, answer: Answer, tokenizer: PreT
                 raise RewardError(f"{where} raised {type(value).__name__} in episode {i}: {first_line(value)}") from value
         results.extend(done)
 
+    loop = asyncio.new_event_loop()
+    main = loop.create_task(rollout())
+
     def run() -> None:
         try:
-            asyncio.run(rollout())
+            loop.run_until_complete(main)
         except BaseException as exc:  # re-raised in the driver's thread
             failed.append(exc)
+        finally:
+            loop.close()
 
     thread = threading.Thread(target=run, daemon=True, name="agent-executor")
     thread.start()
     while thread.is_alive():
         thread.join(0.2)
         if not engine.busy and time.monotonic() - engine.last_progress > rl.agent.timeout_s:
+            # cancelled, the rollout's `finally` stops what the executor started (its server); code that blocks
+            # the loop itself cannot be stopped, and its thread is left behind
+            loop.call_soon_threadsafe(main.cancel)
+            thread.join(5)
             raise RewardError(f"rl.agent.path={rl.agent.path}: {where} made no request and ended no episode for "
                               f"rl.agent.timeout_s={rl.agent.timeout_s:g} s; fix the executor or raise rl.agent.timeout_s")
     if failed:

@@ -34,6 +34,7 @@ from stages.openrlhf_compat.agent import AgentExecutorBase
 
 MODEL = "policy"  # the name /v1/models lists: the policy being trained, whatever its path
 START_S = 30.0  # seconds the server may take to start
+STOP_S = 10.0
 
 
 class OpenAIServerExecutor(AgentExecutorBase):
@@ -49,8 +50,9 @@ class OpenAIServerExecutor(AgentExecutorBase):
 
     async def execute(self, prompt: str, label: str | None, sampling_params: Any, max_length: int, hf_tokenizer: Any,
                       llm_engine: Any) -> dict:
-        if not hasattr(self, "server"):
-            self._start(sampling_params, max_length, hf_tokenizer, llm_engine)
+        if not hasattr(self, "starting"):  # the first episode starts it; the others wait for it
+            self.starting = asyncio.ensure_future(self._start(sampling_params, max_length, hf_tokenizer, llm_engine))
+        await self.starting
         session = f"episode-{uuid.uuid4().hex[:12]}"
         try:
             result = await self.run_agent(prompt, label, session) or {}
@@ -59,29 +61,39 @@ class OpenAIServerExecutor(AgentExecutorBase):
             self.traces.pop(session, None)
 
     async def aclose(self) -> None:
-        """Stop the server (the rollout is over)."""
+        """Stop the client and the server (the rollout is over)."""
+        if getattr(self, "client", None) is not None:
+            await self.client.close()
         if hasattr(self, "server"):
             self.server.should_exit = True
-            await asyncio.to_thread(self.thread.join, 10)
+            await asyncio.to_thread(self.thread.join, STOP_S)
+            if self.thread.is_alive():
+                raise RuntimeError(f"the agent's OpenAI-compatible server at {self.base_url} did not stop within "
+                                   f"{STOP_S:g} s")
 
     # the server
 
-    def _start(self, sampling_params: Any, max_length: int, tokenizer: Any, engine: Any) -> None:
+    async def _start(self, sampling_params: Any, max_length: int, tokenizer: Any, engine: Any) -> None:
+        """The server, in a thread of its own, and the client; on a failed start, nothing left running."""
         self.sampling_params, self.max_length, self.tokenizer, self.engine = sampling_params, max_length, tokenizer, engine
         self.traces: dict[str, list[dict]] = {}
         self.api_key = secrets.token_urlsafe(24)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         self.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-        self.server = uvicorn.Server(uvicorn.Config(self._app(), log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True,
-                                       name="agent-openai-server")
-        self.thread.start()
+        server = uvicorn.Server(uvicorn.Config(self._app(), log_level="warning", lifespan="off"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="agent-openai-server")
+        thread.start()
         deadline = time.monotonic() + START_S
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the agent's OpenAI-compatible server at {self.base_url} did not start")
-            time.sleep(0.01)
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                server.should_exit = True
+                await asyncio.to_thread(thread.join, STOP_S)
+                sock.close()
+                raise RuntimeError(f"the agent's OpenAI-compatible server at {self.base_url} did not start within "
+                                   f"{START_S:g} s")
+            await asyncio.sleep(0.01)  # the rollout's loop goes on meanwhile
+        self.server, self.thread = server, thread
         try:
             from openai import AsyncOpenAI
         except ImportError:  # run_agent may use another HTTP client at self.base_url

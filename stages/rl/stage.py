@@ -345,6 +345,7 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
                 raise KeyboardInterrupt(f"stopped before step {step + 1}/{total}")
             timer = Timer()
             drawn = ahead.take(step)
+            ahead.settle()  # a resumed queue's draws: none plays on the reward workers while this rollout does
             samples, scored, cursor, filtered = rollout(actors, tokenizer, prompts, stream, cursor, cfg, step, timer, drawn)
             # async: the engines draw the queued steps' first rounds now, with the weights before this step's
             # update, while the policy makes experience and trains; the sync below waits for them to finish

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -44,6 +45,13 @@ QUICK = [
     "dpo.max_steps=2", "dpo.micro_batch_size=4",
 ]
 
+
+FLOW_RUN_PARAMETERS = """
+import json
+from prefect.client.orchestration import get_client
+with get_client(sync_client=True) as client:
+    print(json.dumps([r.parameters for r in client.read_flow_runs()]))
+"""
 
 RAY_NODES = """
 import json, sys
@@ -170,6 +178,53 @@ def command_lines() -> list[str]:
     return lines
 
 
+class CommandLineWatch:
+    """Every process's command line, sampled twice a second while a block runs: what `ps` would have shown."""
+
+    def __init__(self):
+        self.seen: set[str] = set()
+        self.done = threading.Event()
+
+    def __enter__(self):
+        def sample():
+            while not self.done.wait(0.5):
+                self.seen.update(command_lines())
+
+        self.thread = threading.Thread(target=sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.done.set()
+        self.thread.join(5)
+
+
+def reward_server_refusals(cli_env: dict[str, str], rm_model: Path, token: str, workdir: Path) -> tuple[list[int], list[str]]:
+    """`rlhf serve-rm` on the pipeline's reward model with a bearer token: the statuses of a request without a
+    token, with a wrong one and with the right one; and the command lines while it served."""
+    from stages.common.dist_env import free_port
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([*CLI, "serve-rm", "--model", str(rm_model), "--port", str(port)], cwd=workdir,
+                              env=cli_env | {"RLHF_REWARD_TOKEN": token}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        def up() -> bool:
+            with contextlib.suppress(OSError):
+                return refused(f"{base}/health", f"Bearer {token}") == 200
+            return False
+
+        wait_for("the reward server", lambda: server.poll() is not None or up(), timeout=120)
+        assert server.poll() is None, server.stdout.read()
+        body = json.dumps({"query": ["<|user|>\nCompute 1+1\n<|assistant|>\n2"]}).encode()
+        statuses = [refused(f"{base}/get_reward", auth, body) for auth in (None, "Bearer wrong-token", f"Bearer {token}")]
+        return statuses, command_lines()
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, root, monkeypatch):
     from mlflow import MlflowClient
 
@@ -241,12 +296,14 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         # Prefect: the whole pipeline as a flow run of the full deployment, picked up by the pool's worker, every
         # stage on the worker node, every file through the MLflow server; then again, all cached
         assert answers(u["prefect"] + "/health") and cluster.worker_online(state.ports, state.pool, made.prefect_auth_string)
+        watch = CommandLineWatch()
         for attempt in ("cold", "cached"):
             started = time.monotonic()
-            flow_run = subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "run", "rlhf-pipeline/full",
-                                       "--watch", "-p", f"overrides={json.dumps([cluster.PIN, *QUICK])}"],
-                                      cwd=tmp_path, env=env | {"PREFECT_API_URL": u["prefect"]}, capture_output=True,
-                                      text=True, timeout=900)
+            with watch:
+                flow_run = subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "run", "rlhf-pipeline/full",
+                                           "--watch", "-p", f"overrides={json.dumps([cluster.PIN, *QUICK])}"],
+                                          cwd=tmp_path, env=env | {"PREFECT_API_URL": u["prefect"]}, capture_output=True,
+                                          text=True, timeout=900)
             timings[f"flow run, {attempt}"] = time.monotonic() - started
             worker_log = (root / "prefect-worker" / "prefect-worker.log").read_text()
             assert flow_run.returncode == 0 and "Completed" in flow_run.stdout, flow_run.stdout[-3000:] + worker_log[-5000:]
@@ -266,6 +323,18 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         assert not [p for p in node.glob("work/*") if p.is_dir()] and not any(node.glob("output/*"))
         for r in client.search_runs([experiment.experiment_id]):  # no secret in a param or tag of any run
             assert not [s for s in secrets for v in (*r.data.params.values(), *r.data.tags.values()) if s in v], r.info.run_id
+        # nor on a command line while the pipeline ran, nor in the flow runs' Prefect parameters
+        assert len(watch.seen) > 10 and not [line for line in watch.seen if any(s in line for s in secrets)]
+        flow_runs = subprocess.run([sys.executable, "-c", FLOW_RUN_PARAMETERS], env=env | {"PREFECT_API_URL": u["prefect"]},
+                                   capture_output=True, text=True, timeout=120)
+        assert flow_runs.returncode == 0 and "overrides" in flow_runs.stdout, flow_runs.stderr[-2000:]
+        assert not [s for s in secrets if s in flow_runs.stdout]
+        # the reward server asks for its bearer token (never a flag: not on its command line)
+        rm = next(r for r in runs if r.data.tags[run_tags.TAG_STAGE] == "rm")
+        rm_model = Path(client.download_artifacts(rm.info.run_id, "rm_model", str(tmp_path / "rm")))
+        token = "reward-" + made.ray_token[:20]
+        statuses, lines = reward_server_refusals(env, rm_model, token, tmp_path)
+        assert statuses == [401, 401, 200] and not [line for line in lines if token in line]
         # a deployment run that would choose code is refused with one line before anything runs
         before = len(client.search_runs([experiment.experiment_id]))
         code = subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "run", "rlhf-pipeline/full",

@@ -163,3 +163,14 @@ def test_a_program_run_as_another_user_gets_only_that_users_groups():
         return
     out = subprocess.run(["id", "-G"], capture_output=True, text=True, check=True, **processes.as_user("nobody")).stdout
     assert "0" not in out.split()
+
+
+def test_a_database_made_without_passwords_is_refused(tmp_path):
+    data = tmp_path / "postgres" / "data"
+    data.mkdir(parents=True)
+    (data / "pg_hba.conf").write_text("# TYPE DATABASE USER ADDRESS METHOD\nhost all all 127.0.0.1/32 scram-sha-256\n")
+    cluster.check_password_auth(data)
+    (data / "pg_hba.conf").write_text("local all all trust\nhost all all 127.0.0.1/32 trust\n")
+    with pytest.raises(PipelineError, match=r"pg_hba.conf: made by an earlier `rlhf cluster up` without passwords "
+                                            r"\(trust\); remove the cluster folder's postgres/ and mlflow/"):
+        cluster.check_password_auth(data)
