@@ -19,7 +19,7 @@ from stages.rewards.func_scorer import load_module
 from stages.rl.agent import own_executor, resolve
 from stages.rl.executor_run import run_executor
 from stages.rl.experience import Sample
-from stages.rl.generation import Sampling, generate
+from stages.rl.generation import Sampling, collect_generation, launch_generation
 from stages.rl.reward_worker import RewardWorker
 from stages.rl.turn_params import TurnParams
 
@@ -144,17 +144,19 @@ def run_episodes(actors: Playing, tokenizer: PreTrainedTokenizerBase, texts: lis
 
 
 def generate_by_params(actors: Playing, contexts: list[list[int]], params: list[TurnParams], seed: int) -> list[Sample]:
-    """One turn's answers, one `generate` call per distinct setting (most turns: one), in the contexts' order;
-    the k-th setting's call seeded `seed + 104729 * k` (settings in order of first use)."""
+    """One turn's answers, one `generate` call per distinct setting (most turns: one), all launched before any is
+    collected, in the contexts' order; the k-th setting's call seeded `seed + 104729 * k` (settings in order of
+    first use)."""
     groups: dict[TurnParams, list[int]] = {}
     for i, p in enumerate(params):
         groups.setdefault(p, []).append(i)
-    answers: list[Sample | None] = [None] * len(contexts)
-    for k, (p, members) in enumerate(groups.items()):
-        for i, s in zip(members, generate(actors, [contexts[i] for i in members], seed + 104729 * k, p.temperature,
-                                          p.max_new_tokens, p.top_p, p.stop)):
-            answers[i] = s
-    return [s for s in answers if s is not None]
+    launched = [(members, launch_generation(actors, [contexts[i] for i in members], seed + 104729 * k, p.temperature,
+                                            p.max_new_tokens, p.top_p, p.stop))
+                for k, (p, members) in enumerate(groups.items())]
+    answers: dict[int, Sample] = {}
+    for members, pending in launched:
+        answers |= dict(zip(members, collect_generation(actors, pending), strict=True))
+    return [answers[i] for i in range(len(contexts))]
 
 
 def episode_batch(returns: torch.Tensor, step_rewards: list[list[float]],
