@@ -159,16 +159,19 @@ def test_train_ppo_ray_hybrid_engine_sh(cli, workdir, prefect_server, monkeypatc
 
 def test_train_reinforce_baseline_ray_agent_async_sh(cli, workdir, prefect_server, monkeypatch, local):
     """OpenRLHF's agent_func.py as it ships (an AgentInstanceBase of 1-3 steps): two RL steps of multi-turn
-    episodes, no reward section needed (the agent gives the rewards)."""
+    episodes, async as the script asks (the second step's episodes played while the policy trains on the
+    first's: an engine of its own, not the hybrid layout), no reward section needed (the agent gives the rewards)."""
     dapo = local["files"]["dapo"]
     model = local["models"]["qwen2"]
     client, parent = run_script(cli, workdir, prefect_server, monkeypatch, "train_reinforce_baseline_ray_agent_async.sh", [
-        *CPU, *RL, "rl.max_steps=2", "rl.rollout.weight_sync=object_store", "rl.agent.max_turns=4",
+        *CPU, *RL, "rl.rollout.engine=hf", "rl.placement.colocate_all=false", "rl.placement.colocate_models=true",
+        "infra.cpus_per_worker=1", "rl.max_steps=2", "rl.rollout.weight_sync=object_store", "rl.agent.max_turns=4",
         f"model.name_or_path={model}", f"inputs.sft_model={model}", f"data.sft.paths=[{dapo}]", f"data.prompts.paths=[{dapo}]",
         f"rl.agent.path={EXAMPLES / 'agent_func.py'}"])
     rl = stage_run(client, parent, "rl")
     turns = client.get_metric_history(rl.info.run_id, "rollout/turns")
     assert len(turns) == 2 and all(t.value > 1 for t in turns), [t.value for t in turns]
+    assert [m.value for m in client.get_metric_history(rl.info.run_id, "rollout/staleness")] == [0, 1]
     assert "reward/dummy_scores" in rl.data.metrics  # the agent's extra_logs
 
 
