@@ -170,8 +170,10 @@ def mlflow_env(root: Path) -> dict[str, str]:
 
 
 def ray_node_env(root: Path) -> dict[str, str]:
-    """A Ray node's environment: the graceful-stop setting and the cluster's token."""
-    return RAY_ENV | cluster_secrets.ray_env(root, cluster_secrets.ensure(root))
+    """A Ray node's environment: the graceful-stop setting, the cluster's token, and the MLflow login its stage
+    workers up- and download with."""
+    made = cluster_secrets.ensure(root)
+    return RAY_ENV | cluster_secrets.ray_env(root, made) | cluster_secrets.mlflow_login(made)
 
 
 def ray_head_command(ports: dict[str, int], temp: Path, cpus: int) -> list[str]:

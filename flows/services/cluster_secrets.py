@@ -84,10 +84,14 @@ def ray_env(root: Path, made: ClusterSecrets) -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(ray_token_path(root, made))}
 
 
+def mlflow_login(made: ClusterSecrets) -> dict[str, str]:
+    """MLflow's client login: the pipeline's driver and every Ray node's stage workers, which up- and download."""
+    return {"MLFLOW_TRACKING_USERNAME": USER, "MLFLOW_TRACKING_PASSWORD": made.mlflow_password}
+
+
 def credentials_env(root: Path, made: ClusterSecrets) -> dict[str, str]:
     """The credentials a client of the services sets beside their addresses."""
-    return {"MLFLOW_TRACKING_USERNAME": USER, "MLFLOW_TRACKING_PASSWORD": made.mlflow_password,
-            "PREFECT_API_AUTH_STRING": made.prefect_auth_string, **ray_env(root, made)}
+    return {**mlflow_login(made), "PREFECT_API_AUTH_STRING": made.prefect_auth_string, **ray_env(root, made)}
 
 
 def write_client_env(root: Path, env: dict[str, str]) -> Path:

@@ -331,7 +331,7 @@ def test_cluster_up_serves_each_service_and_down_stops_every_process(tmp_path, r
         assert not [s for s in secrets if s in flow_runs.stdout]
         # the reward server asks for its bearer token (never a flag: not on its command line)
         rm = next(r for r in runs if r.data.tags[run_tags.TAG_STAGE] == "rm")
-        rm_model = Path(client.download_artifacts(rm.info.run_id, "rm_model", str(tmp_path / "rm")))
+        rm_model = Path(client.download_artifacts(rm.info.run_id, "reward_model", str(tmp_path / "rm")))
         token = "reward-" + made.ray_token[:20]
         statuses, lines = reward_server_refusals(env, rm_model, token, tmp_path)
         assert statuses == [401, 401, 200] and not [line for line in lines if token in line]
