@@ -60,9 +60,9 @@ Answer = Callable[[list[list[int]], list[TurnParams], int], list[Sample]]
 class BatchingEngine:
     """Runs in one event loop (`serve`), takes requests from any loop or thread (`generate`)."""
 
-    def __init__(self, answer: Answer, tokenizer: PreTrainedTokenizerBase, defaults: TurnParams, cap: int, seed: int,
-                 where: str):
-        self.answer, self.tokenizer, self.defaults, self.cap, self.seed = answer, tokenizer, defaults, cap, seed
+    def __init__(self, answer: Answer, tokenizer: PreTrainedTokenizerBase, defaults: TurnParams, seed: int, where: str):
+        """`defaults`: the rollout's settings, whose max_new_tokens also caps what a request may ask for."""
+        self.answer, self.tokenizer, self.defaults, self.seed = answer, tokenizer, defaults, seed
         self.where = where
         self.pending: list[Request] = []
         self.open = 0  # episodes not finished
@@ -91,7 +91,8 @@ class BatchingEngine:
             raise ValueError(f"{self.where}: llm_engine.generate got multi_modal_data; this project's rollouts are text only")
         params = read_turn_params(sampling_params, self.defaults, f"{self.where} (llm_engine.generate's sampling_params)")
         caller = asyncio.get_running_loop()
-        request = Request([int(t) for t in prompt_token_ids], params.capped(self.cap), caller, caller.create_future())
+        request = Request([int(t) for t in prompt_token_ids], params.capped(self.defaults.max_new_tokens), caller,
+                          caller.create_future())
         if self.loop is None:
             raise RuntimeError("BatchingEngine.generate before attach: the rollout has not started")
         self.loop.call_soon_threadsafe(self._add, request)

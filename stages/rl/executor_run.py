@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from copy import deepcopy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,7 +82,7 @@ def run_executor(executor_cls: type, path: Path, answer: Answer, tokenizer: PreT
     rl = cfg.rl
     where = f"AgentExecutor.execute in {path}"
     max_length = rl.rollout.prompt_max_len + defaults.max_new_tokens * rl.agent.max_turns
-    engine = BatchingEngine(answer, tokenizer, defaults, defaults.max_new_tokens, seed, where)
+    engine = BatchingEngine(answer, tokenizer, defaults, seed, where)
     results: list[Any] = []
     failed: list[BaseException] = []
 
@@ -98,8 +97,8 @@ def run_executor(executor_cls: type, path: Path, answer: Answer, tokenizer: PreT
         async def episode(i: int) -> Any:
             engine.episode_started()
             try:
-                return await executor.execute(texts[i], labels[i], deepcopy(defaults.as_sampling_params()), max_length,
-                                              tokenizer, engine)
+                return await executor.execute(texts[i], labels[i], defaults.as_sampling_params(), max_length,
+                                              tokenizer, engine)  # a SamplingParams of its own: it may change it
             finally:
                 engine.episode_ended()
 

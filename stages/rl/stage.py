@@ -328,6 +328,7 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
             print(f"[rl] resumed from step {start}/{total} ({ckpt['policy']})", flush=True)
         for i, queued_start in enumerate(resumed.get("queued", []) if resumed else []):  # drawn again, on these weights
             ahead.add(draw(actors, tokenizer, prompts, stream, queued_start, cfg, start + i, start, ahead))
+        ahead.settle()  # a resumed queue's episodes: none plays on the reward workers while a rollout does
         if rl.rollout.async_train:
             print(f"[rl] async: the engines draw each step's samples while the policy trains on an earlier step's (up to "
                   f"{ahead.size} update(s) stale, importance weights capped at {rl.importance_cap})", flush=True)
@@ -345,7 +346,6 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
                 raise KeyboardInterrupt(f"stopped before step {step + 1}/{total}")
             timer = Timer()
             drawn = ahead.take(step)
-            ahead.settle()  # a resumed queue's draws: none plays on the reward workers while this rollout does
             samples, scored, cursor, filtered = rollout(actors, tokenizer, prompts, stream, cursor, cfg, step, timer, drawn)
             # async: the engines draw the queued steps' first rounds now, with the weights before this step's
             # update, while the policy makes experience and trains; the sync below waits for them to finish
