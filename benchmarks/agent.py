@@ -71,15 +71,9 @@ def agent_async(options: RunOptions) -> Report:
     steps, repeats = options.steps or 30, options.repeats_or(1)
     data = trl_compare.tiny_data(options.workdir, DATA)
     policy = rl_trial.preset_policy(options.workdir, data, DATA)
-    trials: dict[str, list[dict]] = {system: [] for system in ASYNC_SYSTEMS}
-    for seed in range(1, repeats + 1):
-        for system, overrides in ASYNC_SYSTEMS.items():
-            result = trl_compare.run_trial("grpo", system, steps, {**data, "policy": policy},
-                                           options.workdir / f"agent-{system}-{seed}", module=rl_trial.__name__,
-                                           overrides=[*overrides, f"seed={seed}"])
-            trials[system].append(result)
-            print(f"[agent-async] seed {seed} {system}: {result['samples_per_s']:.2f} samples/s, sampled success "
-                  f"{result['before']['sampled_reward']:.3f} -> {result['eval']['sampled_reward']:.3f}", flush=True)
+    trials = rl_trial.systems_by_seed(ASYNC_SYSTEMS, steps, repeats, {**data, "policy": policy}, options.workdir, "agent",
+                                      lambda r: f"{r['samples_per_s']:.2f} samples/s, sampled success "
+                                                f"{r['before']['sampled_reward']:.3f} -> {r['eval']['sampled_reward']:.3f}")
     summary = {system: {"samples_per_s": statistics.median(r["samples_per_s"] for r in results),
                         **{f"{when}_{key}": statistics.mean(r[when][key] for r in results)
                            for when in ("before", "eval") for key in ("reward", "sampled_reward")},

@@ -45,15 +45,9 @@ def async_rl(options: RunOptions) -> Report:
     steps, repeats = options.steps or DEFAULT_STEPS, options.repeats_or(3)
     data = trl_compare.tiny_data(options.workdir)
     policy = rl_trial.preset_policy(options.workdir, data)
-    trials: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
-    for seed in range(1, repeats + 1):
-        for system, overrides in SYSTEMS.items():
-            result = trl_compare.run_trial("grpo", system, steps, {**data, "policy": policy},
-                                           options.workdir / f"async-{system}-{seed}", module=rl_trial.__name__,
-                                           overrides=[*overrides, f"seed={seed}"])
-            trials[system].append(result)
-            print(f"[async] seed {seed} {system}: {result['samples_per_s']:.1f} samples/s, sampled accuracy "
-                  f"{result['eval']['sampled_accuracy']:.3f}", flush=True)
+    trials = rl_trial.systems_by_seed(SYSTEMS, steps, repeats, {**data, "policy": policy}, options.workdir, "async",
+                                      lambda r: f"{r['samples_per_s']:.1f} samples/s, sampled accuracy "
+                                                f"{r['eval']['sampled_accuracy']:.3f}")
     summary = {system: summarize(results) for system, results in trials.items()}
     columns = ["system", "samples/s (median)", "samples/s per seed", "sampled accuracy (mean)", "per seed",
                "greedy accuracy (mean)", "generation wait s/step", "training s/step", "weight sync s/step"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks import grpo_compare
@@ -27,6 +27,22 @@ def preset_policy(workdir: Path, data: dict[str, Path], overrides: Sequence[str]
         print("[benchmarks] training the start policy (the tiny preset's SFT stage) ...", flush=True)
         trl_compare.run_trial("sft", "preset", 0, data, work, module=__name__, overrides=overrides)
     return work / "output" / "sft_model"
+
+
+def systems_by_seed(systems: dict[str, list[str]], steps: int, repeats: int, data: dict[str, Path], workdir: Path,
+                    name: str, line: Callable[[dict], str]) -> dict[str, list[dict]]:
+    """Each system's GRPO trial for seeds 1..`repeats`, the systems alternating within a seed (each a process of
+    its own, in `workdir/<name>-<system>-<seed>`); `line(result)` is printed after each."""
+    from benchmarks import trl_compare
+
+    trials: dict[str, list[dict]] = {system: [] for system in systems}
+    for seed in range(1, repeats + 1):
+        for system, overrides in systems.items():
+            result = trl_compare.run_trial("grpo", system, steps, data, workdir / f"{name}-{system}-{seed}",
+                                           module=__name__, overrides=[*overrides, f"seed={seed}"])
+            trials[system].append(result)
+            print(f"[{name}] seed {seed} {system}: {line(result)}", flush=True)
+    return trials
 
 
 def sft_main(spec: dict) -> None:
