@@ -23,6 +23,7 @@ from pathlib import Path
 from benchmarks import (
     agent,
     async_rl,
+    determinism,
     grpo_compare,
     pipeline,
     rl_objectives,
@@ -59,6 +60,8 @@ BENCHMARKS: dict[str, tuple[Callable[[RunOptions], Report | dict[str, Report]], 
     "rollout": (rollout_engines.rollout, "rollout engines: HF `generate` vs vLLM (CPU build) tokens/s by batch size"),
     "threads": (threads.threads, "torch's threads from OMP_NUM_THREADS vs `torch.set_num_threads`: training step "
                                  "and generate time of the tiny model"),
+    "determinism": (determinism.determinism, "infra.deterministic on vs off: RL samples/s and SFT tokens/s of the tiny "
+                                             "preset in fresh processes"),
     "scale": (scale.scale, "a ~0.5B checkpoint and 20k/200k/1M-row files through `rlhf run --only data_prep,sft`: time "
                            "per stage (compute vs overhead), bytes stored, peak RSS per process, vs `datasets.map`"),
 }

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from benchmarks import mfu, trl_compare
 from benchmarks.report import Report, RunOptions
+from stages.common import determinism
 
 # rollout steps per trial: with half as many, the machine's short swings decided the ratio (a system's
 # two trials within one run differed by more than the systems did)
@@ -347,6 +348,7 @@ def trial_main(spec: dict) -> None:
     work = Path(spec["work"])
     data = {name: Path(path) for name, path in spec["data"].items()}
     cfg = bench_config(spec["steps"], spec["overrides"])
+    determinism.export_env(cfg.infra.deterministic)  # as a run does, before any process of it computes
     rl = cfg.rl
     measured = {"trl": trl, "trl_ray": trl_in_ray}.get(spec["system"], ours)(cfg, data, work)
     prompt_tokens = mean_prompt_tokens(cfg, data)

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from benchmarks import mfu
 from benchmarks.report import Report, RunOptions, folder_for
+from stages.common import determinism
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_STEPS = {"sft": 100, "dpo": 100}
@@ -385,6 +386,7 @@ def trial_main(spec: dict) -> None:
     task, steps, work = spec["task"], spec["steps"], Path(spec["work"])
     data = {name: Path(path) for name, path in spec["data"].items()}
     cfg = bench_config(task, steps, spec.get("overrides", []))
+    determinism.export_env(cfg.infra.deterministic)  # as a run does, before any process of it computes
     train = getattr(cfg, task)
     measured = TRIALS[task, spec["system"]](cfg, data, steps, work)
     samples = steps * train.grad_accum_steps * train.micro_batch_size

@@ -197,6 +197,9 @@ class InfraConfig(Section):
     offload_optimizer: bool = Field(False, description="ZeRO-Offload: optimizer state and step on the CPU (OpenRLHF --adam_offload)")
     offload_params: bool = Field(False, description="ZeRO-3 parameter offload to the CPU (zero_stage 3 only)")
     overlap_comm: bool = Field(False, description="overlap gradient reduction with the backward pass")
+    deterministic: bool = Field(False, description="the same bytes from the same config on the same machine, killed and "
+                                "resumed or not: torch's deterministic algorithms, MKL_CBWR=AUTO,STRICT, cuBLAS's fixed "
+                                "workspace (OpenRLHF --full_determinism; its cost: docs/benchmarks.md)")
     # a stage that fails on a transient fault (a Ray worker or node lost, the tracking server not
     # answering) is rerun, resuming from its last checkpoint; other errors fail at once
     retries: int = Field(2, ge=0, description="reruns of a stage after a transient fault")

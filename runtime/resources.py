@@ -14,7 +14,8 @@ from runtime import ray_shutdown
 from runtime.worker_setup import job_runtime_env
 
 
-def start_local_cluster(num_cpus: int | None, log_to_driver: bool = True, num_gpus: int | None = None) -> None:
+def start_local_cluster(num_cpus: int | None, log_to_driver: bool = True, num_gpus: int | None = None,
+                        env_vars: dict[str, str] | None = None) -> None:
     """A fresh local Ray cluster (even when `ray start` left one running on this machine) whose workers
     run at nice 0 and die with the driver's process group.
 
@@ -34,9 +35,10 @@ def start_local_cluster(num_cpus: int | None, log_to_driver: bool = True, num_gp
     Ray's shutdown, to flush them to a GCS that a stop's signal to the group has already ended (5 s).
 
     `num_gpus`: the GPUs Ray schedules (None: those it detects); declared on a machine without CUDA they are
-    logical, which walks a GPU layout's scheduling up to where torch would need one."""
+    logical, which walks a GPU layout's scheduling up to where torch would need one. `env_vars`: every worker's
+    environment from its start (`job_runtime_env`)."""
     ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=log_to_driver,
-             runtime_env=job_runtime_env(),
+             runtime_env=job_runtime_env(env_vars),
              _system_config={"worker_niceness": 0, "process_group_cleanup_enabled": False,
                              "task_events_report_interval_ms": 0})
     ray_shutdown.reopen()

@@ -9,6 +9,12 @@ torch, transformers and Ray again. This process and every one it starts write th
 import os
 import sys
 
+from stages.common import determinism
+
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+
+# The tests run the tiny preset, whose infra.deterministic is on: MKL's reproducible mode must be in this process's
+# environment before its first matrix product (stage functions the tests call here), and in every process it starts.
+determinism.export_env(True)
 

@@ -145,7 +145,7 @@ GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--use_ms",), ALL, why="ModelScope is not supported: hub ids are Hugging Face's"),
         Flag(("--ds.experts_implementation",), NESTED, why="no counterpart yet: MoE experts run as transformers loads them"),
         Flag(("--load_in_4bit", "--ds.load_in_4bit"), ALL, ("{model}.lora.load_in_4bit",), Switch()),
-        Flag(("--full_determinism", "--train.full_determinism_enable"), ALL, why=NOT_YET),
+        Flag(("--full_determinism", "--train.full_determinism_enable"), ALL, ("infra.deterministic",), Switch()),
         Flag(("--local_rank",), ALL, why=LAUNCHER),
     )),
     ("Data", (

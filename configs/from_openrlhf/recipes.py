@@ -65,7 +65,7 @@ SHARED = {  # every step's flags that name how it runs, not what it computes
     "--seed": "the stage's seed (seed) draws each round's prompts and samples",
     "--local_rank": LAUNCHER,
     "--disable_fast_tokenizer": "no counterpart yet: the fast tokenizer is used",
-    "--full_determinism": NOT_YET,
+    "--full_determinism": "the stage's infra.deterministic (the trainer's)",
     "--use_ms": "ModelScope is not supported: hub ids are Hugging Face's",
     "--value_head_prefix": "a reward model's checkpoint names its own head (config.json value_head_prefix)",
 }

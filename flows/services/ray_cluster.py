@@ -21,6 +21,7 @@ from configs.errors import PipelineError, first_line
 from configs.schema import InfraConfig, PipelineConfig
 from runtime import ray_shutdown
 from runtime.worker_setup import job_runtime_env
+from stages.common import determinism
 from stages.dag import declaration as dag
 from stages.dag.contract import StageContext, StageResult, run_timed
 from stages.dag.declaration import StageSpec
@@ -137,10 +138,13 @@ class RaySession:
                 ray_shutdown.reopen()  # a Ray of its own: an earlier session's stop does not concern it
                 return
             address = named_address(self.infra)
+            # before any process of the run computes: this one, and the workers a local cluster inherits it from
+            determinism.export_env(self.infra.deterministic)
+            env_vars = determinism.env(self.infra.deterministic)
             if address:
                 use_local_token()
                 try:
-                    ray.init(address=address, log_to_driver=True, runtime_env=job_runtime_env())
+                    ray.init(address=address, log_to_driver=True, runtime_env=job_runtime_env(env_vars))
                 except (ConnectionError, RuntimeError, ValueError) as exc:
                     raise PipelineError(f"Ray cluster at {address} (RAY_ADDRESS / infra.ray_address): cannot connect ({exc})") from exc
                 self.where = f"cluster at {address}"
@@ -148,7 +152,7 @@ class RaySession:
                 from runtime.resources import start_local_cluster
                 from runtime.worker_pool import WorkerPool
 
-                start_local_cluster(self.infra.num_cpus)
+                start_local_cluster(self.infra.num_cpus, env_vars=env_vars)
                 self.where = "local cluster"
 
                 self.pool = WorkerPool()  # idle workers would hold resources other users of a shared cluster need

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
-from transformers import set_seed
 
 from configs.schema import InfraConfig, TrainingConfig
-from stages.common import checkpoint, deepspeed_engine, moe, packing
+from stages.common import checkpoint, deepspeed_engine, determinism, moe, packing
 from stages.common.progress import Progress
 from stages.dag.contract import StageContext
 
@@ -32,7 +31,7 @@ LOG_EVERY = 10
 def begin_training(ctx: StageContext, starting_model: Path) -> PreTrainedTokenizerBase:
     """What every training stage does first: seed Python's, numpy's and torch's generators from `seed`, join
     the DeepSpeed ranks, and load the tokenizer of the model it starts from."""
-    set_seed(ctx.config.seed)
+    determinism.seed_all(ctx.config.seed, ctx.config.infra.deterministic)
     deepspeed_engine.init_distributed()
     return checkpoint.load_tokenizer(starting_model)
 

@@ -150,7 +150,7 @@ def trains_adapters(cfg: PipelineConfig) -> bool:
 
 LORA_SECTIONS = ("sft", "rm", "prm", "dpo", "rl.actor", "rl.critic")  # config sections with a `lora` key
 ADAPTER_SECTIONS = LORA_SECTIONS[:-1]  # those whose stage output is then an adapter (the critic stays inside RL)
-TRAINING_INFRA = ("infra.zero_stage", "infra.precision", "infra.num_workers")
+TRAINING_INFRA = ("infra.zero_stage", "infra.precision", "infra.num_workers", "infra.deterministic")
 LM_KERNELS = ("model.attn_implementation", "model.use_liger_kernel")  # how a causal LM's layers compute
 
 
@@ -199,7 +199,7 @@ STAGES: tuple[StageSpec, ...] = (
         optional_outputs=("critic_model",),
         requested_outputs=("critic_model",),  # rl.critic.save_value_network
         config_keys=("seed", *LM_KERNELS, "rl", "reward", "prm.step_separator", *RL_EVAL_KEYS,
-                     "infra.zero_stage", "infra.precision"),
+                     "infra.zero_stage", "infra.precision", "infra.deterministic"),
         local_sources=(*REWARD_FILES, "rl.critic.init_path"),
         config_when=dict.fromkeys(("reward", "prm.step_separator", *REWARD_FILES), scored_by_reward),
         key_metric="eval/reward",
@@ -251,7 +251,7 @@ STAGES: tuple[StageSpec, ...] = (
         optional_inputs=("dpo_model", *OPTIONAL_POLICIES, "sft_data"),  # no SFT rows: no perplexity
         outputs=("eval_report",),
         # no prm.step_separator: a PRM scorer reads the separator it was trained with from its checkpoint
-        config_keys=("seed", *LM_KERNELS, "eval", "reward"),
+        config_keys=("seed", *LM_KERNELS, "eval", "reward", "infra.deterministic"),
         local_sources=REWARD_FILES,
         key_metric=SCORE,
         summary="every policy scored on the held-out prompts: the report the champion is chosen by",

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, cast
 
 import datasets
 import numpy as np
-from transformers import PreTrainedTokenizerBase, set_seed
+from transformers import PreTrainedTokenizerBase
 
 from configs.errors import DataError
 from configs.schema import DatasetConfig, PipelineConfig
-from stages.common import checkpoint, checkpoint_paths
+from stages.common import checkpoint, checkpoint_paths, determinism
 from stages.common.answers import extract_answer
 from stages.dag.contract import StageContext, StageResult
 from stages.data import chat_template, prm_rows
@@ -550,7 +550,7 @@ def build_datasets(cfg: PipelineConfig, tokenizer: PreTrainedTokenizerBase, drop
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     cfg = ctx.config
-    set_seed(cfg.seed)
+    determinism.seed_all(cfg.seed, cfg.infra.deterministic)
     base_dir = ctx.output_dir / "base_model"
     tokenizer = tokenizer_for(cfg)
     if cfg.model.name_or_path:

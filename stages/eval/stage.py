@@ -24,7 +24,7 @@ import torch
 from transformers import PreTrainedTokenizerBase, set_seed
 
 from configs.errors import ConfigError
-from stages.common import checkpoint, conditioning
+from stages.common import checkpoint, conditioning, determinism
 from stages.common.answers import extract_answer, is_correct, matches
 from stages.common.generation import generate
 from stages.common.progress import Progress
@@ -122,7 +122,7 @@ def ranking_metric(cfg: PipelineConfig, metrics: dict[str, float]) -> float:
 
 def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     cfg = ctx.config
-    set_seed(cfg.seed)
+    determinism.seed_all(cfg.seed, cfg.infra.deterministic)
     prompts = row_view(inputs["eval_data"], "eval")[: cfg.eval.max_samples]  # only the rows it scores are read
     sft_eval = read_split(inputs["sft_data"], "eval") if "sft_data" in inputs else []
     models = model_inputs(inputs)

@@ -8,9 +8,10 @@ per RL run); a reward model's scorer imports them when it is built."""
 from __future__ import annotations
 
 import os
+import sys
 
 from configs.schema import PipelineConfig
-from stages.common import dist_env
+from stages.common import determinism, dist_env
 from stages.dag.contract import NodeInputs
 from stages.rewards.base import RewardSource
 from stages.rewards.func_scorer import load_module
@@ -45,6 +46,8 @@ class RewardWorker:
             return
         self.scorer = build_scorer(cfg.reward, {name: given.path(name) for name in models},
                                    offload=cfg.rl.placement.reward_offload)
+        if "torch" in sys.modules:  # a model scores here (a rule function's worker imports no torch, and needs none)
+            determinism.apply(cfg.infra.deterministic)
 
     def score(self, prompts: list[str], responses: list[str], labels: list[str | None]):
         if self.scorer is None:

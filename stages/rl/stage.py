@@ -28,12 +28,12 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase, set_seed
+from transformers import PreTrainedTokenizerBase
 
 from configs.errors import DataError, RewardError, first_line
 from configs.reward_sources import REWARD_SOURCES, own_models
 from configs.schema import PipelineConfig, RewardConfig
-from stages.common import checkpoint
+from stages.common import checkpoint, determinism
 from stages.common.answers import is_correct
 from stages.common.progress import Progress
 from stages.common.trainer import SampleStream
@@ -301,7 +301,7 @@ def run_in_process(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
 def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
     ctx = replace(ctx, config=backend.layout(ctx.config))
     cfg, rl = ctx.config, ctx.config.rl
-    set_seed(cfg.seed)
+    determinism.seed_all(cfg.seed, cfg.infra.deterministic)
     n = rl.rollout.n_samples_per_prompt
     tokenizer = checkpoint.load_tokenizer(inputs["sft_model"])
     prompts = stored_prompts(inputs["prompts"], "train", rl.rollout.prompt_max_len, "prompts/train")

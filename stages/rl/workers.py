@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from configs.schema import PipelineConfig, RLConfig, RLModelConfig, TrainingConfig
-from stages.common import checkpoint, deepspeed_engine, dist_env, lora, moe, packing, shared_prompt
+from stages.common import checkpoint, deepspeed_engine, determinism, dist_env, lora, moe, packing, shared_prompt
 from stages.common.generation import sampling_config
 from stages.common.offload import FrozenModel
 from stages.common.trainer import build_engine
@@ -161,6 +161,7 @@ class TrainerWorker(Worker):
         os.chdir(cwd)
         dist_env.join_env(master, self.rank, self.world)
         torch.manual_seed(cfg.seed + self.rank)
+        determinism.apply(cfg.infra.deterministic)
         deepspeed_engine.init_distributed()
         self.cfg, self.rl, self.optim = cfg, cfg.rl, optim
         model = self.load_model(given)
@@ -398,6 +399,7 @@ class ReferenceWorker(Worker, HoldsReference):
 
     def __init__(self, cfg: PipelineConfig, given: NodeInputs, threads: int):
         super().__init__(threads)
+        determinism.apply(cfg.infra.deterministic)
         self.rl = cfg.rl
         self.reference = load_reference(given.path("sft_model"), cfg)
 
@@ -407,6 +409,7 @@ class HFRolloutEngine(Worker):
 
     def __init__(self, cfg: PipelineConfig, given: NodeInputs, threads: int):
         super().__init__(threads)
+        determinism.apply(cfg.infra.deterministic)
         self.rl = cfg.rl
         model_path = given.path("sft_model")
         self.tokenizer = checkpoint.load_tokenizer(model_path)

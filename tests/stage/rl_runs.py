@@ -23,11 +23,11 @@ RL_FAST = [
 
 # a rollout (4 prompts x 4 samples) is one optimizer step (one average update); greedy evals only
 ONE_UPDATE = ["rl.train_batch_size=16", "eval.samples_per_prompt=0"]
-# Two runs of the same settings (in Ray workers of their own, or one after the other in the test's process): the
-# same training up to the CPU BLAS's rounding, which may differ from run to run (MKL picks kernels by memory
-# alignment; 6e-6 seen after one step).
-# A step moves the weights by about the learning rate (1e-3), so this still tells every step apart.
-RERUN_GAP = 5e-5
+# Two runs of the same settings (in Ray workers of their own, or one after the other in the test's process) train
+# to the same bytes: the preset's infra.deterministic fixes MKL's kernel choice, which otherwise followed each
+# process's memory alignment (6e-6 apart after one step). A step moves some weight by about the learning rate
+# (1e-3), far more than this:
+STEP_MOVES = 1e-4
 
 
 def run_rl(prepared, root, overrides, fail_at: int | None = None, extra_inputs=None, logged: list | None = None,
@@ -57,6 +57,11 @@ def tag_weights(root, step: int) -> dict[str, torch.Tensor]:
 
 def tags(root, model: str = "policy") -> set[str]:
     return {p.name for p in (root / "work" / "checkpoints" / model).iterdir() if p.is_dir()}
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    """Every tensor the two state dicts share is the same, bit for bit (see `gap` for the keys)."""
+    return bool(a.keys() & b.keys()) and all(torch.equal(a[k], b[k]) for k in a.keys() & b.keys())
 
 
 def gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
