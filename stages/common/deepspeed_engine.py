@@ -174,10 +174,12 @@ def import_muon_uncompiled() -> None:
 
 
 def rng_state() -> dict[str, Any]:
+    """Every global generator a rank draws from (dropout, sampling): a resume continues their streams."""
     return {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
+        **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}),
     }
 
 
@@ -185,6 +187,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_resumable(engine: Engine, ckpt_dir: Path, step: int, extra: dict[str, Any] | None = None, keep: int | None = 1) -> None:
