@@ -17,6 +17,7 @@ import json
 import os
 import random
 import time
+from collections.abc import Callable
 
 import requests
 import torch
@@ -87,8 +88,9 @@ def read_by(reply: requests.Response, deadline: float, limit: int) -> bytes:
 
 class RemoteScorer:
     def __init__(self, url: str, timeout_s: float = 10.0, retries: int = 3, backoff_s: float = 0.2,
-                 batch_size: int = 32) -> None:
+                 batch_size: int = 32, sleep: Callable[[float], None] = time.sleep) -> None:
         self.url, self.timeout_s, self.retries, self.backoff_s = url, timeout_s, retries, backoff_s
+        self.sleep = sleep  # each wait before a retry goes through it (a test records the waits asked for)
         self.shown = redacted(url)  # how errors name it: a password in the URL stays out of them
         self.batch_size = batch_size
         self.session = requests.Session()
@@ -120,7 +122,7 @@ class RemoteScorer:
                     return self._json(reply.status_code, body)
                 last = f"HTTP {reply.status_code}: {snippet(body.decode(errors='replace'))}"
             if attempt < self.retries:
-                time.sleep(delays[attempt])
+                self.sleep(delays[attempt])
         tries = self.retries + 1
         raise RewardError(f"reward server {self.shown}: failed after {tries} {'try' if tries == 1 else 'tries'} (last error: {last})")
 

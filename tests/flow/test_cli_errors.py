@@ -257,7 +257,9 @@ def test_a_tracking_server_or_database_that_does_not_answer_is_one_line_at_once(
     """MLflow alone retries a refused connection for minutes, then prints its traceback."""
     started = time.monotonic()
     line = assert_one_line_error(cli("run", f"tracking.uri={uri}"), *fragments)
-    assert time.monotonic() - started < 30 and "secret" not in line
+    took = time.monotonic() - started
+    assert took < 60, f"{took:.0f} s to the error line: the tracking store's connection was retried"
+    assert "secret" not in line
     assert not (workdir / ".rlhf").exists()
 
 
@@ -298,7 +300,8 @@ def test_check_passes_the_tiny_preset_at_once_and_leaves_nothing_running_or_writ
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     out, err = proc.communicate(timeout=120)
     assert (proc.returncode, out, err) == (0, OK_LINE.format("tiny") + TINY_PLAN, "")
-    assert time.monotonic() - started < 20
+    took = time.monotonic() - started
+    assert took < 60, f"rlhf check took {took:.0f} s: it starts no cluster and loads no model"
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # no process is left in its group
     # nor a Ray daemon of its session that left the group (other tests may start clusters meanwhile)

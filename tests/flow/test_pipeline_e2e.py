@@ -96,7 +96,7 @@ def assert_gone(processes, within_s: float) -> None:
     deadline = time.monotonic() + within_s
     while alive() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not alive(), alive()
+    assert not alive(), f"still running {within_s:g} s on: {alive()}"
 
 
 @pytest.fixture(scope="module")
@@ -563,7 +563,7 @@ def test_a_served_run_that_would_choose_code_is_refused_at_once_and_runs_nothing
     print(f"prefect deployment run to Failed: {took:.1f} s")
     assert result.returncode == 1 and "Flow run finished in state 'Failed'." in result.stdout, \
         result.stdout[-3000:] + served.log.read_text()[-3000:]
-    assert took < 60
+    assert took < 60, f"{took:.0f} s to Failed: the refusal comes before any stage task"
     flow_run_id = UUID(re.search(r"UUID: (\S+)", result.stdout).group(1))
     with served.client() as client:
         flow_run = client.read_flow_run(flow_run_id)
@@ -678,4 +678,4 @@ def test_a_stop_during_rl_ends_it_within_seconds_registers_nothing_and_keeps_its
     assert run.info.status == "KILLED" and run.data.tags[run_tags.TAG_STATUS] == "interrupted"
     assert len(mlflow_client(ws).search_model_versions("name = 'rlhf-rl'")) == versions
     assert (saved[0] / "checkpoints" / "policy" / "latest").exists()
-    assert_gone(cluster, within_s=10)
+    assert_gone(cluster, within_s=30)

@@ -119,9 +119,10 @@ def stop_mid_stage(session: RaySession, ctx: StageContext, cfg) -> None:
     stopped = time.monotonic()
     session.stop()
     for t in (running, waiting):
-        t.join(timeout=30)
-    assert not running.is_alive() and not waiting.is_alive()
-    assert time.monotonic() - stopped < 15
+        t.join(timeout=max(0.0, stopped + 40 - time.monotonic()))
+    # a stop ends both within seconds; the bound is generous for a loaded machine, and short of the minute the
+    # running stage would sleep if nothing stopped it
+    assert not running.is_alive() and not waiting.is_alive(), "a stage thread still ran 40 s after session.stop()"
     assert isinstance(ended["waiting"], KeyboardInterrupt), ended
     # the running stage's pending ray.get ended with the cluster: Ray raises its error there, or SystemExit
     # when its core worker is already gone (in this thread only: the process goes on)

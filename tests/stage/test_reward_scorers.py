@@ -306,8 +306,11 @@ def test_serve_rm_answers_a_request_over_its_size_limit_413_at_once_and_goes_on_
     huge = json.dumps({"query": ["Compute 1+2\n1+2=3\nAnswer: 3"] * 170_000}).encode()
     assert len(huge) > 5_000_000
     started = time.monotonic()
-    reply = requests.post(f"{base}/get_reward", data=huge, headers={"Content-Type": "application/json"}, timeout=30)
-    assert reply.status_code == 413 and time.monotonic() - started < 3
+    reply = requests.post(f"{base}/get_reward", data=huge, headers={"Content-Type": "application/json"}, timeout=60)
+    took = time.monotonic() - started
+    assert reply.status_code == 413
+    # scoring it would take minutes: the answer comes from the declared length, generous bound for a loaded machine
+    assert took < 20, f"{took:.1f} s to the 413: the server read or scored the body first"
     assert reply.json() == {"detail": f"request body of {len(huge)} bytes is over this server's limit of 1048576 bytes "
                                       "(rlhf serve-rm --max-request-mb); send fewer queries per request"}
     # without a declared length (chunked), cut off as it streams past the limit
@@ -321,8 +324,10 @@ def test_serve_rm_answers_a_request_over_its_size_limit_413_at_once_and_goes_on_
     assert str(err.value).startswith(f"reward server {base}/get_reward: HTTP 413: request body of ")
     assert str(err.value).endswith("; lower reward.batch_size (now 60000 queries a request)")
     started = time.monotonic()
-    small = requests.post(f"{base}/get_reward", json={"query": ["Compute 1+2\n1+2=3\nAnswer: 3"]}, timeout=30)
-    assert small.ok and len(small.json()["rewards"]) == 1 and time.monotonic() - started < 5
+    small = requests.post(f"{base}/get_reward", json={"query": ["Compute 1+2\n1+2=3\nAnswer: 3"]}, timeout=60)
+    took = time.monotonic() - started
+    assert small.ok and len(small.json()["rewards"]) == 1
+    assert took < 20, f"{took:.1f} s for one query: the refused requests left work holding the model"
 
 
 @pytest.mark.slow
@@ -330,19 +335,20 @@ def test_serve_rm_scores_concurrent_requests_in_turns(serve_rm):
     """A small request sent while a large one is being scored is answered first: requests take turns on
     the model batch by batch, so none waits out another."""
     base = serve_rm
-    done: dict[str, float] = {}
+    done: list[str] = []  # the order the replies came back in
 
     def post(name: str, n: int) -> None:
-        requests.post(f"{base}/get_reward", json={"query": ["Compute 1+2\n1+2=3\nAnswer: 3"] * n}, timeout=120).raise_for_status()
-        done[name] = time.monotonic()
+        # the large one's wait is long: on a loaded machine its 1,500 forward passes have taken over two minutes
+        requests.post(f"{base}/get_reward", json={"query": ["Compute 1+2\n1+2=3\nAnswer: 3"] * n}, timeout=600).raise_for_status()
+        done.append(name)
 
     large = threading.Thread(target=post, args=("large", 6000))  # 1,500 forward passes at --batch-size 4: seconds, even on an idle machine
     large.start()
     time.sleep(0.5)  # it has reached the server
     assert "large" not in done
     post("small", 1)
-    large.join(timeout=120)
-    assert done["small"] < done["large"]
+    large.join(timeout=600)
+    assert done == ["small", "large"]
 
 
 # --- serve-rm against hostile requests: each answered within its deadline, the server serving others meanwhile ---

@@ -1,8 +1,7 @@
 """RL's actor groups queue for a cluster another stage holds (as DPO did while RL waited), instead of
 failing on a timer; a stop request ends the wait and frees what was reserved."""
 
-import threading
-import time
+import itertools
 
 import pytest
 import ray
@@ -24,20 +23,30 @@ def held_cluster(ray_cluster):
 
 
 def test_rl_waits_for_the_cpus_another_stage_holds_and_starts_when_they_free(held_cluster):
+    """The wait looks at the stop request once a round (a round waits up to a second for the reservation): the
+    third look frees the holder's CPUs, and the reservation comes after that, not before."""
+    looks: list[str] = []
+
+    def stop() -> bool:
+        looks.append("look")
+        if len(looks) == 3:
+            remove_placement_group(held_cluster)
+            looks.append("freed")
+        return False
+
     cfg = load_config(None)  # hybrid, every group colocated: one bundle of 2 CPUs
-    threading.Timer(3.0, remove_placement_group, args=(held_cluster,)).start()
-    started = time.monotonic()
-    placement = Placement(cfg, needs_critic=False)
+    placement = Placement(cfg, needs_critic=False, stop=stop)
     try:
-        assert time.monotonic() - started >= 2.5
+        assert looks[:4] == ["look", "look", "look", "freed"]  # it waited two rounds while the CPUs were held
         assert set(placement.slots) == {"actor", "reward"}
     finally:
         placement.release()
 
 
 def test_a_stop_request_ends_the_wait_and_frees_the_reservation(held_cluster):
-    stop_at = time.monotonic() + 2.0
+    looks = itertools.count(1)
     with pytest.raises(PipelineError, match="stopped while waiting"):
-        Placement(load_config(None), needs_critic=False, stop=lambda: time.monotonic() > stop_at)
+        Placement(load_config(None), needs_critic=False, stop=lambda: next(looks) >= 3)  # stopped at the third look
+    assert next(looks) == 4  # nothing looked again after the stop
     pending = [pg for pg in ray.util.placement_group_table().values() if pg["state"] in ("PENDING", "CREATED")]
     assert len(pending) == 1  # only the holder's

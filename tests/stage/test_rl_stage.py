@@ -260,7 +260,7 @@ import time
 def reward_func(queries, prompts, labels):
     with open(os.environ["PID_FILE"], "w") as f:
         f.write(str(os.getpid()))
-    time.sleep(60)  # "never" for the test, which fails rather than hangs without the timeout
+    time.sleep(600)  # "never" for the test, which fails on its deadline rather than hangs without the timeout
 """
 
 
@@ -275,14 +275,34 @@ def test_a_reward_func_that_never_returns_ends_the_stage_and_its_worker(tmp_path
     from runtime.rl_actors import RayActors
     from stages.rl.reward_worker import RewardWorker
 
+    class Recorded(RayActors):
+        """The Ray backend, keeping the timeout of each wait for results and the workers it killed."""
+
+        def __init__(self):
+            super().__init__()
+            self.timeouts: list[float | None] = []
+            self.killed: list[object] = []
+
+        def get(self, refs, timeout=None):
+            self.timeouts.append(timeout)
+            return super().get(refs, timeout=timeout)
+
+        def kill(self, worker):
+            self.killed.append(worker)
+            super().kill(worker)
+
     (tmp_path / "stuck.py").write_text(STUCK_REWARD)
     cfg = load_config(None, ["reward.func_path=stuck.py", "reward.timeout_s=1.5"])
     worker = actor_class(RewardWorker).options(num_cpus=0, runtime_env={"env_vars": {"PID_FILE": str(tmp_path / "pid")}}).remote(1)
     ray.get(worker.setup.remote(cfg, NodeInputs({}), [], str(tmp_path)))  # the relative path resolved from the given cwd
+    backend = Recorded()
     started = time.monotonic()
     with pytest.raises(RewardError) as err:
-        rl_stage.score(RayActors(), [worker], ["p"] * 3, ["r"] * 3, [None] * 3, cfg.reward)
-    assert 1.5 <= time.monotonic() - started < 10
+        rl_stage.score(backend, [worker], ["p"] * 3, ["r"] * 3, [None] * 3, cfg.reward)
+    took = time.monotonic() - started
+    # one wait for the scores, bounded by reward.timeout_s; then the worker is killed
+    assert backend.timeouts == [1.5] and len(backend.killed) == 1 and backend.killed[0] is worker
+    assert took < 120, f"{took:.0f} s: a stuck reward_func held the stage past reward.timeout_s=1.5"
     assert str(err.value) == ("reward.func_path=stuck.py: reward_func did not return within reward.timeout_s=1.5 s "
                               "(a batch of 3 queries); fix the function or raise reward.timeout_s")
     pid = int((tmp_path / "pid").read_text())

@@ -2,6 +2,7 @@
 as arguments (as Ray's object refs do), a timeout on a call that never returns, and the layout one process
 can run."""
 
+import threading
 import time
 
 import pytest
@@ -19,8 +20,8 @@ class Counter:
         self.calls.append(args)
         return sum(args)
 
-    def stuck(self):
-        time.sleep(30)
+    def stuck(self, release: threading.Event):
+        release.wait(120)  # "never", until the test lets it go
 
 
 def test_a_call_runs_once_when_first_needed_and_its_pending_result_stands_in_for_it_as_an_argument():
@@ -34,11 +35,15 @@ def test_a_call_runs_once_when_first_needed_and_its_pending_result_stands_in_for
 
 
 def test_a_call_that_never_returns_ends_with_a_timeout_error():
-    backend = InProcess()
+    backend, release = InProcess(), threading.Event()
     started = time.monotonic()
-    with pytest.raises(TimeoutError):
-        backend.get([backend.call(Counter().stuck)], timeout=0.5)
-    assert time.monotonic() - started < 5
+    try:
+        with pytest.raises(TimeoutError, match=r"calls still running after 0.5 s"):
+            backend.get([backend.call(Counter().stuck, release)], timeout=0.5)
+        took = time.monotonic() - started
+        assert took < 30, f"{took:.1f} s: a call that never returns held get(timeout=0.5)"
+    finally:
+        release.set()  # the call's thread, left behind, ends
 
 
 def test_a_call_that_raises_raises_in_the_caller_with_or_without_a_timeout():

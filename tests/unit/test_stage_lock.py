@@ -26,9 +26,12 @@ def test_a_stage_waiting_for_another_runs_lock_gives_up_when_its_run_is_stopped(
         assert waiter.is_alive() and not outcome
         stopped = time.monotonic()
         stopping.set()
-        waiter.join(timeout=10)
+        waiter.join(timeout=30)
     assert outcome.keys() == {"stopped_at"}
-    assert outcome["stopped_at"] - stopped <= LOCK_POLL_S + 0.5
+    took = outcome["stopped_at"] - stopped
+    # it waits on the stop Event between looks at the lock (LOCK_POLL_S apart), so a stop ends the wait at once;
+    # the bound says "within seconds", generous for a loaded machine
+    assert took < LOCK_POLL_S + 10, f"{took:.1f} s from the stop to the waiting run giving up the lock"
     assert "[sft] waiting: another pipeline run is running this stage" in capsys.readouterr().out
 
 

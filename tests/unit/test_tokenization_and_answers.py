@@ -179,7 +179,6 @@ def test_is_correct():
     assert not is_correct("", "", PATTERN)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="describes a machine without a GPU")
 @cpu_only
 def test_attention_auto_is_sdpa_without_a_gpu_and_flash_attention_is_refused():
     from configs.errors import CheckpointError
