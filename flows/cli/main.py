@@ -6,6 +6,7 @@
   rlhf ui  [--config PRESET|FILE] [--port N]
   rlhf runs [--config PRESET|FILE] [--limit N]
   rlhf compare RUN [RUN ...] [--config PRESET|FILE]
+  rlhf verify RUN [--stages STAGE,...] [--keep] [--config PRESET|FILE]
   rlhf serve-rm --model PATH [--host HOST] [--port N] [--batch-size N] [--max-request-mb MIB] [--max-queries N]
                [--max-query-chars N] [--max-waiting N]   (RLHF_REWARD_TOKEN: the bearer token it requires)
   rlhf vllm-env PATH
@@ -16,13 +17,11 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,6 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from artifacts import tracking
     from flows import run_end
     from flows.services import ray_cluster
+    from flows.services.prefect_server import start_in_background
 
     named_cluster = ray_cluster.named_address(cfg.infra)
     if named_cluster:
@@ -81,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     fresh_store = new_store(cfg)
     _prefect_home(cfg.tracking.state_dir)
     with run_end.bounded_interrupt():
-        prefect_server = start_prefect_server()
+        prefect_server = start_in_background()
         finished = False
         try:
             if not only and not named_cluster and fresh_store:
@@ -134,31 +134,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     for name, step in planned.items():
         print(f"  {name.ljust(width)}{step.line()}")
     return 0
-
-
-def start_prefect_server() -> threading.Thread | None:
-    """Without PREFECT_API_URL, calling the flow starts Prefect's temporary server: a process that imports
-    the server and creates its database (seconds). Starting it first, in a thread, lets the flow's
-    imports and the early Ray start run meanwhile; the flow then finds it running. A new database starts
-    as a copy of an empty migrated one (flows/services/prefect_db.py)."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
-
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
-        return None
-    from flows.services import prefect_db
-    from flows.services.prefect_server import SessionServer
-
-    keep_template = prefect_db.seeded()
-    server = SessionServer()  # in a session of its own: a signal to this process group leaves it to us to stop
-
-    def start() -> None:
-        with contextlib.suppress(Exception):  # the flow's own start tries again and reports the error
-            server.start()
-            keep_template()
-
-    thread = threading.Thread(target=start, name="prefect-server-start", daemon=True)
-    thread.start()
-    return thread
 
 
 def new_store(cfg: PipelineConfig) -> bool:
@@ -226,6 +201,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     client, _ = _store(args.config)
     Console(width=160).print(comparison_table(comparison(client, args.runs), args.runs))
     return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from flows.verify.command import verify
+
+    return verify(args.run, stage_names(args.stages), args.keep, args.config)
 
 
 def cmd_serve_rm(args: argparse.Namespace) -> int:
@@ -327,6 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("runs", nargs="+", metavar="RUN", help="pipeline run ids (see `rlhf runs`)")
     compare.add_argument("--config", default=None)
     compare.set_defaults(func=cmd_compare)
+    verify = sub.add_parser("verify", help="rerun a finished run's stages in a scratch store from the same config and "
+                                           "inputs, and say per stage whether outputs and metrics came out identical")
+    verify.add_argument("run", metavar="RUN", help="a pipeline run id (see `rlhf runs`) or a stage run id")
+    verify.add_argument("--stages", action="append", default=[], metavar="STAGE",
+                        help="verify only these stages of the run (repeatable, or comma-separated)")
+    verify.add_argument("--keep", action="store_true", help="keep the scratch store and say where it is")
+    verify.add_argument("--config", default=None, help="the preset or YAML whose store holds the run (default: tiny)")
+    verify.set_defaults(func=cmd_verify)
     serve_rm = sub.add_parser("serve-rm", help="serve a reward model over HTTP (POST /get_reward, OpenRLHF protocol)")
     serve_rm.add_argument("--model", required=True, metavar="PATH", help="reward-model checkpoint directory")
     serve_rm.add_argument("--host", default="127.0.0.1")

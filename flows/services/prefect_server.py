@@ -14,6 +14,7 @@ starting `SessionServer()` first makes it that instance.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -57,5 +58,30 @@ def main(argv: list[str]) -> None:
                 log_level="error", lifespan="on", app_dir=str(prefect.__module_path__.parent))
 
 
+def start_in_background() -> threading.Thread | None:
+    """Without PREFECT_API_URL, calling the flow starts Prefect's temporary server: a process that imports
+    the server and creates its database (seconds). Starting it first, in a thread, lets the flow's
+    imports and the early Ray start run meanwhile; the flow then finds it running. A new database starts
+    as a copy of an empty migrated one (flows/services/prefect_db.py)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return None
+    from flows.services import prefect_db
+
+    keep_template = prefect_db.seeded()
+    server = SessionServer()  # in a session of its own: a signal to this process group leaves it to us to stop
+
+    def start() -> None:
+        with contextlib.suppress(Exception):  # the flow's own start tries again and reports the error
+            server.start()
+            keep_template()
+
+    thread = threading.Thread(target=start, name="prefect-server-start", daemon=True)
+    thread.start()
+    return thread
+
+
 if __name__ == "__main__":
     main(sys.argv[1:])
+

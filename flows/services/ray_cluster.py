@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -101,9 +102,38 @@ def import_all(modules: list[str]) -> None:
             importlib.import_module(module)
 
 
+_kept: RaySession | None = None  # by `kept_across_flows`, for each flow run in its block
+
+
+@contextlib.contextmanager
+def kept_across_flows(infra: InfraConfig) -> Iterator[RaySession]:
+    """For several flow runs in this process, one after another (`rlhf verify` runs one per stage): one session
+    that each of them takes, with its cluster and idle stage workers, and that only the end of this block shuts
+    down, or a stop (Ctrl-C) during one of them."""
+    global _kept
+    session = RaySession(infra)
+    session.kept = True
+    _kept = session
+    sigterm = signal.getsignal(signal.SIGTERM)  # ray.init in the main thread sets its own (see `start_early`)
+    try:
+        try:
+            session.ensure()  # here: a cluster started in a stage's task thread would not outlive that thread
+        finally:
+            if sigterm is not None:
+                signal.signal(signal.SIGTERM, sigterm)
+        yield session
+    finally:
+        _kept = None
+        session.kept = False
+        session.shutdown(flush_logs=False)
+
+
 def session_for(infra: InfraConfig) -> RaySession:
-    """The flow's session: the one `start_early` began for this config, else a new one, joined lazily."""
+    """The flow's session: the one `kept_across_flows` keeps or `start_early` began for this config, else a new
+    one, joined lazily."""
     global _started_early
+    if _kept is not None and _kept.infra == infra and not _kept.stopping.is_set():
+        return _kept
     early, _started_early = _started_early, None
     if early is not None and early.infra != infra:
         early.shutdown()  # started for another config: nothing may keep it running unowned
@@ -122,6 +152,7 @@ class RaySession:
         self.preload: dict[str, set[str]] = {}  # stage -> modules of the driver stages after it (`preload_drivers`)
         self._preload_lock = threading.Lock()  # stages start from several task threads at once
         self.work_ended = float("-inf")  # when the last stage's Ray work returned (time.monotonic)
+        self.kept = False  # by `kept_across_flows`: a flow's end leaves it running; a stop does not
 
     def ensure(self, prestart: Shape | None = None) -> None:
         """Join or start the cluster, once (`prestart`: on a local cluster, start a stage worker set of
@@ -214,6 +245,8 @@ class RaySession:
     def shutdown(self, flush_logs: bool = True) -> None:
         import ray
 
+        if self.kept and not self.stopping.is_set():  # the next flow run takes it
+            return
         with self._lock:
             if self._owned:
                 if flush_logs:  # let Ray's log monitor forward the last worker lines

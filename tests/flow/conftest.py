@@ -116,8 +116,9 @@ def as_a_cli_process(workdir: Path):
     """For the block, this process's folder and environment are what `run_cli` gives a new one (`cli_env`):
     for `main_in_process` where a function-scoped `cli` cannot serve (a module's fixture)."""
     saved = dict(os.environ)
+    env = cli_env(workdir)  # read before the clear: built from this environment, as `run_cli`'s is
     os.environ.clear()
-    os.environ.update(cli_env(workdir))
+    os.environ.update(env)
     try:
         with contextlib.chdir(workdir):
             yield
