@@ -174,21 +174,20 @@ def import_muon_uncompiled() -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every global generator a rank draws from (dropout, sampling): a resume continues their streams."""
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}),
-    }
+    """Every generator training draws from: Python's, numpy's, torch's CPU one and, on a GPU, torch's of this rank's
+    device (dropout there draws from it)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and torch.cuda.is_available():  # a CPU run's checkpoint resumed on a GPU: seeded as it was
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def save_resumable(engine: Engine, ckpt_dir: Path, step: int, extra: dict[str, Any] | None = None, keep: int | None = 1) -> None:

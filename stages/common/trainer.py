@@ -145,7 +145,9 @@ def train_loop(
         print(f"[{ctx.stage}] resumed from step {start}/{steps} ({ckpt_dir})", flush=True)
     outcome = TrainOutcome(start_step=start)
     progress = Progress(ctx.stage, steps, start=start, enabled=ctx.is_main)
-    window: dict[str, list[float]] = {}
+    # the values since the last train log, which that log averages: a checkpoint between two logs keeps them, so
+    # a resumed run logs the uninterrupted run's averages
+    window: dict[str, list[float]] = resumed.get("window", {}) if resumed else {}
     n_tokens, t0 = 0, time.monotonic()
     engine.train()
     for step in range(start, steps):
@@ -179,7 +181,7 @@ def train_loop(
                 ctx.log_metrics({f"eval/{k}": v for k, v in outcome.last_eval.items()}, done)
                 progress.show(done, {f"eval_{k}": v for k, v in outcome.last_eval.items()}, force=True)
         if done % train.save_every == 0 and done < steps:
-            deepspeed_engine.save_resumable(engine, ckpt_dir, done, keep=train.max_checkpoints)
+            deepspeed_engine.save_resumable(engine, ckpt_dir, done, {"window": window}, keep=train.max_checkpoints)
             ctx.on_checkpoint(ckpt_dir, f"step{done}")
     if start >= steps:  # resumed at the end: nothing left to train, still report the eval
         engine.eval()

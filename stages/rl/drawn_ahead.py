@@ -6,7 +6,9 @@ they come from the weights N updates back. A draw is launched during a step, bef
 engines run their calls in order, so which weights a draw sees is fixed by the step it was launched in,
 not by timing: a run is the same run each time. The prompts of a queued step are picked when it is
 queued (stream positions taken in order; a dynamic-filtering refill picks after them), so a checkpoint's
-`cursor` and `queued` starts pick the same prompts again on resume.
+`cursor` and the queued draws' starts pick the same prompts again on resume. A checkpoint keeps what the
+queued steps drew (`Collected`): a resumed run trains on the samples the killed run drew, from the weights of
+the steps they were launched in, so it goes on as the uninterrupted run does.
 
 A multi-turn agent's draw is not one engine call but turns of calls and environment steps: it is played
 in a thread of the driver's (one draw at a time, in step order) while the policy trains, and `settle`
@@ -25,11 +27,20 @@ from typing import Any
 
 
 @dataclass
+class Collected:
+    """A draw a checkpoint kept, as it was drawn: its samples (a multi-turn draw: its samples and rewards)."""
+
+    result: Any
+
+
+@dataclass
 class Drawn:
     step: int  # the (0-based) step whose first round it is
     start: int  # its first prompt's position in the prompt stream
     updates: int  # policy updates done when it was launched
-    pending: Any  # the launched generation (refs), or the episodes being played (a Future of samples and rewards)
+    # the launched generation (refs), the episodes being played (a Future of samples and rewards), or a
+    # resumed checkpoint's draw (Collected)
+    pending: Any
 
 
 class DrawnAhead:
@@ -76,6 +87,6 @@ class DrawnAhead:
         self.queue.append(drawn)
 
     def starts(self) -> list[int]:
-        """The queued steps' stream positions, in step order (what a checkpoint keeps)."""
+        """The queued steps' stream positions, in step order."""
         return [d.start for d in self.queue]
 

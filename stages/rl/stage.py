@@ -21,6 +21,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,7 +48,7 @@ from stages.rl import reward_worker, weight_sync, workers
 from stages.rl.advantages import compute_advantages, groups_in_range, overlong_penalty, stop_properly_penalty, varied_groups
 from stages.rl.backend import Backend, Ref, RolloutEngine, Sampler, one
 from stages.rl.best import BestFolder, BestStep, reported
-from stages.rl.drawn_ahead import Drawn, DrawnAhead
+from stages.rl.drawn_ahead import Collected, Drawn, DrawnAhead
 from stages.rl.episodes import run_episodes, turns
 from stages.rl.experience import (
     Sample,
@@ -326,9 +327,8 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
                 actors.on_all([w.load for w in actors.critic], str(ckpt["critic"]), f"step{start}")
             sync_weights(actors)
             print(f"[rl] resumed from step {start}/{total} ({ckpt['policy']})", flush=True)
-        for i, queued_start in enumerate(resumed.get("queued", []) if resumed else []):  # drawn again, on these weights
-            ahead.add(draw(actors, tokenizer, prompts, stream, queued_start, cfg, start + i, start, ahead))
-        ahead.settle()  # a resumed queue's episodes: none plays on the reward workers while a rollout does
+        for kept in resumed.get("drawn", []) if resumed else []:  # as the killed run drew them
+            ahead.add(Drawn(kept["step"], kept["start"], kept["updates"], Collected(kept["result"])))
         if rl.rollout.async_train:
             print(f"[rl] async: the engines draw each step's samples while the policy trains on an earlier step's (up to "
                   f"{ahead.size} update(s) stale, importance weights capped at {rl.importance_cap})", flush=True)
@@ -377,7 +377,7 @@ def run_with(backend: Backend, ctx: StageContext, inputs: dict[str, Path]) -> St
                     actors.on_all([w.export for w in actors.policy], str(best_folder.tag(done)))
                     best_folder.exported(done)
             if done % rl.save_every == 0 and done < total:
-                state = {"cursor": cursor, "queued": ahead.starts(), "kl_coef": kl_ctl.value, "before": before,
+                state = {"cursor": cursor, "drawn": kept_draws(actors, ahead), "kl_coef": kl_ctl.value, "before": before,
                          "best": None if best is None else best.state()}
                 save(actors, ckpt, done, state, ctx.on_checkpoint, rl.max_checkpoints)
                 best_folder.checkpointed(None if best is None else best.step)
@@ -469,6 +469,22 @@ def draw(actors: Actors, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[P
     return Drawn(step, start, updates, launch_round(actors, picked, cfg, step, 0))
 
 
+def drawn_result(actors: Actors, drawn: Drawn):
+    """What a step's first round drew ahead: its samples (a multi-turn draw: its samples and rewards), waited for."""
+    if isinstance(drawn.pending, Collected):
+        return drawn.pending.result
+    if isinstance(drawn.pending, Future):
+        return drawn.pending.result()
+    return collect_generation(actors, drawn.pending)
+
+
+def kept_draws(actors: Actors, ahead: DrawnAhead) -> list[dict]:
+    """The queued steps' draws as a checkpoint keeps them (async training): their samples are done by now (the
+    weight sync waits for the engines' earlier calls; `settle` for episodes played ahead), so keeping them costs
+    no wait, and a resumed run trains on them rather than on draws from the checkpoint's weights."""
+    return [{"step": d.step, "start": d.start, "updates": d.updates, "result": drawn_result(actors, d)} for d in ahead.queue]
+
+
 def rollout(actors: Actors, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt], stream: SampleStream, cursor: int,
             cfg: PipelineConfig, step: int, timer: Timer, drawn: Drawn | None = None):
     """`rl.rollout.batch_size` prompts x n samples, scored; with dynamic filtering, groups whose scores are
@@ -489,13 +505,15 @@ def rollout(actors: Actors, tokenizer: PreTrainedTokenizerBase, prompts: Sequenc
         if rl.agent.path:  # multi-turn: the environment's turns give the rewards (timed as generation)
             with timer("generation"):
                 if rounds == 0 and drawn is not None:
-                    samples, scored = drawn.pending.result()
+                    samples, scored = drawn_result(actors, drawn)
                 else:
                     samples, scored = play_round(actors, tokenizer, picked, cfg, step, rounds)
         else:
             with timer("generation"):
-                pending = drawn.pending if rounds == 0 and drawn is not None else launch_round(actors, picked, cfg, step, rounds)
-                samples = collect_generation(actors, pending)
+                if rounds == 0 and drawn is not None:
+                    samples = drawn_result(actors, drawn)
+                else:
+                    samples = collect_generation(actors, launch_round(actors, picked, cfg, step, rounds))
             with timer("reward"):
                 responses = [decoded(tokenizer, s.response_ids, skip_special_tokens=True) for s in samples]
                 scored = score(actors.backend, actors.reward, [p.text for p in flat], responses, [p.label for p in flat], cfg.reward)

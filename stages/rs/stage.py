@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from transformers import set_seed
 
 from configs.errors import DataError
 from stages.common import checkpoint, deepspeed_engine, generation, moe
@@ -130,6 +131,9 @@ def run(ctx: StageContext, inputs: dict[str, Path]) -> StageResult:
             ctx.log_metrics(metrics, start + step)
 
         round_ctx = dataclasses.replace(ctx, work_dir=round_dir, log_metrics=log_round)
+        # the round's generators start from its own seed, not from where the rounds before left them: a run that
+        # resumes here, its earlier rounds finished, trains as the uninterrupted run (dropout draws from them)
+        set_seed(cfg.seed + r)
         engine, outcome = fit_lm(round_ctx, model, s, kept, eval_rows, pad_id)
         state = deepspeed_engine.full_state_dict(engine)
         if ctx.is_main:
