@@ -4,7 +4,6 @@ target while scoring the plain prompts. (The pure parts: tests/unit/test_trainin
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForSequenceClassification
 
 from configs import load_config
 from stages.common import checkpoint, conditioning
@@ -15,24 +14,13 @@ from stages.eval import stage as evaluate
 from stages.rewards.base import RewardBatch
 from stages.rewards.rm_scorer import RewardModelScorer
 from tests.stage.conftest import FAST, Recorder, make_ctx
+from tests.tiny_checkpoint import save_random_rm
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 
 SHORT = [*FAST, "csft.enabled=true", "csft.max_steps=4", "csft.micro_batch_size=8", "csft.eval_every=4",
          "csft.save_every=100", "csft.lr=2e-3", "eval.max_samples=4", "eval.samples_per_prompt=0",
          "eval.max_new_tokens=8"]
-
-
-def save_rm(base_model, out):
-    """A random scalar-head RM on the base model's tokenizer: it scores every row differently."""
-    tok = checkpoint.load_tokenizer(base_model)
-    torch.manual_seed(0)
-    model = LlamaForSequenceClassification(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                                                       num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                                                       num_labels=1, pad_token_id=tok.pad_token_id))
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 class PromptsSeen:
@@ -45,7 +33,7 @@ class PromptsSeen:
 
 
 def test_rows_are_conditioned_on_their_rm_scores_and_eval_prompts_with_the_target(prepared, tmp_path, monkeypatch):
-    rm = save_rm(prepared["base_model"], tmp_path / "rm")
+    rm = save_random_rm(prepared["base_model"], tmp_path / "rm")
     cfg = load_config(None, [*SHORT, f"reward.rm_paths=[{rm}]"])
     rec = Recorder()
     result = csft.run(make_ctx("csft", cfg, tmp_path / "csft", rec),
