@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from stages.common.dist_env import free_port
@@ -157,6 +158,32 @@ def prefect_api_from_environment():
 
     with temporary_settings(updates={PREFECT_API_URL: os.environ.get("PREFECT_API_URL")}):
         yield
+
+
+def cluster_processes(cli_pid: int) -> dict[psutil.Process, tuple[str, int]]:
+    """Every process a CLI run started (its Ray cluster's daemons and workers): process -> (title, group)."""
+    found = {}
+    for p in psutil.Process(cli_pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):  # a short-lived helper that is gone already
+            found[p] = (" ".join(p.cmdline())[:60], os.getpgid(p.pid))
+    return found
+
+
+def assert_gone(processes, within_s: float) -> None:
+    def alive():
+        running = []
+        for p, (title, _) in processes.items():
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    running.append(title)
+            except psutil.Error:
+                pass
+        return running
+
+    deadline = time.monotonic() + within_s
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(), f"still running {within_s:g} s on: {alive()}"
 
 
 def mlflow_client(workdir: Path):

@@ -17,7 +17,6 @@ the identical rerun are module fixtures, so each test also passes alone):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -31,14 +30,23 @@ from pathlib import Path
 from uuid import UUID
 
 import mlflow
-import psutil
 import pytest
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import configs
 from artifacts import run_tags, store
-from tests.flow.conftest import CLI, as_a_cli_process, cli_env, main_in_process, mlflow_client, run_cli
+from tests.flow.conftest import (
+    CLI,
+    as_a_cli_process,
+    assert_gone,
+    cli_env,
+    cluster_processes,
+    main_in_process,
+    mlflow_client,
+    run_cli,
+)
+from tests.flow.kill_chain import KILLED_STAGES, kill_points, killed_again_and_again
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first test pays the module's whole first run
 PREFECT = str(Path(sys.executable).parent / "prefect")
@@ -71,32 +79,6 @@ def stage_runs(ws, stage: str):
     client = mlflow_client(ws)
     exp = client.get_experiment_by_name("rlhf-pipeline")
     return client.search_runs([exp.experiment_id], f"tags.`rlhf.stage` = '{stage}'")
-
-
-def cluster_processes(cli_pid: int) -> dict[psutil.Process, tuple[str, int]]:
-    """Every process a CLI run started (its Ray cluster's daemons and workers): process -> (title, group)."""
-    found = {}
-    for p in psutil.Process(cli_pid).children(recursive=True):
-        with contextlib.suppress(psutil.Error, ProcessLookupError):  # a short-lived helper that is gone already
-            found[p] = (" ".join(p.cmdline())[:60], os.getpgid(p.pid))
-    return found
-
-
-def assert_gone(processes, within_s: float) -> None:
-    def alive():
-        running = []
-        for p, (title, _) in processes.items():
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    running.append(title)
-            except psutil.Error:
-                pass
-        return running
-
-    deadline = time.monotonic() + within_s
-    while alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive(), f"still running {within_s:g} s on: {alive()}"
 
 
 @pytest.fixture(scope="module")
@@ -216,29 +198,78 @@ def clean_run(ws, first_run, tmp_path_factory) -> Path:
     return fresh
 
 
-@pytest.mark.timeout(1200)
-def test_a_killed_and_resumed_run_ends_byte_identical_to_an_uninterrupted_one(ws, first_run, clean_run):
-    """The first run, killed by SIGKILL during SFT and resumed from its checkpoint, against the same run in a
-    fresh store, never interrupted: every file of every stage's outputs (the weights included) is the same
-    bytes, and every metric's history is the same values at the same steps (SFT's from the step it resumed
-    at; when and how fast things ran aside). No tolerance: on one machine the pipeline is deterministic."""
-    resumed, clean = mlflow_client(ws), mlflow_client(clean_run)
+PIPELINE_STAGES = ("data_prep", "sft", "rm", "prm", "rl", "dpo", "eval")
+
+
+def since_resume(got: dict, want: dict) -> tuple[dict, dict]:
+    """A stage run's metric histories (`got`) and an uninterrupted run's (`want`), as they must be equal: a resumed
+    run logs every point after the step it resumed at and says which (`resumed_from_step`), and before that step
+    only what it logs again (RL's held-out eval of the SFT policy at step 0, the stage's last metrics at 0)."""
+    got = dict(got)
+    if (resumed := got.pop("resumed_from_step", None)) is None:
+        return got, want
+    ((_, start),) = resumed
+    assert start > 0
+    kept = {}
+    for key, points in want.items():
+        again = {step for step, _ in got.get(key, [])}
+        if since := [(step, v) for step, v in points if step > start or step in again]:
+            kept[key] = since
+    return got, kept
+
+
+def assert_same_work(resumed_store: Path, runs: dict, clean_store: Path) -> None:
+    """Each stage's run in `runs` (of `resumed_store`) against the one run of that stage in `clean_store`: every
+    file of its outputs (the weights included) is the same bytes, and every metric's history the same values at
+    the same steps, from where it resumed (when and how fast things ran aside)."""
+    resumed, clean = mlflow_client(resumed_store), mlflow_client(clean_store)
     exp = clean.get_experiment_by_name("rlhf-pipeline")
-    for stage in ("data_prep", "sft", "rm", "prm", "rl", "dpo", "eval"):
-        if stage == "data_prep":  # finished before the kill; the first of its complete runs in this store
-            ours = min((r for r in stage_runs(ws, stage) if r.data.tags.get(run_tags.TAG_STATUS) == run_tags.COMPLETE),
-                       key=lambda r: r.info.start_time)
-        else:
-            ours = made(ws, first_run, stage)
+    for stage, ours in runs.items():
         (theirs,) = clean.search_runs([exp.experiment_id], f"tags.`rlhf.stage` = '{stage}'")
         digests = output_digests(resumed, ours)
         assert digests and digests == output_digests(clean, theirs), stage
-        got, want = histories(resumed, ours), histories(clean, theirs)
-        if stage == "sft":  # the resumed run logged from the step it resumed at, and says which
-            assert got.pop("resumed_from_step")[0][1] > 0
-            want = {k: [(step, v) for step, v in points if step >= min((s for s, _ in got.get(k, [])), default=0)]
-                    for k, points in want.items() if k in got}
+        got, want = since_resume(histories(resumed, ours), histories(clean, theirs))
         assert got == want, stage
+
+
+@pytest.mark.timeout(1200)
+def test_a_killed_and_resumed_run_ends_byte_identical_to_an_uninterrupted_one(ws, first_run, clean_run):
+    """The first run, killed by SIGKILL during SFT and resumed from its checkpoint, against the same run in a
+    fresh store, never interrupted: the same outputs and metric histories (`assert_same_work`). No tolerance: on
+    one machine the pipeline is deterministic."""
+    # data_prep finished before the kill: the first of its complete runs in this store
+    runs = {"data_prep": min((r for r in stage_runs(ws, "data_prep") if r.data.tags.get(run_tags.TAG_STATUS) == run_tags.COMPLETE),
+                             key=lambda r: r.info.start_time)}
+    runs |= {stage: made(ws, first_run, stage) for stage in PIPELINE_STAGES[1:]}
+    assert "resumed_from_step" in runs["sft"].data.metrics
+    assert_same_work(ws, runs, clean_run)
+
+
+KILL_SEED = 20261207
+
+
+@pytest.mark.timeout(2700)  # alone: the module's first run and the clean run before it
+def test_killed_twenty_times_across_the_stages_the_reruns_end_byte_identical(clean_run, tmp_path_factory):
+    """`rlhf run` in a fresh store, SIGKILLed (its whole process group) at 20 points drawn from a seeded list
+    inside the work of every stage after data prep, each kill followed by a plain rerun, which resumes each
+    stage from its last checkpoint and reuses the finished ones, then a last rerun to the end: each stage's one
+    complete run matches the uninterrupted run's (`assert_same_work`). After each kill no process of the
+    group is left (`killed_again_and_again`)."""
+    folder = tmp_path_factory.mktemp("killed")
+    started = time.monotonic()
+    kills = killed_again_and_again(folder, kill_points(20, KILL_SEED))
+    final = run_cli(folder, "run", timeout=900)
+    took = time.monotonic() - started
+    print(f"20 kills and the reruns to the end: {took:.0f} s\n" + "\n".join(
+        f"{i:2d}. {k.point.stage} +{k.point.delay_s:4.1f} s: hit {k.hit or 'between stages'} at step {k.step} "
+        f"{k.attempt_s:5.1f} s into its attempt{', inside a checkpoint write' if k.in_checkpoint_write else ''}"
+        for i, k in enumerate(kills, 1)))
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+    assert {k.hit for k in kills} >= set(KILLED_STAGES), [k.hit for k in kills]
+    runs = {}
+    for stage in PIPELINE_STAGES:
+        (runs[stage],) = [r for r in stage_runs(folder, stage) if r.data.tags.get(run_tags.TAG_STATUS) == run_tags.COMPLETE]
+    assert_same_work(folder, runs, clean_run)
 
 
 def test_sft_beats_base_on_held_out_accuracy(ws, first_run):
