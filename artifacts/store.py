@@ -28,6 +28,7 @@ from configs.errors import PipelineError
 from configs.redaction import logged, redacted
 
 METRIC_COMPUTE_S = "time/compute_s"
+METRIC_RESUMED = "resumed_from_step"  # what a stage that resumed from a checkpoint logs: the step it went on from
 
 
 @dataclass(frozen=True)

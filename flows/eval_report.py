@@ -16,7 +16,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 from artifacts import model_registry as registry
 from artifacts import run_owner, run_tags
 from artifacts.datasets import context
-from artifacts.store import ArtifactRef
+from artifacts.store import METRIC_RESUMED, ArtifactRef
 from stages.eval.results import model_inputs, per_model
 
 if TYPE_CHECKING:
@@ -75,9 +75,37 @@ def history(client: MlflowClient, run_id: str, metric: str) -> list[tuple[int, f
 
 def log_rl_curves(client: MlflowClient, rl_run_id: str) -> None:
     """The RL run's reward, KL and response length per step, as `plots/rl_curves.png` of that run."""
-    curves = {name: points for name in RL_CURVES if (points := history(client, rl_run_id, name))}
+    curves = rl_curves(client, rl_run_id)
     if curves:
         client.log_figure(rl_run_id, curves_figure(curves), RL_PLOT)
+
+
+def rl_curves(client: MlflowClient, rl_run_id: str) -> dict[str, list[tuple[int, float]]]:
+    """The curves of `RL_CURVES`, whole: a run that resumed from a checkpoint logged only the steps after it, so the
+    earlier steps come from the attempts it continued (`earlier_attempts`), a later attempt's point replacing an
+    earlier one's; the figure is then the one the uninterrupted run draws."""
+    run = client.get_run(rl_run_id)
+    attempts = [*(earlier_attempts(client, run) if METRIC_RESUMED in run.data.metrics else []), rl_run_id]
+    curves = {}
+    for name in RL_CURVES:
+        points: dict[int, float] = {}
+        for attempt in attempts:
+            points.update(history(client, attempt, name))
+        if points:
+            curves[name] = sorted(points.items())
+    return curves
+
+
+def earlier_attempts(client: MlflowClient, run) -> list[str]:
+    """The runs of the same stage work (its stage and fingerprint) started before `run`, oldest first: those a kill or
+    a fault ended, whose checkpoints it resumed from."""
+    tags = run.data.tags
+    found = client.search_runs(
+        [run.info.experiment_id],
+        filter_string=f"tags.`{run_tags.TAG_STAGE}` = '{tags[run_tags.TAG_STAGE]}' and "
+                      f"tags.`{run_tags.TAG_FINGERPRINT}` = '{tags[run_tags.TAG_FINGERPRINT]}'",
+        order_by=["attributes.start_time ASC"], max_results=1000)
+    return [r.info.run_id for r in found if r.info.run_id != run.info.run_id and r.info.start_time <= run.info.start_time]
 
 
 def logged_model_of(client: MlflowClient, experiment_id: str, identity: str) -> str | None:

@@ -97,6 +97,29 @@ def test_the_rl_run_gets_its_headline_curves(client, tmp_path):
     assert fig._suptitle.get_text() == "RL training curves" and fig.axes[0].get_title() == "train/reward"
 
 
+def test_a_resumed_rl_runs_curves_are_the_uninterrupted_runs(client, tmp_path):
+    """A run resumed from step 2's checkpoint logged steps 3-5; the attempt a kill ended logged 1-3. Its plot draws
+    steps 1-2 from that attempt and 3-5 from itself (its own step 3 over the attempt's): the uninterrupted run's
+    curve, and so the same PNG bytes. A run of other work (another fingerprint) lends it nothing."""
+    def run(fingerprint: str, points: dict[int, float], resumed: bool = False) -> str:
+        run_id = client.create_run(client.exp, tags={run_tags.TAG_STAGE: "rl", run_tags.TAG_FINGERPRINT: fingerprint}).info.run_id
+        client.log_batch(run_id, metrics=[Metric("train/reward", v, 0, step) for step, v in points.items()]
+                         + ([Metric(store.METRIC_RESUMED, 2.0, 0, 0)] if resumed else []))
+        return run_id
+
+    run("other", {1: 9.0, 2: 9.0})
+    run("work", {1: 0.1, 2: 0.2, 3: 0.25})  # killed during step 4, after its step-2 checkpoint
+    resumed = run("work", {3: 0.3, 4: 0.4, 5: 0.5}, resumed=True)
+    clean = run("clean", {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4, 5: 0.5})
+    assert eval_report.rl_curves(client, resumed) == {"train/reward": [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4), (5, 0.5)]}
+    assert eval_report.rl_curves(client, clean) == eval_report.rl_curves(client, resumed)
+    plots = []
+    for run_id in (resumed, clean):
+        eval_report.log_rl_curves(client, run_id)
+        plots.append(Path(client.download_artifacts(run_id, eval_report.RL_PLOT, str(tmp_path / run_id))).read_bytes())
+    assert plots[0] == plots[1]
+
+
 def test_the_champion_is_chosen_by_eval_metric(client, tmp_path):
     """Three SFT versions whose greedy reward and regex accuracy disagree: `champion` follows the metric
     asked for, and the reward model a reward source consumed is no candidate."""
