@@ -19,7 +19,7 @@ from prefect.futures import PrefectFuture, wait
 from prefect.runtime import deployment
 from prefect.states import Cancelled, Completed, Failed, State
 
-from artifacts import disk_full, run_owner, store, tracking
+from artifacts import disk_full, run_owner, run_tags, store, tracking
 from artifacts import model_registry as registry
 from configs import load_config
 from configs.errors import PipelineError, first_line
@@ -110,7 +110,8 @@ def run_pipeline(config: str, overrides: list[str] | None, force: list[str] | No
         parent = client.create_run(
             experiment_id,
             run_name=run_views.pipeline_run_name(label),
-            tags={"rlhf.kind": "pipeline", "rlhf.config": logged(config), "rlhf.overrides": logged(" ".join(overrides or [])),
+            tags={run_tags.TAG_KIND: run_tags.KIND_PIPELINE, run_tags.TAG_CONFIG: logged(config),
+                  run_tags.TAG_OVERRIDES: logged(" ".join(overrides or [])),
                   "rlhf.force": ",".join(force or []), "rlhf.only": ",".join(only or []), **run_owner.owner_tags()},
         )
     parent_id = parent.info.run_id

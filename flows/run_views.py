@@ -16,7 +16,7 @@ from stages.dag import declaration as dag
 
 SEP = " · "
 OVERRIDES_WIDTH = 60  # a pipeline run's overrides, cut to this in run names (after what matters most)
-TAG_KIND = "rlhf.kind"
+TAG_KIND = run_tags.TAG_KIND
 TAG_REUSED = "rlhf.reused_run"  # on a cached stage's child run: the stage run it reused
 KIND_CACHED = "cached_stage"
 HEADLINE_SECTIONS = ("eval/", "rows/", "merge/")  # a stage's results, not its per-step training series

@@ -8,6 +8,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from rich.table import Table
 
+from artifacts import run_tags
 from configs.errors import PipelineError
 from stages.dag import declaration as dag
 
@@ -41,7 +42,7 @@ def runs_table(runs) -> Table:
         table.add_column(column)
     for run in runs:
         started = datetime.datetime.fromtimestamp(run.info.start_time / 1000).strftime("%Y-%m-%d %H:%M:%S")
-        config = " ".join(filter(None, [run.data.tags.get("rlhf.config", ""), run.data.tags.get("rlhf.overrides", "")]))
+        config = " ".join(filter(None, [run.data.tags.get(run_tags.TAG_CONFIG, ""), run.data.tags.get(run_tags.TAG_OVERRIDES, "")]))
         stages = ", ".join(f"{name} {status}" for name, (status, _) in stage_outcomes(run).items())
         table.add_row(run.info.run_id, started, run.info.status, config, stages)
     return table
@@ -55,7 +56,7 @@ def comparison(client: MlflowClient, run_ids: list[str]) -> dict[str, dict[str, 
             parent = client.get_run(run_id)
         except MlflowException:
             raise PipelineError(f"run {run_id}: no such MLflow run in {client.tracking_uri}") from None
-        if parent.data.tags.get("rlhf.kind") != "pipeline":
+        if parent.data.tags.get(run_tags.TAG_KIND) != run_tags.KIND_PIPELINE:
             raise PipelineError(f"run {run_id}: not a pipeline run (pick one from `rlhf runs`)")
         for stage, (status, stage_run_id) in stage_outcomes(parent).items():
             metrics = client.get_run(stage_run_id).data.metrics if stage_run_id else {}

@@ -23,8 +23,6 @@ from flows.stage_task import stage_fingerprint
 from stages.dag import declaration as dag
 from stages.dag import preflight
 
-KIND_TAG, PIPELINE = "rlhf.kind", "pipeline"
-CONFIG_TAG, OVERRIDES_TAG = "rlhf.config", "rlhf.overrides"
 VERIFIED = ("ran", "cached")  # a pipeline run's stages that have a complete run to compare with
 # `rlhf.overrides` holds a run's overrides joined by spaces: a new one begins where `key=` follows a space
 OVERRIDE_START = re.compile(r"\s+(?=[A-Za-z_][\w.]*=)")
@@ -60,7 +58,7 @@ def get_run(client: MlflowClient, run_id: str) -> Run:
 def stage_runs(client: MlflowClient, run: Run) -> tuple[Run, list[Run]]:
     """(the pipeline run, the stage runs to verify, in DAG order) for a pipeline or stage run id."""
     run_id, status = run.info.run_id, run.info.status
-    if run.data.tags.get(KIND_TAG) == PIPELINE:
+    if run.data.tags.get(run_tags.TAG_KIND) == run_tags.KIND_PIPELINE:
         if status != "FINISHED":
             raise PipelineError(f"run {run_id}: the pipeline run is {status}, not finished; verify takes a finished "
                                 "run (`rlhf runs` shows each one's status), or one of its complete stage runs")
@@ -113,8 +111,8 @@ def find(client: MlflowClient, run_id: str, only: list[str]) -> list[Target]:
     """The stage runs to rerun for `run_id`, less those `only` (stage names; empty: all) leaves out."""
     dag.check_stages(only, "--stages")
     parent, runs = stage_runs(client, get_run(client, run_id))
-    config = parent.data.tags.get(CONFIG_TAG) or "tiny"
-    overrides = split_overrides(parent.data.tags.get(OVERRIDES_TAG, ""))
+    config = parent.data.tags.get(run_tags.TAG_CONFIG) or "tiny"
+    overrides = split_overrides(parent.data.tags.get(run_tags.TAG_OVERRIDES, ""))
     named = {r.data.tags[run_tags.TAG_STAGE]: r for r in runs}
     if missing := [s for s in only if s not in named]:
         raise PipelineError(f"--stages {','.join(missing)}: run {run_id} has no complete run of it (it has: "
