@@ -84,4 +84,3 @@ def start_in_background() -> threading.Thread | None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-

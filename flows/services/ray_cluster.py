@@ -72,18 +72,25 @@ def start_early(cfg: PipelineConfig) -> None:
 
     first = next((s for s in dag.STAGES if not dag.pinned_away(s, cfg)), None)
     session = RaySession(cfg.infra)
-    # ray.init in the main thread sets a SIGTERM handler of its own (sys.exit), which would skip the run's
-    # orderly stop (flows.run_end): the CLI's stays
-    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         # in the main thread: started from a thread that then ended, the cluster's GCS was gone
-        session.ensure(None if first is None or first.driver else stage_shape(cfg.infra, first.distributed))
+        with sigterm_kept():
+            session.ensure(None if first is None or first.driver else stage_shape(cfg.infra, first.distributed))
     except Exception as exc:  # noqa: BLE001 - the first stage's own start tries again and reports it as its error
         print(f"[ray] early start failed, the first stage will retry: {first_line(exc)}", flush=True)
+    _started_early = session
+
+
+@contextlib.contextmanager
+def sigterm_kept() -> Iterator[None]:
+    """ray.init in the main thread sets a SIGTERM handler of its own (sys.exit), which would skip the run's
+    orderly stop (flows.run_end): the one before the block stays."""
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
     finally:
         if sigterm is not None:  # None: a handler set outside Python, which Ray's replaced for good
             signal.signal(signal.SIGTERM, sigterm)
-    _started_early = session
 
 
 def drop_early() -> None:
@@ -114,13 +121,9 @@ def kept_across_flows(infra: InfraConfig) -> Iterator[RaySession]:
     session = RaySession(infra)
     session.kept = True
     _kept = session
-    sigterm = signal.getsignal(signal.SIGTERM)  # ray.init in the main thread sets its own (see `start_early`)
     try:
-        try:
+        with sigterm_kept():
             session.ensure()  # here: a cluster started in a stage's task thread would not outlive that thread
-        finally:
-            if sigterm is not None:
-                signal.signal(signal.SIGTERM, sigterm)
         yield session
     finally:
         _kept = None
