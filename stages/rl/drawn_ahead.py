@@ -86,7 +86,3 @@ class DrawnAhead:
     def add(self, drawn: Drawn) -> None:
         self.queue.append(drawn)
 
-    def starts(self) -> list[int]:
-        """The queued steps' stream positions, in step order."""
-        return [d.start for d in self.queue]
-
