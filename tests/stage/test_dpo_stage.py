@@ -7,13 +7,13 @@ import math
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from configs import load_config
 from stages.common import shared_prompt
 from stages.dpo import stage as dpo
 from tests.stage.conftest import FAST, Recorder, make_ctx
+from tests.stage.resume_runs import assert_same_weights
 
 SHORT = [*FAST, "dpo.micro_batch_size=8", "dpo.max_steps=8", "dpo.eval_every=4",
          "dpo.save_every=2", "dpo.lr=2e-3", "dpo.warmup_ratio=0", "dpo.min_lr_ratio=1.0"]
@@ -134,9 +134,7 @@ def test_killed_run_resumes_from_last_checkpoint_and_matches_uninterrupted(prepa
     assert "[dpo] resumed from step 2/8" in capsys.readouterr().out
     assert result.metrics["resumed_from_step"] == 2
     assert reference_file.stat().st_mtime_ns == written  # reused, not recomputed from the trained weights
-    resumed = load_file(result.outputs["dpo_model"] / "model.safetensors")
-    uninterrupted = load_file(trained[0].outputs["dpo_model"] / "model.safetensors")
-    assert resumed.keys() == uninterrupted.keys() and all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+    assert_same_weights(trained[0].outputs["dpo_model"], result.outputs["dpo_model"])  # bit for bit
 
 
 def test_loss_options_are_checked_against_the_loss():
@@ -253,6 +251,4 @@ def test_killed_iterative_run_resumes_on_the_saved_round(prepared, length_reward
     out = capsys.readouterr().out
     assert "[dpo] resumed from step 2/4" in out and "round 2/2" not in out  # the round is reloaded, not resampled
     assert round_file.stat().st_mtime_ns == written
-    resumed = load_file(result.outputs["dpo_model"] / "model.safetensors")
-    uninterrupted = load_file(iterative[0].outputs["dpo_model"] / "model.safetensors")
-    assert resumed.keys() == uninterrupted.keys() and all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+    assert_same_weights(iterative[0].outputs["dpo_model"], result.outputs["dpo_model"])  # bit for bit

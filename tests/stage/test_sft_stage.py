@@ -1,11 +1,11 @@
 import pytest
-import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stages.dag.contract import run_timed
 from stages.sft import stage as sft
 from tests.stage.conftest import Recorder, make_ctx
+from tests.stage.resume_runs import assert_same_weights
 
 pytestmark = pytest.mark.slow  # `pytest -m "not slow"`: the fast lane (docs/testing.md)
 
@@ -71,9 +71,7 @@ def test_killed_run_resumes_from_last_checkpoint_and_matches_uninterrupted(fast_
     assert resumed.metrics["resumed_from_step"] == 10
     assert [s for s, m in ctx.log_metrics.rows if "train/loss" in m] == [20, 30]
 
-    full = load_file(trained[0].outputs["sft_model"] / "model.safetensors")
-    again = load_file(resumed.outputs["sft_model"] / "model.safetensors")
-    assert full.keys() == again.keys() and all(torch.equal(full[k], again[k]) for k in full)  # bit for bit
+    assert_same_weights(trained[0].outputs["sft_model"], resumed.outputs["sft_model"])  # bit for bit
 
 
 def test_max_checkpoints_keeps_the_newest_resumable_checkpoints(fast_config, prepared, trained, tmp_path):
